@@ -1,0 +1,44 @@
+"""Per-host queues, adaptive per-host concurrency and a connection pool sized to
+match: Scrapy crawls that are polite per site and fast overall."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AIMDMiddleware",
+    "Addon",
+    "AiohttpDownloadHandler",
+    "HostQueueScheduler",
+    "HostQueueSettingsError",
+    "__version__",
+]
+
+# Public names are imported lazily so that ``scrapy_hostqueue.testing`` (the
+# local test hosts) can run without importing Scrapy.
+_LAZY = {
+    "AIMDMiddleware": "scrapy_hostqueue.middleware",
+    "Addon": "scrapy_hostqueue.addon",
+    "AiohttpDownloadHandler": "scrapy_hostqueue.handler",
+    "HostQueueScheduler": "scrapy_hostqueue.scheduler",
+    "HostQueueSettingsError": "scrapy_hostqueue._config",
+}
+
+if TYPE_CHECKING:
+    from scrapy_hostqueue._config import HostQueueSettingsError
+    from scrapy_hostqueue.addon import Addon
+    from scrapy_hostqueue.handler import AiohttpDownloadHandler
+    from scrapy_hostqueue.middleware import AIMDMiddleware
+    from scrapy_hostqueue.scheduler import HostQueueScheduler
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scrapy_hostqueue' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

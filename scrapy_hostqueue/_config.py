@@ -1,0 +1,218 @@
+"""Every ``HOSTQUEUE_*`` setting is read and validated here, once.
+
+Components build a :class:`HostQueueConfig` with :meth:`HostQueueConfig.from_settings`
+and never read ``HOSTQUEUE_*`` settings themselves, so defaults, validation and
+error messages live in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+
+class HostQueueSettingsError(ValueError):
+    """A ``HOSTQUEUE_*`` (or related Scrapy) setting has a value that cannot work."""
+
+
+_MISSING = object()
+
+
+def _raw(settings: BaseSettings, name: str) -> Any:
+    value = settings.get(name, _MISSING)
+    return None if value is _MISSING else value
+
+
+def _number(
+    settings: BaseSettings,
+    name: str,
+    default: float,
+    *,
+    minimum: float = 0.0,
+    strict: bool = False,
+) -> float:
+    value = _raw(settings, name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise HostQueueSettingsError(
+            f"{name} must be a number, got {value!r}"
+        ) from None
+    if math.isnan(number) or (strict and number <= minimum) or number < minimum:
+        relation = ">" if strict else ">="
+        raise HostQueueSettingsError(f"{name} must be {relation} {minimum:g}, got {value!r}")
+    return number
+
+
+def _integer(
+    settings: BaseSettings, name: str, default: int, *, minimum: int = 0
+) -> int:
+    value = _raw(settings, name)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise HostQueueSettingsError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise HostQueueSettingsError(
+            f"{name} must be an integer, got {value!r}"
+        ) from None
+    if isinstance(value, float) and value != number:
+        raise HostQueueSettingsError(f"{name} must be an integer, got {value!r}")
+    if number < minimum:
+        raise HostQueueSettingsError(f"{name} must be >= {minimum}, got {value!r}")
+    return number
+
+
+def _boolean(settings: BaseSettings, name: str, default: bool) -> bool:
+    value = _raw(settings, name)
+    if value is None:
+        return default
+    try:
+        return settings.getbool(name)
+    except ValueError:
+        raise HostQueueSettingsError(
+            f"{name} must be a boolean, got {value!r}"
+        ) from None
+
+
+def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -> frozenset[int]:
+    value = _raw(settings, name)
+    if value is None:
+        return frozenset(default)
+    if isinstance(value, str):
+        value = [part for part in value.replace(",", " ").split() if part]
+    try:
+        codes = frozenset(int(code) for code in value)
+    except (TypeError, ValueError):
+        raise HostQueueSettingsError(
+            f"{name} must be a list of HTTP status codes, got {value!r}"
+        ) from None
+    bad = sorted(code for code in codes if not 100 <= code <= 599)
+    if bad:
+        raise HostQueueSettingsError(
+            f"{name} holds values that are not HTTP status codes: {bad!r}"
+        )
+    return codes
+
+
+@dataclass(frozen=True)
+class HostQueueConfig:
+    """The effective configuration of every component, validated."""
+
+    # Scheduler
+    max_active_hosts: int  # 0 = no cap
+    remember_hosts: int
+    default_concurrency: int  # per-host limit without the AIMD middleware
+    global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
+    # AIMD middleware
+    aimd_start: int
+    aimd_floor: int
+    aimd_ceiling: int
+    aimd_fast_latency: float
+    aimd_slow_latency: float
+    aimd_backoff_http_codes: frozenset[int]
+    aimd_debug: bool
+    retry_after_max: float
+    backoff_base: float
+    backoff_max: float
+    crawl_delay_enabled: bool
+    crawl_delay_max: float
+    error_budget: int
+    error_cooldown: float
+    error_max_cooldowns: int
+    # Download handler
+    dns_cache_ttl: float
+    # Stats and diagnostics
+    stats_enabled: bool
+    stats_max_hosts: int
+    log_interval: float  # 0 = no periodic log line
+    timeline_file: str | None
+    timeline_interval: float
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> HostQueueConfig:
+        global_concurrency = settings.getint("CONCURRENT_REQUESTS")
+        per_domain = settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
+        if per_domain < 1:
+            raise HostQueueSettingsError(
+                f"CONCURRENT_REQUESTS_PER_DOMAIN must be >= 1, got {per_domain!r}"
+            )
+        floor = _integer(settings, "HOSTQUEUE_AIMD_FLOOR", 1, minimum=1)
+        ceiling = _integer(settings, "HOSTQUEUE_AIMD_CEILING", per_domain, minimum=1)
+        start = _integer(settings, "HOSTQUEUE_AIMD_START", min(2, ceiling), minimum=1)
+        if not floor <= start <= ceiling:
+            raise HostQueueSettingsError(
+                "HOSTQUEUE_AIMD_FLOOR <= HOSTQUEUE_AIMD_START <= HOSTQUEUE_AIMD_CEILING "
+                f"must hold, got {floor} <= {start} <= {ceiling}"
+            )
+        fast = _number(settings, "HOSTQUEUE_AIMD_FAST_LATENCY", 0.5, strict=True)
+        slow = _number(settings, "HOSTQUEUE_AIMD_SLOW_LATENCY", 5.0, strict=True)
+        if fast > slow:
+            raise HostQueueSettingsError(
+                "HOSTQUEUE_AIMD_FAST_LATENCY must not exceed HOSTQUEUE_AIMD_SLOW_LATENCY, "
+                f"got {fast:g} > {slow:g}"
+            )
+        backoff_base = _number(settings, "HOSTQUEUE_BACKOFF_BASE", 1.0, strict=True)
+        backoff_max = _number(settings, "HOSTQUEUE_BACKOFF_MAX", 60.0, strict=True)
+        if backoff_base > backoff_max:
+            raise HostQueueSettingsError(
+                "HOSTQUEUE_BACKOFF_BASE must not exceed HOSTQUEUE_BACKOFF_MAX, "
+                f"got {backoff_base:g} > {backoff_max:g}"
+            )
+        max_active = _integer(
+            settings, "HOSTQUEUE_MAX_ACTIVE_HOSTS", global_concurrency, minimum=0
+        )
+        timeline = _raw(settings, "HOSTQUEUE_TIMELINE_FILE")
+        if timeline is not None and not isinstance(timeline, str):
+            raise HostQueueSettingsError(
+                f"HOSTQUEUE_TIMELINE_FILE must be a file path, got {timeline!r}"
+            )
+        return cls(
+            max_active_hosts=max_active,
+            remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
+            default_concurrency=per_domain,
+            global_concurrency=global_concurrency,
+            aimd_start=start,
+            aimd_floor=floor,
+            aimd_ceiling=ceiling,
+            aimd_fast_latency=fast,
+            aimd_slow_latency=slow,
+            aimd_backoff_http_codes=_status_codes(
+                settings, "HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES", (429, 503)
+            ),
+            aimd_debug=_boolean(settings, "HOSTQUEUE_AIMD_DEBUG", False),
+            retry_after_max=_number(
+                settings, "HOSTQUEUE_RETRY_AFTER_MAX", 300.0, strict=True
+            ),
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            crawl_delay_enabled=_boolean(settings, "HOSTQUEUE_CRAWL_DELAY_ENABLED", True),
+            crawl_delay_max=_number(settings, "HOSTQUEUE_CRAWL_DELAY_MAX", 30.0),
+            error_budget=_integer(settings, "HOSTQUEUE_ERROR_BUDGET", 5, minimum=1),
+            error_cooldown=_number(
+                settings, "HOSTQUEUE_ERROR_COOLDOWN", 10.0, strict=True
+            ),
+            error_max_cooldowns=_integer(
+                settings, "HOSTQUEUE_ERROR_MAX_COOLDOWNS", 3, minimum=0
+            ),
+            dns_cache_ttl=_number(settings, "HOSTQUEUE_DNS_CACHE_TTL", 300.0),
+            stats_enabled=_boolean(settings, "HOSTQUEUE_STATS_ENABLED", True),
+            stats_max_hosts=_integer(settings, "HOSTQUEUE_STATS_MAX_HOSTS", 100),
+            log_interval=_number(
+                settings,
+                "HOSTQUEUE_LOG_INTERVAL",
+                settings.getfloat("LOGSTATS_INTERVAL", 60.0),
+            ),
+            timeline_file=timeline or None,
+            timeline_interval=_number(
+                settings, "HOSTQUEUE_TIMELINE_INTERVAL", 1.0, strict=True
+            ),
+        )
