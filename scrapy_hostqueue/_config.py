@@ -41,18 +41,14 @@ def _number(
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise HostQueueSettingsError(
-            f"{name} must be a number, got {value!r}"
-        ) from None
+        raise HostQueueSettingsError(f"{name} must be a number, got {value!r}") from None
     if math.isnan(number) or (strict and number <= minimum) or number < minimum:
         relation = ">" if strict else ">="
         raise HostQueueSettingsError(f"{name} must be {relation} {minimum:g}, got {value!r}")
     return number
 
 
-def _integer(
-    settings: BaseSettings, name: str, default: int, *, minimum: int = 0
-) -> int:
+def _integer(settings: BaseSettings, name: str, default: int, *, minimum: int = 0) -> int:
     value = _raw(settings, name)
     if value is None:
         return default
@@ -61,9 +57,7 @@ def _integer(
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise HostQueueSettingsError(
-            f"{name} must be an integer, got {value!r}"
-        ) from None
+        raise HostQueueSettingsError(f"{name} must be an integer, got {value!r}") from None
     if isinstance(value, float) and value != number:
         raise HostQueueSettingsError(f"{name} must be an integer, got {value!r}")
     if number < minimum:
@@ -78,9 +72,7 @@ def _boolean(settings: BaseSettings, name: str, default: bool) -> bool:
     try:
         return settings.getbool(name)
     except ValueError:
-        raise HostQueueSettingsError(
-            f"{name} must be a boolean, got {value!r}"
-        ) from None
+        raise HostQueueSettingsError(f"{name} must be a boolean, got {value!r}") from None
 
 
 def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -> frozenset[int]:
@@ -97,9 +89,7 @@ def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -
         ) from None
     bad = sorted(code for code in codes if not 100 <= code <= 599)
     if bad:
-        raise HostQueueSettingsError(
-            f"{name} holds values that are not HTTP status codes: {bad!r}"
-        )
+        raise HostQueueSettingsError(f"{name} holds values that are not HTTP status codes: {bad!r}")
     return codes
 
 
@@ -167,9 +157,7 @@ class HostQueueConfig:
                 "HOSTQUEUE_BACKOFF_BASE must not exceed HOSTQUEUE_BACKOFF_MAX, "
                 f"got {backoff_base:g} > {backoff_max:g}"
             )
-        max_active = _integer(
-            settings, "HOSTQUEUE_MAX_ACTIVE_HOSTS", global_concurrency, minimum=0
-        )
+        max_active = _integer(settings, "HOSTQUEUE_MAX_ACTIVE_HOSTS", global_concurrency, minimum=0)
         timeline = _raw(settings, "HOSTQUEUE_TIMELINE_FILE")
         if timeline is not None and not isinstance(timeline, str):
             raise HostQueueSettingsError(
@@ -189,20 +177,14 @@ class HostQueueConfig:
                 settings, "HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES", (429, 503)
             ),
             aimd_debug=_boolean(settings, "HOSTQUEUE_AIMD_DEBUG", False),
-            retry_after_max=_number(
-                settings, "HOSTQUEUE_RETRY_AFTER_MAX", 300.0, strict=True
-            ),
+            retry_after_max=_number(settings, "HOSTQUEUE_RETRY_AFTER_MAX", 300.0, strict=True),
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             crawl_delay_enabled=_boolean(settings, "HOSTQUEUE_CRAWL_DELAY_ENABLED", True),
             crawl_delay_max=_number(settings, "HOSTQUEUE_CRAWL_DELAY_MAX", 30.0),
             error_budget=_integer(settings, "HOSTQUEUE_ERROR_BUDGET", 5, minimum=1),
-            error_cooldown=_number(
-                settings, "HOSTQUEUE_ERROR_COOLDOWN", 10.0, strict=True
-            ),
-            error_max_cooldowns=_integer(
-                settings, "HOSTQUEUE_ERROR_MAX_COOLDOWNS", 3, minimum=0
-            ),
+            error_cooldown=_number(settings, "HOSTQUEUE_ERROR_COOLDOWN", 10.0, strict=True),
+            error_max_cooldowns=_integer(settings, "HOSTQUEUE_ERROR_MAX_COOLDOWNS", 3, minimum=0),
             dns_cache_ttl=_number(settings, "HOSTQUEUE_DNS_CACHE_TTL", 300.0),
             stats_enabled=_boolean(settings, "HOSTQUEUE_STATS_ENABLED", True),
             stats_max_hosts=_integer(settings, "HOSTQUEUE_STATS_MAX_HOSTS", 100),
@@ -212,7 +194,5 @@ class HostQueueConfig:
                 settings.getfloat("LOGSTATS_INTERVAL", 60.0),
             ),
             timeline_file=timeline or None,
-            timeline_interval=_number(
-                settings, "HOSTQUEUE_TIMELINE_INTERVAL", 1.0, strict=True
-            ),
+            timeline_interval=_number(settings, "HOSTQUEUE_TIMELINE_INTERVAL", 1.0, strict=True),
         )

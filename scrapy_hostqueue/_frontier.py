@@ -1,0 +1,425 @@
+"""Per-host queues, the ring of ready hosts and the active-host cap.
+
+Pure logic: no Scrapy or Twisted import, an injectable clock, opaque items.
+"Host" is whatever key the caller gives (the scheduler passes the downloader
+slot key).
+
+Every live host (queued work or work in flight) is in exactly one state:
+
+* READY: queued work, in flight below its limit, not blocked, and either
+  already active or the active-host cap has room. It sits in the ring bucket
+  of its head rank; buckets are served highest rank first, round-robin within.
+* FULL: in flight at or above its limit. Leaves on :meth:`Frontier.finish`.
+* BLOCKED: blocked until a time (Retry-After, back-off, delay between
+  starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
+* CAPPED: idle, ready, but the active-host cap is reached. Sits in a FIFO,
+  released when an active host goes idle.
+* DRAINED: work in flight, nothing queued. Leaves on enqueue or finish.
+
+Structures hold ``(token, host)`` entries and skip stale ones lazily: every
+placement bumps the host's token, so moving a host is O(1) and no structure is
+ever scanned. Each operation is O(1) amortised in the number of hosts, plus a
+heap operation on the timer heap (log of the number of blocked hosts) and on a
+host's own ranks (few distinct priorities in practice).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+READY = "ready"
+FULL = "full"
+BLOCKED = "blocked"
+CAPPED = "capped"
+DRAINED = "drained"
+
+
+class HostPolicy:
+    """What the scheduler needs to know to decide whether a host is ready.
+
+    The AIMD middleware changes it only through :class:`Frontier` methods, so
+    the host's place in the frontier is updated at once.
+    """
+
+    __slots__ = (
+        "block_reason",
+        "blocked_until",
+        "given_up",
+        "interval",
+        "jitter",
+        "last_start",
+        "limit",
+        "next_gap",
+    )
+
+    def __init__(self, limit: int, interval: float = 0.0, jitter: float = 0.0) -> None:
+        if limit < 1:
+            raise ValueError(f"a host limit must be >= 1, got {limit!r}")
+        self.limit = limit
+        #: Minimum time between two request starts (download delay, Crawl-delay).
+        self.interval = interval
+        #: Relative random variation of the interval, as DOWNLOAD_DELAY_JITTER.
+        self.jitter = jitter
+        #: When the last request started, and the gap (``interval`` with jitter
+        #: drawn at that start) before the next one may.
+        self.last_start = float("-inf")
+        self.next_gap = 0.0
+        #: No request starts before this time (Retry-After, back-off).
+        self.blocked_until = 0.0
+        self.block_reason: str | None = None
+        #: Queued requests were dropped; new ones are refused.
+        self.given_up = False
+
+    def ready_at(self) -> float:
+        return max(self.blocked_until, self.last_start + self.next_gap)
+
+    def __repr__(self) -> str:
+        return (
+            f"HostPolicy(limit={self.limit}, interval={self.interval:g}, "
+            f"blocked_until={self.blocked_until:.3f}, given_up={self.given_up})"
+        )
+
+
+class _Host(Generic[T]):
+    __slots__ = (
+        "inflight",
+        "key",
+        "policy",
+        "queued",
+        "queues",
+        "ranks",
+        "ring_rank",
+        "state",
+        "token",
+    )
+
+    def __init__(self, key: str, policy: HostPolicy) -> None:
+        self.key = key
+        self.policy = policy
+        self.queues: dict[int, deque[T]] = {}
+        self.ranks: list[int] = []  # heap of -rank, stale ranks skipped lazily
+        self.queued = 0
+        self.inflight = 0
+        self.state = DRAINED
+        self.token = 0
+        self.ring_rank = 0
+
+    def head_rank(self) -> int:
+        ranks, queues = self.ranks, self.queues
+        while -ranks[0] not in queues:
+            heapq.heappop(ranks)
+        return -ranks[0]
+
+    def push(self, rank: int, item: T) -> None:
+        queue = self.queues.get(rank)
+        if queue is None:
+            queue = self.queues[rank] = deque()
+            heapq.heappush(self.ranks, -rank)
+        queue.append(item)
+        self.queued += 1
+
+    def pop(self) -> T:
+        rank = self.head_rank()
+        queue = self.queues[rank]
+        item = queue.popleft()
+        if not queue:
+            del self.queues[rank]
+        self.queued -= 1
+        if not self.queued:
+            self.ranks.clear()
+        return item
+
+
+class Frontier(Generic[T]):
+    """Per-host queues plus the ring of ready hosts.
+
+    *policy_factory* makes the policy of a host seen for the first time.
+    *max_active* caps the hosts with work in flight (0: no cap).
+    *remember* bounds the policies kept for hosts that went idle, so that a
+    crawl meeting a million hosts does not keep a million idle entries.
+    """
+
+    def __init__(
+        self,
+        policy_factory: Callable[[str], HostPolicy],
+        *,
+        max_active: int = 0,
+        remember: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._policy_factory = policy_factory
+        self.max_active = max_active
+        self._remember = remember
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._hosts: dict[str, _Host[T]] = {}
+        self._retired: OrderedDict[str, HostPolicy] = OrderedDict()
+        self._buckets: dict[int, deque[tuple[int, _Host[T]]]] = {}
+        self._bucket_ranks: list[int] = []  # heap of -rank
+        self._timers: list[tuple[float, int, int, _Host[T]]] = []
+        self._timer_seq = 0
+        self._capped: deque[tuple[int, _Host[T]]] = deque()
+        self._queued = 0
+        self.active = 0  # hosts with work in flight
+        self.max_active_seen = 0
+
+    # -- queries ---------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._queued
+
+    @property
+    def live_hosts(self) -> int:
+        return len(self._hosts)
+
+    def policy(self, key: str) -> HostPolicy:
+        """The policy of *key*, created from the factory on first sight."""
+        host = self._hosts.get(key)
+        if host is not None:
+            return host.policy
+        policy = self._retired.get(key)
+        if policy is None:
+            policy = self._policy_factory(key)
+            self._remember_policy(key, policy)
+        else:
+            self._retired.move_to_end(key)
+        return policy
+
+    def known_policy(self, key: str) -> HostPolicy | None:
+        """The policy of *key* if the frontier knows the host, without creating one."""
+        host = self._hosts.get(key)
+        return host.policy if host is not None else self._retired.get(key)
+
+    def queued(self, key: str) -> int:
+        host = self._hosts.get(key)
+        return host.queued if host is not None else 0
+
+    def inflight(self, key: str) -> int:
+        host = self._hosts.get(key)
+        return host.inflight if host is not None else 0
+
+    def state(self, key: str) -> str | None:
+        host = self._hosts.get(key)
+        return host.state if host is not None else None
+
+    def hosts(self) -> Iterator[tuple[str, int, int, HostPolicy]]:
+        """``(key, queued, inflight, policy)`` of every live host (O(hosts): for
+        periodic reports, never on the request path)."""
+        for host in self._hosts.values():
+            yield host.key, host.queued, host.inflight, host.policy
+
+    def items(self) -> Iterator[tuple[str, int, T]]:
+        """``(key, rank, item)`` of every queued item, in serving order per host."""
+        for host in self._hosts.values():
+            for rank in sorted(host.queues, reverse=True):
+                for item in host.queues[rank]:
+                    yield host.key, rank, item
+
+    def next_wakeup(self) -> float | None:
+        """When the earliest blocked host becomes ready, if any is blocked."""
+        timers = self._timers
+        while timers:
+            when, _, token, host = timers[0]
+            if host.token == token and host.state == BLOCKED:
+                return when
+            heapq.heappop(timers)
+        return None
+
+    # -- requests --------------------------------------------------------
+
+    def push(self, key: str, rank: int, item: T) -> bool:
+        """Queue *item* for host *key*; higher *rank* is served first, FIFO among
+        equals. Returns False (and queues nothing) if the host was given up."""
+        host = self._hosts.get(key)
+        if host is None:
+            policy = self._retired.pop(key, None) or self._policy_factory(key)
+            if policy.given_up:
+                self._remember_policy(key, policy)
+                return False
+            host = self._hosts[key] = _Host(key, policy)
+        elif host.policy.given_up:
+            return False
+        raises_head = host.queued and rank > host.head_rank()
+        host.push(rank, item)
+        self._queued += 1
+        if host.state == DRAINED or (host.state == READY and raises_head):
+            self._place(host, self.clock())
+        return True
+
+    def pop(self, now: float | None = None) -> tuple[str, T] | None:
+        """The next item of the next ready host, round-robin among the ready
+        hosts of the highest head rank, or None if no host is ready now."""
+        if now is None:
+            now = self.clock()
+        self._release_timers(now)
+        buckets, bucket_ranks = self._buckets, self._bucket_ranks
+        while bucket_ranks:
+            rank = -bucket_ranks[0]
+            bucket = buckets[rank]
+            if not bucket:
+                heapq.heappop(bucket_ranks)
+                del buckets[rank]
+                continue
+            token, host = bucket.popleft()
+            if host.token != token:
+                continue
+            if host.inflight == 0 and 0 < self.max_active <= self.active:
+                self._set_capped(host)
+                continue
+            item = host.pop()
+            self._queued -= 1
+            self._start(host, now)
+            self._place(host, now)
+            return host.key, item
+        return None
+
+    def finish(self, key: str) -> None:
+        """A request handed out by :meth:`pop` for *key* is done (whatever its outcome)."""
+        host = self._hosts.get(key)
+        if host is None or host.inflight <= 0:
+            raise KeyError(f"no request in flight for host {key!r}")
+        host.inflight -= 1
+        if host.inflight == 0:
+            self.active -= 1
+            if host.state in (FULL, DRAINED):
+                self._place(host, self.clock())
+            self._release_capped()
+        elif host.state == FULL:
+            self._place(host, self.clock())
+
+    def remove_queued(self, key: str) -> list[T]:
+        """Drop every queued item of *key* and return them."""
+        host = self._hosts.get(key)
+        if host is None or not host.queued:
+            return []
+        dropped = [item for rank in sorted(host.queues, reverse=True) for item in host.queues[rank]]
+        host.queues.clear()
+        host.ranks.clear()
+        host.queued = 0
+        self._queued -= len(dropped)
+        self._place(host, self.clock())
+        return dropped
+
+    # -- policy changes --------------------------------------------------
+
+    def set_limit(self, key: str, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"a host limit must be >= 1, got {limit!r}")
+        policy = self.policy(key)
+        if policy.limit != limit:
+            policy.limit = limit
+            self._refresh(key)
+
+    def block_until(self, key: str, when: float, reason: str | None = None) -> None:
+        """Start no request for *key* before *when* (extends, never shortens, a block)."""
+        policy = self.policy(key)
+        if when > policy.blocked_until:
+            policy.blocked_until = when
+            policy.block_reason = reason
+            self._refresh(key)
+
+    def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
+        """Set the minimum time between two request starts for *key*."""
+        if interval < 0:
+            raise ValueError(f"an interval must be >= 0, got {interval!r}")
+        policy = self.policy(key)
+        policy.interval = interval
+        if jitter is not None:
+            policy.jitter = jitter
+        # The gap since the last start is measured against the new interval.
+        if policy.next_gap != interval:
+            policy.next_gap = interval
+            self._refresh(key)
+
+    def give_up(self, key: str) -> list[T]:
+        """Refuse further work for *key* and return its queued items."""
+        self.policy(key).given_up = True
+        return self.remove_queued(key)
+
+    # -- internals -------------------------------------------------------
+
+    def _refresh(self, key: str) -> None:
+        host = self._hosts.get(key)
+        if host is not None and host.state != CAPPED:
+            self._place(host, self.clock())
+
+    def _start(self, host: _Host[T], now: float) -> None:
+        host.inflight += 1
+        if host.inflight == 1:
+            self.active += 1
+            self.max_active_seen = max(self.max_active_seen, self.active)
+        policy = host.policy
+        policy.last_start = now
+        gap = policy.interval
+        if gap and policy.jitter:
+            gap = max(0.0, gap * (1 + self._rng.uniform(-policy.jitter, policy.jitter)))
+        policy.next_gap = gap
+
+    def _place(self, host: _Host[T], now: float) -> None:
+        host.token += 1
+        if not host.queued:
+            if host.inflight:
+                host.state = DRAINED
+            else:
+                self._retire(host)
+            return
+        policy = host.policy
+        ready_at = policy.ready_at()
+        if ready_at > now:
+            host.state = BLOCKED
+            self._timer_seq += 1
+            heapq.heappush(self._timers, (ready_at, self._timer_seq, host.token, host))
+        elif host.inflight >= policy.limit:
+            host.state = FULL
+        elif host.inflight == 0 and 0 < self.max_active <= self.active:
+            self._set_capped(host)
+        else:
+            host.state = READY
+            rank = host.ring_rank = host.head_rank()
+            bucket = self._buckets.get(rank)
+            if bucket is None:
+                bucket = self._buckets[rank] = deque()
+                heapq.heappush(self._bucket_ranks, -rank)
+            bucket.append((host.token, host))
+
+    def _set_capped(self, host: _Host[T]) -> None:
+        host.token += 1
+        host.state = CAPPED
+        self._capped.append((host.token, host))
+
+    def _release_capped(self) -> None:
+        capped = self._capped
+        now = self.clock()
+        while capped and (self.max_active <= 0 or self.active < self.max_active):
+            token, host = capped.popleft()
+            if host.token == token:
+                self._place(host, now)
+                if host.state == READY:
+                    return
+
+    def _release_timers(self, now: float) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, token, host = heapq.heappop(timers)
+            if host.token == token and host.state == BLOCKED:
+                self._place(host, now)
+
+    def _retire(self, host: _Host[T]) -> None:
+        host.state = DRAINED
+        del self._hosts[host.key]
+        self._remember_policy(host.key, host.policy)
+
+    def _remember_policy(self, key: str, policy: HostPolicy) -> None:
+        retired = self._retired
+        retired[key] = policy
+        retired.move_to_end(key)
+        while len(retired) > self._remember:
+            retired.popitem(last=False)

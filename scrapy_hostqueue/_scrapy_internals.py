@@ -1,0 +1,158 @@
+"""Every touch of Scrapy internals that may move between releases.
+
+Downloader slots, the downloader's set of active requests and the engine's
+wake-up call are not a stable public API (an open Scrapy proposal may replace
+download slots altogether), so nothing else in the package reaches into them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.httpobj import urlparse_cached
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+
+def host_key(crawler: Crawler, request: Request) -> str:
+    """The key of the host a request belongs to.
+
+    This is the one definition of "host" in the package: the downloader slot
+    key, i.e. ``request.meta["download_slot"]`` when set, else the URL's
+    hostname (lowercase, no port, IPv6 without brackets, "" for URLs without a
+    host such as ``data:``), or its IP address with ``CONCURRENT_REQUESTS_PER_IP``.
+    """
+    engine = crawler.engine
+    if engine is not None:
+        return str(engine.downloader.get_slot_key(request))
+    slot = request.meta.get("download_slot")
+    if slot is not None:
+        return str(slot)
+    return urlparse_cached(request).hostname or ""
+
+
+def configured_slot(settings: BaseSettings, key: str) -> tuple[int, float, float]:
+    """``(concurrency, delay, jitter)`` that Scrapy gives a new slot for *key*."""
+    per_slot: dict[str, dict[str, Any]] = settings.getdict("DOWNLOAD_SLOTS")
+    slot_settings = per_slot.get(key, {})
+    concurrency = int(
+        slot_settings.get(
+            "concurrency",
+            settings.getint("CONCURRENT_REQUESTS_PER_IP")
+            or settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
+        )
+    )
+    delay = float(slot_settings.get("delay", settings.getfloat("DOWNLOAD_DELAY")))
+    if "jitter" in slot_settings:
+        jitter = float(slot_settings["jitter"])
+    elif "randomize_delay" in slot_settings:
+        jitter = 0.5 if slot_settings["randomize_delay"] else 0.0
+    else:
+        jitter = settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5)
+    return concurrency, delay, jitter
+
+
+def slot_keys_with_settings(settings: BaseSettings) -> Iterable[str]:
+    return settings.getdict("DOWNLOAD_SLOTS").keys()
+
+
+def apply_to_slot(
+    crawler: Crawler,
+    key: str,
+    *,
+    concurrency: int | None = None,
+    delay: float | None = None,
+) -> None:
+    """Mirror a host's limit (and delay) on its downloader slot, if it exists.
+
+    Slots are garbage-collected when idle and recreated from the settings, so
+    callers re-apply on ``request_reached_downloader``, which fires after the
+    slot exists and before the downloader decides to send.
+    """
+    engine = crawler.engine
+    if engine is None:
+        return
+    slot = engine.downloader.slots.get(key)
+    if slot is None:
+        return
+    if concurrency is not None:
+        slot.concurrency = concurrency
+    if delay is not None:
+        slot.delay = delay
+
+
+def on_request_leaving_downloader(
+    crawler: Crawler, callback: Callable[[Request], None]
+) -> Callable[[], None]:
+    """Call *callback* whenever a request leaves the downloader, whatever the
+    outcome: response, exception, a middleware short-circuit (cache hit,
+    IgnoreRequest, robots.txt), or a redirect/retry returned as a new request.
+
+    ``Downloader.fetch`` adds every request to ``downloader.active`` before the
+    downloader middlewares run and removes it in a ``finally`` clause; no
+    signal covers all of these cases. Returns a function that undoes the hook.
+    """
+    assert crawler.engine is not None
+    downloader = crawler.engine.downloader
+    original = downloader.active
+    hooked = _LeaveNotifyingSet(original, callback)
+    downloader.active = hooked
+
+    def undo() -> None:
+        if downloader.active is hooked:
+            downloader.active = set(hooked)
+
+    return undo
+
+
+class _LeaveNotifyingSet(set):  # type: ignore[type-arg]
+    __slots__ = ("_callback",)
+
+    def __init__(self, items: Iterable[Any], callback: Callable[[Any], None]) -> None:
+        super().__init__(items)
+        self._callback = callback
+
+    def remove(self, item: Any) -> None:
+        super().remove(item)
+        try:
+            self._callback(item)
+        except Exception:
+            logger.exception("Error while releasing %s", item)
+
+    def discard(self, item: Any) -> None:
+        if item in self:
+            self.remove(item)
+
+
+def wake_engine(crawler: Crawler) -> None:
+    """Ask the engine to pull from the scheduler now.
+
+    The engine otherwise retries a scheduler that returned None only after a
+    finished download, a new request, or its 5-second heartbeat.
+    """
+    engine = crawler.engine
+    slot = getattr(engine, "_slot", None)
+    nextcall = getattr(slot, "nextcall", None)
+    if nextcall is not None:
+        nextcall.schedule()
+
+
+def current_scheduler(crawler: Crawler) -> Any:
+    engine = crawler.engine
+    return engine.scheduler if engine is not None else None
+
+
+def slot_delay(crawler: Crawler, key: str) -> float | None:
+    """The current delay of *key*'s downloader slot, if the slot exists."""
+    engine = crawler.engine
+    if engine is None:
+        return None
+    slot = engine.downloader.slots.get(key)
+    return None if slot is None else float(slot.delay)

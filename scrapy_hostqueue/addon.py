@@ -1,0 +1,71 @@
+"""``Addon``: one ``ADDONS`` line wires the whole package."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
+SCHEDULER = "scrapy_hostqueue.HostQueueScheduler"
+MIDDLEWARE = "scrapy_hostqueue.AIMDMiddleware"
+HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
+#: Above RetryMiddleware (550): process_response and process_exception run
+#: from high to low orders, so the middleware sees 429/503 and connection
+#: errors before they are turned into retries.
+MIDDLEWARE_ORDER = 560
+
+
+def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
+    """Refuse to start, naming *component*, unless the asyncio reactor is configured."""
+    enabled = settings.getbool("TWISTED_REACTOR_ENABLED", True)
+    reactor = settings.get("TWISTED_REACTOR")
+    if not enabled or reactor != ASYNCIO_REACTOR:
+        raise HostQueueSettingsError(
+            f"{component} needs the asyncio reactor: set TWISTED_REACTOR = "
+            f"{ASYNCIO_REACTOR!r} (got TWISTED_REACTOR={reactor!r}, "
+            f"TWISTED_REACTOR_ENABLED={enabled!r})"
+        )
+
+
+class Addon:
+    """Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
+    :class:`~scrapy_hostqueue.AIMDMiddleware` and
+    :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``)
+    at add-on priority. A value the user set (another ``SCHEDULER``, the
+    middleware disabled with ``None``, another handler for a scheme) is kept.
+    Refuses to run without the asyncio reactor.
+
+    Usage: ``ADDONS = {"scrapy_hostqueue.Addon": 0}``.
+    """
+
+    def update_settings(self, settings: BaseSettings) -> None:
+        require_asyncio_reactor(settings, "scrapy_hostqueue.Addon")
+        # Fail at start-up, not at the first request, on bad HOSTQUEUE_* values.
+        HostQueueConfig.from_settings(settings)
+
+        settings.set("SCHEDULER", SCHEDULER, priority="addon")
+        if settings["SCHEDULER"] != SCHEDULER:
+            logger.warning(
+                "SCHEDULER is set to %s: scrapy_hostqueue.Addon leaves it; the AIMD "
+                "middleware needs HostQueueScheduler and will refuse to run",
+                settings["SCHEDULER"],
+            )
+
+        middlewares = settings["DOWNLOADER_MIDDLEWARES"]
+        if (
+            MIDDLEWARE not in middlewares
+            and "scrapy_hostqueue.middleware.AIMDMiddleware" not in middlewares
+        ):
+            middlewares.set(MIDDLEWARE, MIDDLEWARE_ORDER, priority="addon")
+
+        handlers = settings["DOWNLOAD_HANDLERS"]
+        for scheme in ("http", "https"):
+            if scheme not in handlers:
+                handlers.set(scheme, HANDLER, priority="addon")

@@ -1,0 +1,328 @@
+"""``HostQueueScheduler``: a queue per host and a ring of ready hosts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from scrapy import Request, signals
+from scrapy.core.scheduler import BaseScheduler
+from scrapy.utils.asyncio import call_later
+from scrapy.utils.job import job_dir
+from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.request import request_from_dict
+
+from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._frontier import Frontier, HostPolicy
+from scrapy_hostqueue.stats import get_recorder
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.dupefilters import BaseDupeFilter
+    from scrapy.http import Response
+    from scrapy.utils.asyncio import CallLaterResult
+    from twisted.internet.defer import Deferred
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: File in JOBDIR holding the queued requests and host blocks of a stopped crawl.
+STATE_FILE = "hostqueue.state"
+_STATE_VERSION = 1
+
+
+class PolicyHook(Protocol):
+    """What the AIMD middleware provides to set the limit of a new host."""
+
+    def initial_limit(self, host: str, configured: int) -> int: ...
+
+
+def request_rank(request: Request) -> int:
+    """Serving order within and across hosts: higher priority first, and among
+    equal priorities other requests before start requests, as Scrapy's own
+    scheduler does."""
+    return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
+
+
+class HostQueueScheduler(BaseScheduler):
+    """A Scrapy scheduler that keeps a queue per host and hands out a request
+    only for a host that is ready: it has queued work, fewer requests in flight
+    than its limit, and is not blocked (Retry-After, back-off, download delay,
+    Crawl-delay). Ready hosts take turns round-robin; at most
+    ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` hosts have requests in flight at once.
+
+    A request counts for its host from the moment :meth:`next_request` hands it
+    out until it leaves the downloader, whatever its outcome, which holds the
+    per-host limit at the server even where Scrapy's downloader does not.
+    """
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        dupefilter: BaseDupeFilter,
+        config: HostQueueConfig,
+        jobdir: str | None = None,
+    ) -> None:
+        self.crawler = crawler
+        self.df = dupefilter
+        self.config = config
+        self.jobdir = jobdir
+        self.debug = crawler.settings.getbool("SCHEDULER_DEBUG")
+        assert crawler.stats is not None
+        self.stats = crawler.stats
+        self.recorder = get_recorder(crawler)
+        self._autothrottle = crawler.settings.getbool("AUTOTHROTTLE_ENABLED")
+        self._policy_hook: PolicyHook | None = None
+        self.frontier: Frontier[Request] = Frontier(
+            self._new_policy,
+            max_active=config.max_active_hosts,
+            remember=config.remember_hosts,
+        )
+        self._handed_out: dict[Request, str] = {}
+        self._wakeup: CallLaterResult | None = None
+        self._wakeup_at = 0.0
+        self._undo_hook: Any = None
+        self._logged_unserializable = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = HostQueueConfig.from_settings(crawler.settings)
+        dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
+        return cls(
+            crawler,
+            build_from_crawler(dupefilter_cls, crawler),
+            config,
+            job_dir(crawler.settings),
+        )
+
+    # -- Scrapy scheduler interface ------------------------------------------
+
+    def open(self, spider: Spider) -> Deferred[None] | None:
+        self.spider = spider
+        self._undo_hook = internals.on_request_leaving_downloader(self.crawler, self._request_left)
+        self.crawler.signals.connect(
+            self._reached_downloader, signal=signals.request_reached_downloader
+        )
+        self.crawler.signals.connect(self._response_received, signal=signals.response_received)
+        if self._autothrottle:
+            self.crawler.signals.connect(
+                self._follow_autothrottle, signal=signals.response_downloaded
+            )
+        if self.jobdir:
+            self._load_state()
+        cfg = self.config
+        logger.info(
+            "HostQueueScheduler: per-host limit %s, max active hosts %s, delays owned by %s%s",
+            "adaptive (AIMD)" if self._policy_hook else cfg.default_concurrency,
+            cfg.max_active_hosts or "unlimited",
+            "AutoThrottle" if self._autothrottle else "the scheduler",
+            f", resumed {len(self.frontier)} requests from JOBDIR" if len(self.frontier) else "",
+        )
+        return self.df.open()
+
+    def close(self, reason: str) -> Deferred[None] | None:
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
+        if self._undo_hook is not None:
+            self._undo_hook()
+            self._undo_hook = None
+        if self.jobdir:
+            self._save_state()
+        return self.df.close(reason)
+
+    def has_pending_requests(self) -> bool:
+        return len(self.frontier) > 0
+
+    def __len__(self) -> int:
+        return len(self.frontier)
+
+    def enqueue_request(self, request: Request) -> bool:
+        if not request.dont_filter and self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            return False
+        return self._push(request)
+
+    def next_request(self) -> Request | None:
+        popped = self.frontier.pop()
+        if popped is None:
+            if len(self.frontier):
+                self._schedule_wakeup()
+            return None
+        host, request = popped
+        self._handed_out[request] = host
+        self.stats.inc_value("scheduler/dequeued/memory")
+        self.stats.inc_value("scheduler/dequeued")
+        self.recorder.request_started(host, self.frontier.inflight(host), self.frontier.active)
+        if self.debug:
+            logger.debug(
+                "Handing out %s (host %s, %d in flight)",
+                request,
+                host,
+                self.frontier.inflight(host),
+            )
+        return request
+
+    # -- API for the AIMD middleware -------------------------------------------
+
+    def attach_policy(self, hook: PolicyHook) -> None:
+        """Let *hook* choose the limit of every host from now on."""
+        self._policy_hook = hook
+
+    def host_of(self, request: Request) -> str:
+        return internals.host_key(self.crawler, request)
+
+    def policy(self, host: str) -> HostPolicy:
+        return self.frontier.policy(host)
+
+    def set_limit(self, host: str, limit: int) -> None:
+        self.frontier.set_limit(host, limit)
+        internals.apply_to_slot(self.crawler, host, concurrency=limit)
+        self.recorder.limit_changed(host, limit)
+
+    def block_until(self, host: str, when: float, reason: str) -> None:
+        """Start no request for *host* before *when* (``time.monotonic()``)."""
+        self.frontier.block_until(host, when, reason)
+
+    def set_interval(self, host: str, interval: float) -> None:
+        """Minimum time between two request starts on *host*."""
+        self.frontier.set_interval(host, interval)
+
+    def give_up(self, host: str) -> int:
+        """Drop the queued requests of *host* and refuse new ones; returns how
+        many were dropped."""
+        dropped = self.frontier.give_up(host)
+        for request in dropped:
+            self.crawler.signals.send_catch_log(
+                signals.request_dropped, request=request, spider=self.spider
+            )
+        return len(dropped)
+
+    # -- internals -----------------------------------------------------------
+
+    def _new_policy(self, host: str) -> HostPolicy:
+        concurrency, delay, jitter = internals.configured_slot(self.crawler.settings, host)
+        limit = max(1, concurrency)
+        if self._policy_hook is not None:
+            limit = self._policy_hook.initial_limit(host, limit)
+        self.recorder.host_seen(host)
+        if self._autothrottle:
+            # AutoThrottle owns slot.delay; the scheduler follows it (see
+            # _follow_autothrottle) instead of applying DOWNLOAD_DELAY twice.
+            delay = 0.0
+        return HostPolicy(limit, delay, jitter)
+
+    def _push(self, request: Request) -> bool:
+        host = internals.host_key(self.crawler, request)
+        if not self.frontier.push(host, request_rank(request), request):
+            self.stats.inc_value("hostqueue/dropped_request_count")
+            if self.debug:
+                logger.debug("Dropped %s: host %s was given up", request, host)
+            return False
+        self.stats.inc_value("scheduler/enqueued/memory")
+        self.stats.inc_value("scheduler/enqueued")
+        return True
+
+    def _request_left(self, request: Request) -> None:
+        host = self._handed_out.pop(request, None)
+        if host is not None:
+            self.frontier.finish(host)
+
+    def _reached_downloader(self, request: Request, spider: Spider) -> None:
+        host = self._handed_out.get(request)
+        if host is None:
+            return
+        # Scrapy recreates garbage-collected slots from the settings: re-apply
+        # the host's current limit, and keep delays out of the downloader,
+        # where a waiting request would hold the global budget.
+        internals.apply_to_slot(
+            self.crawler,
+            host,
+            concurrency=self.frontier.policy(host).limit,
+            delay=None if self._autothrottle else 0.0,
+        )
+
+    def _response_received(self, response: Response, request: Request, spider: Spider) -> None:
+        host = internals.host_key(self.crawler, request)
+        self.recorder.response(host, response.status, request.meta.get("download_latency"))
+
+    def _follow_autothrottle(self, response: Response, request: Request, spider: Spider) -> None:
+        host = internals.host_key(self.crawler, request)
+        delay = internals.slot_delay(self.crawler, host)
+        if delay is not None:
+            self.frontier.set_interval(host, delay)
+
+    def _schedule_wakeup(self) -> None:
+        when = self.frontier.next_wakeup()
+        if when is None:
+            return
+        if self._wakeup is not None:
+            if self._wakeup_at <= when:
+                return
+            self._wakeup.cancel()
+        self._wakeup_at = when
+        self._wakeup = call_later(max(0.0, when - time.monotonic()), self._woken)
+
+    def _woken(self) -> None:
+        self._wakeup = None
+        internals.wake_engine(self.crawler)
+
+    # -- JOBDIR ----------------------------------------------------------------
+
+    def _state_path(self) -> str:
+        assert self.jobdir is not None
+        return os.path.join(self.jobdir, STATE_FILE)
+
+    def _save_state(self) -> None:
+        requests: list[tuple[str, dict[str, Any]]] = []
+        unserializable = 0
+        for host, _rank, request in self.frontier.items():
+            try:
+                requests.append((host, request.to_dict(spider=self.spider)))
+            except ValueError:
+                unserializable += 1
+                if self.debug or not self._logged_unserializable:
+                    logger.warning(
+                        "Unable to serialize request %s; it is lost at this stop "
+                        "(this warning is shown once; SCHEDULER_DEBUG=True shows all)",
+                        request,
+                    )
+                    self._logged_unserializable = True
+        if unserializable:
+            self.stats.inc_value("scheduler/unserializable", unserializable)
+        now_mono, now_wall = time.monotonic(), time.time()
+        blocks = {
+            host: (policy.blocked_until - now_mono + now_wall, policy.block_reason)
+            for host, _q, _i, policy in self.frontier.hosts()
+            if policy.blocked_until > now_mono
+        }
+        state = {"version": _STATE_VERSION, "requests": requests, "blocks": blocks}
+        path = self._state_path()
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f, protocol=4)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        logger.info("Saved %d queued requests to %s", len(requests), path)
+
+    def _load_state(self) -> None:
+        path = self._state_path()
+        if not os.path.exists(path):
+            return
+        with open(path, "rb") as f:
+            state = pickle.load(f)  # our own file, in the user's JOBDIR
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"{path} was written by an incompatible scrapy-hostqueue")
+        for _host, data in state["requests"]:
+            # Already seen by the dupefilter before the stop: not filtered again.
+            self._push(request_from_dict(data, spider=self.spider))
+        now_mono, now_wall = time.monotonic(), time.time()
+        for host, (until_wall, reason) in state["blocks"].items():
+            if until_wall > now_wall:
+                self.frontier.block_until(host, until_wall - now_wall + now_mono, reason)
