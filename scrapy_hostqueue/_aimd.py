@@ -1,0 +1,317 @@
+"""The per-host AIMD rule, back-off and error budget.
+
+Pure logic: no Scrapy or Twisted import, an injectable clock and random
+source. :class:`AimdTable` turns what happened to one request (a fast or slow
+success, a back-off status, a connection failure) into an
+:class:`Adjustment` of its host: a new concurrency limit, a block, a give-up.
+The caller (the middleware) applies it to the scheduler.
+
+The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
+
+* a success faster than ``fast_latency`` extends the host's run of fast
+  successes; when the run reaches ``L * p`` the limit becomes
+  ``min(L + 1, C)`` and the run restarts. ``p`` is 1, except when ``L + 1``
+  would reach the level where the host last pushed back (``probe_level``):
+  then ``p`` is a penalty that doubles each time the host pushes back at that
+  same level again (up to :data:`MAX_PROBE_PENALTY`), so a host with a hard
+  limit is probed ever more rarely instead of on every cycle. A run at the
+  old level that completes without push-back forgets it. A run is therefore
+  about one round of the window at ``p = 1``;
+* a success between the two latencies breaks the run; one slower than
+  ``slow_latency`` is a decrease;
+* a back-off status and a connection failure or timeout are decreases;
+* a decrease sets ``L = max(F, L // 2)``, at most once per burst: an outcome
+  of a request that *started* before the last decrease is the same congestion
+  seen again and changes nothing;
+* a back-off status also blocks the host: for ``min(Retry-After,
+  retry_after_max)`` when the header is usable, else for
+  ``backoff_base * 2**k`` capped at ``backoff_max``, drawn uniformly in the
+  upper half of that ("equal jitter"); ``k`` grows with each back-off block
+  and returns to 0 after a response that is not a back-off;
+* ``error_budget`` connection failures in a row park the host for
+  ``error_cooldown * 2**(n - 1)`` (the ``n``-th cool-down in a row); the
+  failure after ``error_max_cooldowns`` cool-downs gives the host up. Any HTTP
+  response resets the count of failures in a row, a success resets the
+  cool-downs too. Failures of requests that started before the host was
+  parked do not count toward the next budget.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = [
+    "MAX_PROBE_PENALTY",
+    "Adjustment",
+    "AimdHost",
+    "AimdSettings",
+    "AimdTable",
+]
+
+#: The largest factor by which a run is lengthened before probing a level at
+#: which the host pushed back.
+MAX_PROBE_PENALTY = 64
+_MAX_BACKOFF_EXPONENT = 60
+
+# Reasons, as they appear in logs and stats keys.
+FAST = "fast"
+SLOW = "slow"
+BACKOFF = "backoff"
+ERROR = "error"
+# Block reasons.
+RETRY_AFTER = "retry-after"
+COOLDOWN = "error-cooldown"
+
+
+@dataclass(frozen=True)
+class AimdSettings:
+    """The parameters of the rule (validated by ``HostQueueConfig``)."""
+
+    start: int = 2
+    floor: int = 1
+    ceiling: int = 8
+    fast_latency: float = 0.5
+    slow_latency: float = 5.0
+    retry_after_max: float = 300.0
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    error_budget: int = 5
+    error_cooldown: float = 10.0
+    error_max_cooldowns: int = 3
+
+
+class AimdHost:
+    """What the rule remembers about one host."""
+
+    __slots__ = (
+        "backoff_exponent",
+        "ceiling",
+        "cooldowns",
+        "failures",
+        "given_up",
+        "last_backoff_block",
+        "last_decrease",
+        "limit",
+        "parked_at",
+        "probe_level",
+        "probe_penalty",
+        "run",
+        "warned",
+    )
+
+    def __init__(self, limit: int, ceiling: int) -> None:
+        self.limit = limit
+        self.ceiling = ceiling
+        self.run = 0
+        self.last_decrease = float("-inf")
+        self.probe_level = 0  # 0: no level known to push back
+        self.probe_penalty = 1
+        self.backoff_exponent = 0
+        self.last_backoff_block = float("-inf")
+        self.failures = 0
+        self.cooldowns = 0
+        self.parked_at = float("-inf")
+        self.given_up = False
+        self.warned = False  # the back-off WARNING was logged
+
+    def __repr__(self) -> str:
+        return (
+            f"AimdHost(limit={self.limit}, ceiling={self.ceiling}, run={self.run}, "
+            f"probe_level={self.probe_level}, probe_penalty={self.probe_penalty}, "
+            f"failures={self.failures}, cooldowns={self.cooldowns}, given_up={self.given_up})"
+        )
+
+
+@dataclass
+class Adjustment:
+    """What the caller must apply to a host after one outcome."""
+
+    host: str
+    old_limit: int
+    new_limit: int
+    reason: str
+    #: The outcome was a decrease (also at the floor, where the limit stays).
+    decreased: bool = False
+    #: Block the host for this many seconds from now (None: no new block).
+    block: float | None = None
+    block_reason: str | None = None
+    #: The block is an error-budget cool-down.
+    parked: bool = False
+    #: The error budget is spent: drop the host's queued requests.
+    give_up: bool = False
+    #: The first back-off of this host (the caller warns once).
+    first_backoff: bool = False
+
+    @property
+    def limit_changed(self) -> bool:
+        return self.new_limit != self.old_limit
+
+
+class AimdTable:
+    """Per-host AIMD state in a bounded LRU table.
+
+    *max_hosts* bounds memory: the least recently used host is forgotten and
+    starts again from ``start`` if it comes back. *clock* is monotonic time,
+    the same clock the caller stamps request starts with.
+    """
+
+    def __init__(
+        self,
+        settings: AimdSettings,
+        *,
+        max_hosts: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.max_hosts = max(1, max_hosts)
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._hosts: OrderedDict[str, AimdHost] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._hosts
+
+    def get(self, key: str) -> AimdHost | None:
+        """The state of *key* if known, without creating or touching it."""
+        return self._hosts.get(key)
+
+    def host(self, key: str, ceiling: int | None = None) -> AimdHost:
+        """The state of *key*, created at ``start`` on first sight.
+
+        *ceiling* lowers this host's ceiling below the global one (e.g. a
+        ``DOWNLOAD_SLOTS`` concurrency); it applies to a known host too.
+        """
+        s = self.settings
+        host_ceiling = s.ceiling if ceiling is None else max(1, min(s.ceiling, ceiling))
+        state = self._hosts.get(key)
+        if state is None:
+            state = AimdHost(min(s.start, host_ceiling), host_ceiling)
+            self._hosts[key] = state
+            while len(self._hosts) > self.max_hosts:
+                self._hosts.popitem(last=False)
+        else:
+            self._hosts.move_to_end(key)
+            if ceiling is not None:
+                state.ceiling = host_ceiling
+                state.limit = min(state.limit, host_ceiling)
+        return state
+
+    # -- outcomes --------------------------------------------------------
+
+    def on_success(self, key: str, started: float, latency: float) -> Adjustment | None:
+        """A response that is not a back-off status, *latency* seconds long,
+        for a request that started at *started*. None when nothing changed."""
+        state = self.host(key)
+        if state.given_up:
+            return None
+        state.failures = 0
+        state.cooldowns = 0
+        state.backoff_exponent = 0
+        s = self.settings
+        if latency > s.slow_latency:
+            return self._decrease(key, state, started, SLOW)
+        if latency >= s.fast_latency:
+            state.run = 0
+            return None
+        if started < state.last_decrease:
+            # Sent under the limit that just proved too high: no evidence
+            # for a higher one.
+            return None
+        state.run += 1
+        if state.limit >= state.ceiling:
+            state.run = 0
+            return None
+        probing = state.probe_level and state.limit + 1 >= state.probe_level
+        needed = state.limit * (state.probe_penalty if probing else 1)
+        if state.run < needed:
+            return None
+        old = state.limit
+        state.limit = old + 1
+        state.run = 0
+        if state.probe_level and state.limit > state.probe_level:
+            # A whole run at the level that pushed back went through.
+            state.probe_level = 0
+            state.probe_penalty = 1
+        return Adjustment(key, old, state.limit, FAST)
+
+    def on_backoff(self, key: str, started: float, retry_after: float | None) -> Adjustment | None:
+        """A back-off status (429, 503); *retry_after* is the parsed header
+        (seconds, uncapped) or None when missing or unusable."""
+        state = self.host(key)
+        if state.given_up:
+            return None
+        state.failures = 0
+        adjustment = self._decrease(key, state, started, BACKOFF)
+        if adjustment is None:
+            adjustment = Adjustment(key, state.limit, state.limit, BACKOFF)
+        if not state.warned:
+            state.warned = True
+            adjustment.first_backoff = True
+        s = self.settings
+        if retry_after is not None:
+            # The server's own word; the scheduler only ever extends a block.
+            adjustment.block = min(max(0.0, retry_after), s.retry_after_max)
+            adjustment.block_reason = RETRY_AFTER
+        elif started >= state.last_backoff_block:
+            exponent = min(state.backoff_exponent, _MAX_BACKOFF_EXPONENT)
+            ceiling = min(s.backoff_max, s.backoff_base * 2.0**exponent)
+            adjustment.block = self._rng.uniform(ceiling / 2, ceiling)
+            adjustment.block_reason = BACKOFF
+            state.backoff_exponent += 1
+            state.last_backoff_block = self.clock()
+        # else: the request was in flight when the host was last blocked for
+        # this burst; that block already covers it.
+        return adjustment
+
+    def on_failure(self, key: str, started: float) -> Adjustment | None:
+        """A connection failure or timeout of a request started at *started*."""
+        state = self.host(key)
+        if state.given_up:
+            return None
+        adjustment = self._decrease(key, state, started, ERROR)
+        if started < state.parked_at:
+            return adjustment
+        state.failures += 1
+        s = self.settings
+        if state.failures < s.error_budget:
+            return adjustment
+        if adjustment is None:
+            adjustment = Adjustment(key, state.limit, state.limit, ERROR)
+        state.failures = 0
+        state.cooldowns += 1
+        if state.cooldowns > s.error_max_cooldowns:
+            state.given_up = True
+            adjustment.give_up = True
+            return adjustment
+        exponent = min(state.cooldowns - 1, _MAX_BACKOFF_EXPONENT)
+        adjustment.block = s.error_cooldown * 2.0**exponent
+        adjustment.block_reason = COOLDOWN
+        adjustment.parked = True
+        state.parked_at = self.clock()
+        return adjustment
+
+    # -- internals -------------------------------------------------------
+
+    def _decrease(
+        self, key: str, state: AimdHost, started: float, reason: str
+    ) -> Adjustment | None:
+        if started < state.last_decrease:
+            return None  # the same burst, already answered
+        old = state.limit
+        if state.probe_level == old:
+            state.probe_penalty = min(state.probe_penalty * 2, MAX_PROBE_PENALTY)
+        else:
+            state.probe_level = old
+            state.probe_penalty = 2
+        state.limit = max(min(self.settings.floor, state.ceiling), old // 2)
+        state.run = 0
+        state.last_decrease = self.clock()
+        return Adjustment(key, old, state.limit, reason, decreased=True)
