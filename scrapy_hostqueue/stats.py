@@ -1,24 +1,61 @@
-"""Per-host stats in Scrapy's stats collector.
+"""Per-host stats in Scrapy's stats collector, and the :class:`HostQueueStats`
+extension (a periodic log line and the optional timeline file).
 
 Every key is built by :func:`stat_key` / :func:`host_stat_key`. The scheduler,
 the AIMD middleware and the download handler report events to one
 :class:`HostStatsRecorder` per crawler (:func:`get_recorder`).
+
+Bounded cardinality: per-host counters live in the recorder's own table of at
+most ``HOSTQUEUE_STATS_MAX_HOSTS`` hosts. When a host not in the table needs
+an entry and the table is full, the least busy entry is folded into the
+aggregate host ``_other`` and the newcomer takes its place with the evicted
+entry's busyness as a starting floor (the "Space-Saving" heavy-hitters rule),
+so a host that is busy overall keeps its own entry even if it shows up late
+in a crawl that meets many hosts. Per-host keys are written to the stats
+collector from that table at every periodic log line and when the spider
+closes; global keys are written as events happen.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
+import math
+import os
+import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from scrapy_hostqueue._config import HostQueueConfig
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.asyncio import create_looping_call
+
+from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue._frontier import Frontier
+from scrapy_hostqueue.timeline import HostSample, TimelineWriter
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
+    from scrapy.utils.asyncio import AsyncioLoopingCall
+    from twisted.internet.task import LoopingCall
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "hostqueue"
 #: Hosts beyond HOSTQUEUE_STATS_MAX_HOSTS add up under this host key.
 OTHER_HOSTS = "_other"
+#: The host key of requests whose URL has no host (``data:``, ``file:``).
+NO_HOST = "_nohost"
+HOSTS_PREFIX = f"{PREFIX}/hosts/"
+#: Hosts named in the periodic log line.
+LOG_BUSIEST = 5
 
 
 def stat_key(name: str) -> str:
@@ -28,96 +65,463 @@ def stat_key(name: str) -> str:
 
 def host_stat_key(host: str, name: str) -> str:
     """A per-host key: ``hostqueue/hosts/{host}/{name}``."""
-    return f"{PREFIX}/hosts/{host or '_nohost'}/{name}"
+    return f"{HOSTS_PREFIX}{host or NO_HOST}/{name}"
+
+
+class LatencyHistogram:
+    """Latencies in fixed logarithmic buckets: bounded memory whatever the
+    number of samples, quantiles within 4.4 % (16 buckets per doubling)."""
+
+    __slots__ = ("buckets", "count", "high", "total")
+
+    PER_DOUBLING = 16
+    # 2**-20 s (~1 µs) .. 2**20 s (~12 days): at most 641 buckets.
+    LOWEST = -20 * PER_DOUBLING
+    HIGHEST = 20 * PER_DOUBLING
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, int] = {}
+        self.count = 0
+        self.total = 0.0
+        self.high = 0.0
+
+    def add(self, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        self.count += 1
+        self.total += seconds
+        self.high = max(self.high, seconds)
+        index = self.LOWEST
+        if seconds > 0:
+            index = math.ceil(math.log2(seconds) * self.PER_DOUBLING)
+            index = min(max(index, self.LOWEST), self.HIGHEST)
+        self.buckets[index] = self.buckets.get(index, 0) + 1
+
+    def merge(self, other: LatencyHistogram) -> None:
+        self.count += other.count
+        self.total += other.total
+        self.high = max(self.high, other.high)
+        for index, count in other.buckets.items():
+            self.buckets[index] = self.buckets.get(index, 0) + count
+
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    def quantile(self, q: float) -> float | None:
+        """The upper bound of the bucket holding the *q* quantile (capped at
+        the largest sample), or None without samples."""
+        if not self.count:
+            return None
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for index in sorted(self.buckets):
+            seen += self.buckets[index]
+            if seen >= rank:
+                if index == self.HIGHEST:  # open-ended: anything above
+                    return self.high
+                return min(float(2.0 ** (index / self.PER_DOUBLING)), self.high)
+        return self.high  # pragma: no cover - rank <= count
+
+
+class HostCounters:
+    """What the recorder knows about one host (or the aggregate)."""
+
+    __slots__ = ("base", "counts", "highs", "latency", "limit", "lows", "weight")
+
+    def __init__(self, base: int = 0) -> None:
+        #: Additive values (``*_count``, ``blocked_seconds``), by key name.
+        self.counts: dict[str, float] = {}
+        #: High-water marks (``max_*``) and low-water marks (``min_*``).
+        self.highs: dict[str, float] = {}
+        self.lows: dict[str, float] = {}
+        self.limit: int | None = None
+        self.latency = LatencyHistogram()
+        #: Busyness: events recorded since the host got its entry, plus the
+        #: floor it inherited then (see the module docstring).
+        self.base = base
+        self.weight = 0
+
+    @property
+    def priority(self) -> int:
+        return self.base + self.weight
+
+    def inc(self, name: str, value: float = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + value
+
+    def high(self, name: str, value: float) -> None:
+        if value > self.highs.get(name, -math.inf):
+            self.highs[name] = value
+
+    def low(self, name: str, value: float) -> None:
+        if value < self.lows.get(name, math.inf):
+            self.lows[name] = value
+
+    def merge(self, other: HostCounters) -> None:
+        """Add *other* into this entry (the current limit is not additive: dropped)."""
+        for name, value in other.counts.items():
+            self.inc(name, value)
+        for name, value in other.highs.items():
+            self.high(name, value)
+        for name, value in other.lows.items():
+            self.low(name, value)
+        self.latency.merge(other.latency)
+
+    def values(self, *, with_limit: bool = True) -> Iterator[tuple[str, float]]:
+        """``(name, value)`` of every stat this entry has."""
+        yield from self.counts.items()
+        yield from self.highs.items()
+        yield from self.lows.items()
+        if with_limit and self.limit is not None:
+            yield "limit", self.limit
+        mean = self.latency.mean()
+        if mean is not None:
+            yield "latency_mean", round(mean, 6)
+            p95 = self.latency.quantile(0.95)
+            assert p95 is not None
+            yield "latency_p95", round(p95, 6)
 
 
 class HostStatsRecorder:
-    """Turns per-host events into stats, with bounded cardinality."""
+    """Turns per-host events into stats, with bounded cardinality.
+
+    Components call the event methods; :meth:`flush` writes the per-host keys
+    of the (at most ``max_hosts``) named hosts and of the aggregate host.
+    """
 
     def __init__(self, stats: StatsCollector, config: HostQueueConfig) -> None:
         self.stats = stats
         self.enabled = config.stats_enabled
         self.max_hosts = config.stats_max_hosts
-        self._named: set[str] = set()
-        self._seen = 0
+        self._table: dict[str, HostCounters] = {}
+        # One (priority when pushed, tiebreak, host) entry per table entry;
+        # priorities only grow, so a stale entry is re-pushed when popped.
+        self._heap: list[tuple[int, int, str]] = []
+        self._seq = itertools.count()
+        self._floor = 0
+        self.other = HostCounters()
+        self._fetched: dict[str, int] | None = None
 
-    def _host(self, host: str) -> str:
-        if host in self._named:
-            return host
-        if len(self._named) < self.max_hosts:
-            self._named.add(host)
-            return host
-        return OTHER_HOSTS
+    # -- the bounded table ---------------------------------------------------
 
-    def _inc(self, host: str, name: str, count: int = 1) -> None:
+    def counters(self, host: str) -> HostCounters:
+        """The entry that events of *host* go to (its own, or the aggregate)."""
+        host = host or NO_HOST
+        entry = self._table.get(host)
+        if entry is None:
+            if self.max_hosts <= 0:
+                return self.other
+            if len(self._table) >= self.max_hosts:
+                self._evict()
+            entry = self._table[host] = HostCounters(self._floor)
+            heapq.heappush(self._heap, (entry.priority, next(self._seq), host))
+        entry.weight += 1
+        return entry
+
+    def _evict(self) -> None:
+        heap, table = self._heap, self._table
+        while True:
+            priority, _, host = heapq.heappop(heap)
+            entry = table[host]
+            if entry.priority != priority:
+                heapq.heappush(heap, (entry.priority, next(self._seq), host))
+                continue
+            del table[host]
+            self.other.merge(entry)
+            self._floor = priority
+            return
+
+    def named_hosts(self) -> list[str]:
+        """Hosts that currently have their own keys, busiest first."""
+        return sorted(self._table, key=lambda host: -self._table[host].priority)
+
+    def table_size(self) -> int:
+        """Entries held (named hosts), for tests of boundedness."""
+        return len(self._table) + len(self._heap)
+
+    def host_stats(self) -> dict[str, float]:
+        """Every per-host key and its value, as :meth:`flush` writes them."""
+        result: dict[str, float] = {}
+        for host, entry in self._table.items():
+            for name, value in entry.values():
+                result[host_stat_key(host, name)] = value
+        for name, value in self.other.values(with_limit=False):
+            result[host_stat_key(OTHER_HOSTS, name)] = value
+        return result
+
+    def flush(self) -> None:
+        """Replace the per-host keys in the stats collector with the current ones."""
+        if not self.enabled:
+            return
+        fresh = {
+            key: value
+            for key, value in self.stats.get_stats().items()
+            if not key.startswith(HOSTS_PREFIX)
+        }
+        fresh.update(self.host_stats())
+        self.stats.set_stats(fresh)
+
+    # -- per-interval response counts (timeline) -----------------------------
+
+    def track_fetched(self) -> None:
+        """Start counting responses per host for :meth:`take_fetched`."""
+        if self._fetched is None:
+            self._fetched = {}
+
+    def take_fetched(self) -> dict[str, int]:
+        """Responses per host since the previous call (bounded by the hosts
+        that got a response in one interval)."""
+        fetched = self._fetched or {}
+        if self._fetched is not None:
+            self._fetched = {}
+        return fetched
+
+    # -- generic helpers ------------------------------------------------------
+
+    def inc(self, host: str, name: str, count: float = 1) -> None:
+        """Add *count* to the per-host counter *name* (e.g. ``connections_opened_count``)."""
         if self.enabled:
-            self.stats.inc_value(host_stat_key(self._host(host), name), count)
+            self.counters(host).inc(name, count)
 
-    def _max(self, host: str, name: str, value: float) -> None:
-        if self.enabled:
-            self.stats.max_value(host_stat_key(self._host(host), name), value)
+    # Kept for callers written against the first version of this module.
+    _inc = inc
 
-    def _min(self, host: str, name: str, value: float) -> None:
-        if self.enabled:
-            self.stats.min_value(host_stat_key(self._host(host), name), value)
+    def _global_inc(self, name: str, count: int = 1) -> None:
+        self.stats.inc_value(stat_key(name), count)
 
     # -- scheduler events --------------------------------------------------
 
     def host_seen(self, host: str) -> None:
         if self.enabled:
-            self.stats.inc_value(stat_key("hosts_seen_count"))
+            self._global_inc("hosts_seen_count")
 
     def request_started(self, host: str, inflight: int, active_hosts: int) -> None:
-        self._inc(host, "request_count")
-        self._max(host, "max_inflight", inflight)
-        if self.enabled:
-            self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
+        if not self.enabled:
+            return
+        entry = self.counters(host)
+        entry.inc("request_count")
+        entry.high("max_inflight", inflight)
+        self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
 
     def response(self, host: str, status: int, latency: float | None) -> None:
-        self._inc(host, "response_count")
-        self._inc(host, f"status_count/{status}")
+        if self._fetched is not None:
+            key = host or NO_HOST
+            self._fetched[key] = self._fetched.get(key, 0) + 1
+        if not self.enabled:
+            return
+        entry = self.counters(host)
+        entry.inc("response_count")
+        entry.inc(f"status_count/{status}")
+        if latency is not None:
+            entry.latency.add(float(latency))
 
     def exception(self, host: str, name: str) -> None:
-        self._inc(host, "exception_count")
-        self._inc(host, f"exception_type_count/{name}")
+        if not self.enabled:
+            return
+        entry = self.counters(host)
+        entry.inc("exception_count")
+        entry.inc(f"exception_type_count/{name}")
 
     # -- policy events -----------------------------------------------------
 
     def limit_changed(self, host: str, limit: int) -> None:
-        if self.enabled:
-            name = self._host(host)
-            self.stats.set_value(host_stat_key(name, "limit"), limit)
-        self._max(host, "max_limit", limit)
-        self._min(host, "min_limit", limit)
+        if not self.enabled:
+            return
+        entry = self.counters(host)
+        entry.limit = limit
+        entry.high("max_limit", limit)
+        entry.low("min_limit", limit)
 
     def backoff(self, host: str, reason: str) -> None:
-        self._inc(host, f"backoff_count/{reason}")
+        if self.enabled:
+            self.counters(host).inc(f"backoff_count/{reason}")
 
     def blocked(self, host: str, seconds: float, reason: str) -> None:
-        self._inc(host, f"block_count/{reason}")
-        if self.enabled:
-            key = host_stat_key(self._host(host), "blocked_seconds")
-            self.stats.set_value(key, (self.stats.get_value(key) or 0.0) + seconds)
+        if not self.enabled:
+            return
+        entry = self.counters(host)
+        entry.inc(f"block_count/{reason}")
+        entry.inc("blocked_seconds", max(0.0, float(seconds)))
 
     def host_parked(self, host: str) -> None:
-        if self.enabled:
-            self.stats.inc_value(stat_key("hosts_parked_count"))
+        if not self.enabled:
+            return
+        self._global_inc("hosts_parked_count")
+        self.counters(host).inc("parked_count")
 
     def host_given_up(self, host: str, dropped: int) -> None:
-        if self.enabled:
-            self.stats.inc_value(stat_key("hosts_given_up_count"))
-            self.stats.inc_value(stat_key("dropped_request_count"), dropped)
-        self._inc(host, "dropped_request_count", dropped)
+        if not self.enabled:
+            return
+        self._global_inc("hosts_given_up_count")
+        self._global_inc("dropped_request_count", dropped)
+        entry = self.counters(host)
+        entry.inc("given_up_count")
+        entry.inc("dropped_request_count", dropped)
 
 
 _recorders: weakref.WeakKeyDictionary[Crawler, HostStatsRecorder] = weakref.WeakKeyDictionary()
 
 
 def get_recorder(crawler: Crawler) -> HostStatsRecorder:
-    """The crawler's one recorder, shared by every component."""
+    """The crawler's one recorder, shared by every component. Its per-host
+    keys are written to the stats when the spider closes."""
     recorder = _recorders.get(crawler)
     if recorder is None:
         assert crawler.stats is not None
         recorder = HostStatsRecorder(crawler.stats, HostQueueConfig.from_settings(crawler.settings))
         _recorders[crawler] = recorder
+        # spider_closed runs before the stats collector dumps its stats.
+        crawler.signals.connect(recorder.flush, signal=signals.spider_closed)
     return recorder
+
+
+# -- the extension ----------------------------------------------------------
+
+
+def _samples(frontier: Frontier[Any], now: float) -> list[HostSample]:
+    return [
+        HostSample(
+            host=key,
+            in_flight=inflight,
+            queued=queued,
+            limit=policy.limit,
+            blocked_for=max(0.0, policy.blocked_until - now),
+            block_reason=policy.block_reason,
+        )
+        for key, queued, inflight, policy in frontier.hosts()
+    ]
+
+
+class HostQueueStats:
+    """Scrapy extension: a periodic log line about hosts
+    (``HOSTQUEUE_LOG_INTERVAL`` seconds, 0 disables) that also refreshes the
+    per-host stats, and the optional timeline file
+    (``HOSTQUEUE_TIMELINE_FILE``, one row per ``HOSTQUEUE_TIMELINE_INTERVAL``
+    and host).
+
+    It reads the :class:`~scrapy_hostqueue.HostQueueScheduler` of the crawl
+    and does nothing under another scheduler.
+    """
+
+    def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.recorder = get_recorder(crawler)
+        self.frontier: Frontier[Any] | None = None
+        self.timeline: TimelineWriter | None = None
+        self._log_task: AsyncioLoopingCall | LoopingCall | None = None
+        self._timeline_task: AsyncioLoopingCall | LoopingCall | None = None
+        self._started = 0.0
+        self._last_tick = 0.0
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = HostQueueConfig.from_settings(crawler.settings)
+        if not config.log_interval and not config.timeline_file:
+            raise NotConfigured("HOSTQUEUE_LOG_INTERVAL is 0 and no HOSTQUEUE_TIMELINE_FILE")
+        if config.timeline_file:
+            directory = os.path.dirname(os.path.abspath(config.timeline_file))
+            if not os.path.isdir(directory):
+                raise HostQueueSettingsError(
+                    f"HOSTQUEUE_TIMELINE_FILE: directory {directory!r} does not exist "
+                    f"(got {config.timeline_file!r})"
+                )
+        extension = cls(crawler, config)
+        crawler.signals.connect(extension.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(extension.spider_closed, signal=signals.spider_closed)
+        return extension
+
+    def spider_opened(self, spider: Spider) -> None:
+        scheduler = internals.current_scheduler(self.crawler)
+        frontier = getattr(scheduler, "frontier", None)
+        if not isinstance(frontier, Frontier):
+            logger.warning(
+                "HostQueueStats: the scheduler is %s, not HostQueueScheduler: no host "
+                "log line and no timeline",
+                type(scheduler).__name__,
+            )
+            return
+        self.frontier = frontier
+        self._started = self._last_tick = time.monotonic()
+        if self.config.log_interval:
+            self._log_task = create_looping_call(self.log)
+            self._log_task.start(self.config.log_interval, now=False)
+        if self.config.timeline_file:
+            path = self.config.timeline_file
+            try:
+                self.timeline = TimelineWriter(path, self.config.stats_max_hosts)
+            except OSError as error:
+                logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", path, error)
+                return
+            self.recorder.track_fetched()
+            self._timeline_task = create_looping_call(self.sample)
+            self._timeline_task.start(self.config.timeline_interval, now=False)
+            logger.info(
+                "Writing the host timeline to %s every %gs",
+                path,
+                self.config.timeline_interval,
+            )
+
+    def spider_closed(self, spider: Spider, reason: str) -> None:
+        for task in (self._log_task, self._timeline_task):
+            if task is not None and task.running:
+                task.stop()
+        self._log_task = self._timeline_task = None
+        if self.timeline is not None:
+            self.sample()
+            self.timeline.close()
+            logger.info(
+                "Host timeline: %d rows in %s (draw it: python -m scrapy_hostqueue plot %s "
+                "-o OUT.png)",
+                self.timeline.rows,
+                self.timeline.path,
+                self.timeline.path,
+            )
+            self.timeline = None
+
+    def log(self) -> None:
+        """Log one line about the hosts and refresh the per-host stats."""
+        self.recorder.flush()
+        frontier = self.frontier
+        if frontier is None:
+            return
+        samples = _samples(frontier, time.monotonic())
+        blocked = sum(1 for s in samples if s.blocked_for > 0)
+        queued = sum(s.queued for s in samples)
+        busiest = heapq.nlargest(LOG_BUSIEST, samples, key=lambda s: (s.in_flight, s.queued))
+        shown = ", ".join(
+            f"{s.host} {s.in_flight}/{s.limit}"
+            + (f" (blocked {s.blocked_for:.1f}s: {s.block_reason})" if s.blocked_for > 0 else "")
+            for s in busiest
+            if s.in_flight or s.queued
+        )
+        logger.info(
+            "Hosts: %d active, %d blocked, %d with work; %d requests queued; "
+            "busiest (in flight/limit): %s",
+            frontier.active,
+            blocked,
+            len(samples),
+            queued,
+            shown or "none",
+        )
+
+    def sample(self) -> None:
+        """Write one interval of the timeline."""
+        timeline, frontier = self.timeline, self.frontier
+        if timeline is None or frontier is None:
+            return
+        now = time.monotonic()
+        samples = _samples(frontier, now)
+        fetched = self.recorder.take_fetched()
+        live = {s.host for s in samples}
+        for host in fetched:
+            if host not in live:
+                # Finished within the interval: no longer in the frontier.
+                policy = frontier.known_policy(host)
+                samples.append(HostSample(host, 0, 0, policy.limit if policy else None))
+        try:
+            timeline.write(now - self._started, now - self._last_tick, samples, fetched)
+        except OSError as error:
+            logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", timeline.path, error)
+            timeline.close()
+            self.timeline = None
+        self._last_tick = now
