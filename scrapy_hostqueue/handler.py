@@ -1,0 +1,356 @@
+"""An aiohttp download handler whose connection pool matches the scheduler.
+
+:class:`AiohttpDownloadHandler` is Scrapy 2.19's own aiohttp handler
+(streaming, size limits, proxies, TLS settings, dataloss, the
+``headers_received`` / ``bytes_received`` signals, error mapping and
+``download_latency`` all come from Scrapy) with four changes:
+
+* the ``ClientSession`` is created on the first download, inside the running
+  event loop, so the handler also works under ``CrawlerProcess`` (Scrapy's
+  handler creates it in ``__init__`` and fails there with "no running event
+  loop");
+* the pool is sized from this project's settings, so that it backstops
+  politeness: per host the AIMD ceiling, in total the active-host cap times the
+  ceiling (bounded by ``CONCURRENT_REQUESTS``), and the total also bounds idle
+  keep-alive sockets;
+* a DNS cache with ``HOSTQUEUE_DNS_CACHE_TTL``;
+* per-host stats of connections opened and reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import aiohttp
+import scrapy
+from scrapy.utils.asyncio import is_asyncio_available
+from scrapy.utils.httpobj import urlparse_cached
+
+from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue.stats import get_recorder
+
+if TYPE_CHECKING:
+    from types import SimpleNamespace
+
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.client_reqrep import ClientRequest
+    from aiohttp.tracing import Trace
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+
+__all__ = ["AiohttpDownloadHandler"]
+
+logger = logging.getLogger(__name__)
+
+
+class _ScrapyHandlerUnavailable:
+    """Stands in for Scrapy's handler when its private module is missing, so
+    that this module still imports and the handler fails with a clear message
+    when the crawl starts rather than with an ImportError at settings load."""
+
+    lazy: ClassVar[bool] = False
+
+    def __init__(self, crawler: Crawler) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    # Scrapy builds handlers with from_crawler() when the class has one, else
+    # with cls() and no crawler: keep the path that reaches the subclass's
+    # __init__ and its message.
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        return cls(crawler)
+
+
+# Scrapy's aiohttp handler lives in a private module (2.19 marks it
+# experimental), so a Scrapy release may move or change it.
+_SCRAPY_IMPORT_ERROR: ImportError | None = None
+try:
+    from scrapy.core.downloader.handlers._aiohttp import (
+        AiohttpDownloadHandler as _ScrapyAiohttpDownloadHandler,
+    )
+    from scrapy.core.downloader.handlers._aiohttp import _ClientResponse
+    from scrapy.utils.ssl import _make_ssl_context
+except ImportError as exc:
+    _SCRAPY_IMPORT_ERROR = exc
+    _ScrapyAiohttpDownloadHandler = _ScrapyHandlerUnavailable  # type: ignore[assignment,misc]
+
+
+def _require_scrapy_handler() -> None:
+    if _SCRAPY_IMPORT_ERROR is not None:
+        raise ImportError(
+            "scrapy_hostqueue.AiohttpDownloadHandler builds on Scrapy's aiohttp "
+            "download handler (scrapy.core.downloader.handlers._aiohttp), which "
+            f"the installed Scrapy {scrapy.__version__} does not provide "
+            f"({_SCRAPY_IMPORT_ERROR}). Install Scrapy 2.19 (pip install "
+            "'scrapy~=2.19.0'), or remove scrapy_hostqueue.AiohttpDownloadHandler "
+            "from DOWNLOAD_HANDLERS to use Scrapy's default HTTP/1.1 handler "
+            "(scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler)."
+        ) from _SCRAPY_IMPORT_ERROR
+
+
+def _require_asyncio(crawler: Crawler) -> None:
+    # is_asyncio_available() rather than is_asyncio_reactor_installed(): the
+    # handler needs the asyncio event loop, not the Twisted reactor, and Scrapy
+    # can also run on asyncio without any reactor (TWISTED_REACTOR_ENABLED=False).
+    try:
+        available = is_asyncio_available()
+    except RuntimeError:
+        # No reactor installed and no loop running yet: only possible, before
+        # the loop starts, when Scrapy runs without a Twisted reactor.
+        available = not crawler.settings.getbool("TWISTED_REACTOR_ENABLED", True)
+    if not available:
+        raise HostQueueSettingsError(
+            "scrapy_hostqueue.AiohttpDownloadHandler needs the asyncio event loop, "
+            "but the installed Twisted reactor is not the asyncio one. Set "
+            "TWISTED_REACTOR = "
+            '"twisted.internet.asyncioreactor.AsyncioSelectorReactor" '
+            "(Scrapy's default) and make sure no other reactor is installed first."
+        )
+
+
+def _pool_limits(config: HostQueueConfig) -> tuple[int, int]:
+    """``(total, per_host)`` connection limits for *config*; 0 means no limit.
+
+    Per host: the AIMD ceiling (``CONCURRENT_REQUESTS_PER_DOMAIN`` unless
+    ``HOSTQUEUE_AIMD_CEILING`` is set), the most the scheduler ever gives one
+    host. Total: ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` x that ceiling, bounded by
+    ``CONCURRENT_REQUESTS`` when it is set.
+    """
+    per_host = config.aimd_ceiling
+    if config.max_active_hosts:
+        total = config.max_active_hosts * per_host
+        if config.global_concurrency > 0:
+            total = min(total, config.global_concurrency)
+    else:
+        total = max(config.global_concurrency, 0)
+    return total, per_host
+
+
+#: The host of the download running in the current task, for the aiohttp
+#: trace callbacks, which only see the session and the connection.
+_current_host: ContextVar[str | None] = ContextVar("scrapy_hostqueue_current_host", default=None)
+
+
+def _host_of(request: Request) -> str:
+    # "Host" is the downloader slot key (see _scrapy_internals.host_key). The
+    # downloader stores it in meta["download_slot"] before calling any handler;
+    # the fallback, for a handler called directly, is the slot key's default.
+    slot = request.meta.get("download_slot")
+    if slot is not None:
+        return str(slot)
+    return urlparse_cached(request).hostname or ""
+
+
+class _BoundedTCPConnector(aiohttp.TCPConnector):
+    """A ``TCPConnector`` whose ``limit`` also bounds idle keep-alive sockets.
+
+    aiohttp counts only connections in use against ``limit``; idle ones stay
+    open in the pool for ``keepalive_timeout`` (15 s), so a crawl over many
+    hosts keeps one idle socket per host it has met. Before opening a
+    connection this closes the longest-idle ones until in-use plus idle
+    sockets fit in ``limit``. It reads two private attributes of aiohttp's
+    ``BaseConnector`` (``_conns``, ``_acquired``, stable since aiohttp 3.0)
+    and degrades to aiohttp's own behaviour if they ever change.
+    """
+
+    _shape_warned: ClassVar[bool] = False
+
+    async def _create_connection(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> ResponseHandler:
+        self._close_idle_over_limit()
+        # Transports close their socket one loop iteration after close() (and
+        # a connection released with "Connection: close" just before this one
+        # was created is in the same state): yield once so those sockets are
+        # really closed before this one connects.
+        await asyncio.sleep(0)
+        return await super()._create_connection(req, traces, timeout)
+
+    def _close_idle_over_limit(self) -> None:
+        limit = self.limit
+        if not limit:
+            return
+        idle_pools: Any = getattr(self, "_conns", None)
+        acquired: Any = getattr(self, "_acquired", None)
+        if not isinstance(idle_pools, dict) or not isinstance(acquired, set):
+            if not _BoundedTCPConnector._shape_warned:
+                _BoundedTCPConnector._shape_warned = True
+                logger.warning(
+                    "aiohttp %s changed its connection pool internals: idle "
+                    "keep-alive connections are no longer counted against the "
+                    "pool's total limit",
+                    aiohttp.__version__,
+                )
+            return
+        # The connection being created is already in `acquired` (as a
+        # placeholder). Idle sockets never outnumber `limit`, so these scans
+        # stay small however many hosts the crawl meets.
+        excess = len(acquired) + sum(len(pool) for pool in idle_pools.values()) - limit
+        while excess > 0 and idle_pools:
+            # Each pool is FIFO (oldest release first): evict the connection
+            # idle the longest across hosts.
+            key = min(idle_pools, key=lambda k: idle_pools[k][0][1])
+            pool = idle_pools[key]
+            protocol, _ = pool[0]
+            del pool[0]
+            if not pool:
+                del idle_pools[key]
+            # abort(): an idle connection has nothing in flight, and a TLS
+            # close handshake would keep the socket open for a while.
+            protocol.abort()
+            excess -= 1
+
+
+class _SharedPool:
+    """One session, pool and host table per crawler.
+
+    Scrapy builds one handler instance per scheme, so ``http`` and ``https``
+    get two instances; they share this so that the total limit holds across
+    both.
+    """
+
+    def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.total, self.per_host = _pool_limits(config)
+        # DNSCACHE_ENABLED=False turns Scrapy's own DNS cache off; honour it here.
+        self.dns_cache = config.dns_cache_ttl > 0 and crawler.settings.getbool(
+            "DNSCACHE_ENABLED", True
+        )
+        self.users = 0
+        self.session: aiohttp.ClientSession | None = None
+        self._closed = False
+        logger.info(
+            "Download pool: %s connections per host, %s in total, DNS cache %s",
+            self.per_host,
+            self.total or "no limit",
+            f"TTL {config.dns_cache_ttl:g} s" if self.dns_cache else "off",
+            extra={"crawler": crawler},
+        )
+
+    def get_session(self, handler: AiohttpDownloadHandler) -> aiohttp.ClientSession:
+        if self.session is None:
+            if self._closed:
+                raise RuntimeError("The download handler is closed")
+            self.session = handler._new_session(self)
+        return self.session
+
+    async def release(self) -> None:
+        self.users -= 1
+        if self.users > 0:
+            return
+        self._closed = True
+        _pools.pop(self.crawler, None)
+        if self.session is not None:
+            session, self.session = self.session, None
+            await session.close()
+
+
+_pools: weakref.WeakKeyDictionary[Crawler, _SharedPool] = weakref.WeakKeyDictionary()
+
+
+class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
+    """Scrapy's aiohttp download handler with a connection pool that backstops
+    the per-host limits of ``HostQueueScheduler``.
+
+    Use it for the ``http`` and ``https`` schemes in ``DOWNLOAD_HANDLERS`` (the
+    ``scrapy_hostqueue.Addon`` does that). It needs the asyncio event loop and
+    works under ``scrapy crawl``, ``AsyncCrawlerProcess`` and ``CrawlerProcess``.
+    """
+
+    # Scrapy's handler is flagged experimental and logs a warning about it at
+    # every start; this subclass is the download path this project supports
+    # and tests, so it does not repeat that warning.
+    experimental: ClassVar[bool] = False
+
+    def __init__(self, crawler: Crawler) -> None:
+        _require_scrapy_handler()
+        _require_asyncio(crawler)
+        # Scrapy's __init__ creates the ClientSession at once, which needs a
+        # running event loop (absent under CrawlerProcess until the crawl
+        # starts). So its own __init__ is skipped on purpose: its base class's
+        # __init__ runs here, its SSL context is built the same way, and the
+        # session with Scrapy's options is created on the first download.
+        super(_ScrapyAiohttpDownloadHandler, self).__init__(crawler)
+        self._ssl_context = _make_ssl_context(crawler.settings)
+        pool = _pools.get(crawler)
+        if pool is None:
+            pool = _pools[crawler] = _SharedPool(
+                crawler, HostQueueConfig.from_settings(crawler.settings)
+            )
+        pool.users += 1
+        self._pool = pool
+        self._released = False
+        self._pool_size_total = pool.total
+        self._pool_size_per_host = pool.per_host
+
+    def _new_session(self, pool: _SharedPool) -> aiohttp.ClientSession:
+        # aiohttp's limit_per_host counts connections per (host, port, TLS)
+        # endpoint, while Scrapy's slots (and this project's hosts) are keyed
+        # by hostname alone: a site serving on two ports or on both http and
+        # https gets the per-host limit on each endpoint. The scheduler holds
+        # the hostname limit; the pool is the backstop per endpoint.
+        connector = _BoundedTCPConnector(
+            local_addr=self._bind_address,
+            limit=pool.total,
+            limit_per_host=pool.per_host,
+            use_dns_cache=pool.dns_cache,
+            # aiohttp annotates the TTL as int but takes any number of seconds.
+            ttl_dns_cache=pool.config.dns_cache_ttl,  # type: ignore[arg-type]
+        )
+        trace_configs = []
+        if pool.config.stats_enabled:
+            trace_config = aiohttp.TraceConfig()
+            trace_config.on_connection_create_end.append(self._on_connection_opened)
+            trace_config.on_connection_reuseconn.append(self._on_connection_reused)
+            trace_configs.append(trace_config)
+        # The same session options as Scrapy's handler.
+        return aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            response_class=_ClientResponse,
+            skip_auto_headers=(
+                "Accept",
+                "Accept-Encoding",
+                "Content-Type",
+                "User-Agent",
+            ),
+            trace_configs=trace_configs,
+        )
+
+    async def download_request(self, request: Request) -> Response:
+        self._session = self._pool.get_session(self)
+        token = _current_host.set(_host_of(request))
+        try:
+            return await super().download_request(request)
+        finally:
+            _current_host.reset(token)
+
+    async def close(self) -> None:
+        if not self._released:
+            self._released = True
+            await self._pool.release()
+
+    def _count_connection(self, name: str) -> None:
+        host = _current_host.get()
+        if host is not None:
+            # The crawler's one recorder keeps the key layout
+            # (hostqueue/hosts/{host}/{name}) and the bounded table of named
+            # hosts (HOSTQUEUE_STATS_MAX_HOSTS) for every component.
+            get_recorder(self.crawler).inc(host, name)
+
+    async def _on_connection_opened(
+        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
+    ) -> None:
+        self._count_connection("connections_opened_count")
+
+    async def _on_connection_reused(
+        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
+    ) -> None:
+        self._count_connection("connections_reused_count")
