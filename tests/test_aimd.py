@@ -1,0 +1,410 @@
+"""The pure AIMD rule, back-off and error budget, with a fake clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scrapy_hostqueue._aimd import (
+    BACKOFF,
+    COOLDOWN,
+    ERROR,
+    FAST,
+    MAX_PROBE_PENALTY,
+    RETRY_AFTER,
+    SLOW,
+    AimdSettings,
+    AimdTable,
+)
+
+FAST_LATENCY = 0.01
+SLOW_LATENCY = 9.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float = 0.01) -> float:
+        self.now += seconds
+        return self.now
+
+
+def make(**overrides: object) -> tuple[AimdTable, FakeClock]:
+    clock = FakeClock()
+    values: dict[str, object] = {"start": 2, "floor": 1, "ceiling": 8}
+    values.update(overrides)
+    table = AimdTable(
+        AimdSettings(**values),  # type: ignore[arg-type]
+        clock=clock,
+        rng=random.Random(7),
+    )
+    return table, clock
+
+
+def fast(table: AimdTable, clock: FakeClock, host: str = "h", count: int = 1) -> None:
+    for _ in range(count):
+        started = clock.tick()
+        clock.tick()
+        table.on_success(host, started, FAST_LATENCY)
+
+
+def limit(table: AimdTable, host: str = "h") -> int:
+    return table.host(host).limit
+
+
+# -- additive increase ------------------------------------------------------
+
+
+def test_a_run_of_fast_successes_as_long_as_the_limit_adds_one() -> None:
+    table, clock = make()
+    assert limit(table) == 2
+    fast(table, clock, count=1)
+    assert limit(table) == 2
+    started = clock.tick()
+    adjustment = table.on_success("h", started, FAST_LATENCY)
+    assert adjustment is not None
+    assert (adjustment.old_limit, adjustment.new_limit, adjustment.reason) == (2, 3, FAST)
+    assert not adjustment.decreased
+    fast(table, clock, count=2)
+    assert limit(table) == 3
+    fast(table, clock, count=1)
+    assert limit(table) == 4
+
+
+def test_the_limit_climbs_to_the_ceiling_and_stays() -> None:
+    table, clock = make()
+    # 2 + 3 + ... + 7 fast successes reach 8.
+    fast(table, clock, count=sum(range(2, 8)))
+    assert limit(table) == 8
+    fast(table, clock, count=100)
+    assert limit(table) == 8
+
+
+def test_a_medium_latency_breaks_the_run() -> None:
+    table, clock = make(fast_latency=0.5, slow_latency=5.0)
+    fast(table, clock, count=1)
+    assert table.on_success("h", clock.tick(), 1.0) is None  # neither fast nor slow
+    fast(table, clock, count=1)
+    assert limit(table) == 2  # the run restarted
+    fast(table, clock, count=1)
+    assert limit(table) == 3
+
+
+# -- multiplicative decrease ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "expected"),
+    [(8, 4), (7, 3), (3, 1), (2, 1), (1, 1)],
+)
+def test_a_back_off_halves_the_limit_down_to_the_floor(start: int, expected: int) -> None:
+    table, clock = make(start=start, floor=1)
+    adjustment = table.on_backoff("h", clock.tick(), None)
+    assert adjustment is not None
+    assert adjustment.decreased
+    assert (adjustment.old_limit, adjustment.new_limit) == (start, expected)
+
+
+def test_the_floor_holds() -> None:
+    table, clock = make(start=8, floor=3)
+    for _ in range(5):
+        table.on_backoff("h", clock.tick(), 0)
+    assert limit(table) == 3
+
+
+@pytest.mark.parametrize("reason", [BACKOFF, SLOW, ERROR])
+def test_one_decrease_per_burst(reason: str) -> None:
+    """Four outcomes of requests that were in flight together halve once."""
+    table, clock = make(start=8)
+    starts = [clock.tick() for _ in range(4)]
+    clock.tick(1)
+    results = []
+    for started in starts:
+        if reason == BACKOFF:
+            results.append(table.on_backoff("h", started, 0))
+        elif reason == SLOW:
+            results.append(table.on_success("h", started, SLOW_LATENCY + 1))
+        else:
+            results.append(table.on_failure("h", started))
+    assert limit(table) == 4
+    assert [r is not None and r.decreased for r in results] == [True, False, False, False]
+    # A request started after that decrease can decrease again.
+    started = clock.tick()
+    table.on_backoff("h", started, 0)
+    assert limit(table) == 2
+
+
+def test_successes_of_requests_started_before_a_decrease_do_not_count() -> None:
+    table, clock = make(start=4)
+    starts = [clock.tick() for _ in range(20)]
+    table.on_backoff("h", clock.tick(), 0)
+    assert limit(table) == 2
+    for started in starts:
+        table.on_success("h", started, FAST_LATENCY)
+    assert limit(table) == 2
+
+
+def test_slow_responses_decrease() -> None:
+    table, clock = make(start=8, slow_latency=5.0)
+    adjustment = table.on_success("h", clock.tick(), 6.0)
+    assert adjustment is not None
+    assert (adjustment.reason, adjustment.new_limit) == (SLOW, 4)
+    assert adjustment.block is None
+
+
+# -- probing a level that pushed back ----------------------------------------
+
+
+def test_a_level_that_pushed_back_is_probed_ever_more_rarely() -> None:
+    """A host that refuses a 4th concurrent request: the limit settles at 3 and
+    each probe of 4 needs a longer run than the one before, up to a bound."""
+    table, clock = make(start=4)
+    table.on_backoff("h", clock.tick(), 0)  # 4 -> 2, level 4 remembered
+    runs = []
+    for _ in range(8):
+        fast(table, clock, count=2)  # 2 -> 3
+        assert limit(table) == 3
+        count = 0
+        while limit(table) == 3:
+            fast(table, clock)
+            count += 1
+            assert count < 10_000
+        runs.append(count)
+        assert limit(table) == 4
+        table.on_backoff("h", clock.tick(), 0)  # pushed back again at 4
+        assert limit(table) == 2
+    assert runs[:6] == [3 * 2, 3 * 4, 3 * 8, 3 * 16, 3 * 32, 3 * 64]
+    assert runs[6:] == [3 * MAX_PROBE_PENALTY] * 2
+
+
+def test_a_level_that_holds_is_forgotten() -> None:
+    table, clock = make(start=4)
+    table.on_backoff("h", clock.tick(), 0)  # 4 -> 2
+    fast(table, clock, count=2 + 3 * 2)  # 2 -> 3 -> 4 (probe)
+    assert limit(table) == 4
+    fast(table, clock, count=4 * 2)  # a whole run at 4, penalised: -> 5
+    assert limit(table) == 5
+    fast(table, clock, count=5)  # no penalty any more
+    assert limit(table) == 6
+
+
+# -- blocks -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "expected"),
+    [(2.0, 2.0), (0.0, 0.0), (10_000.0, 300.0), (float("inf"), 300.0)],
+)
+def test_retry_after_blocks_capped(retry_after: float, expected: float) -> None:
+    table, clock = make(retry_after_max=300.0)
+    adjustment = table.on_backoff("h", clock.tick(), retry_after)
+    assert adjustment is not None
+    assert adjustment.block == expected
+    assert adjustment.block_reason == RETRY_AFTER
+
+
+def test_retry_after_applies_inside_a_burst_too() -> None:
+    table, clock = make(start=8)
+    first, second = clock.tick(), clock.tick()
+    clock.tick()
+    table.on_backoff("h", first, 2.0)
+    adjustment = table.on_backoff("h", second, 3.0)
+    assert adjustment is not None
+    assert not adjustment.decreased
+    assert adjustment.block == 3.0  # the server's word; the scheduler only extends
+
+
+def test_missing_retry_after_backs_off_exponentially_with_jitter() -> None:
+    table, clock = make(backoff_base=1.0, backoff_max=10.0)
+    blocks = []
+    for _ in range(7):
+        adjustment = table.on_backoff("h", clock.tick(), None)
+        assert adjustment is not None
+        assert adjustment.block_reason == BACKOFF
+        assert adjustment.block is not None
+        blocks.append(adjustment.block)
+    bounds = [1, 2, 4, 8, 10, 10, 10]
+    for block, bound in zip(blocks, bounds, strict=True):
+        assert bound / 2 <= block <= bound
+    # A success resets the exponent.
+    fast(table, clock)
+    adjustment = table.on_backoff("h", clock.tick(), None)
+    assert adjustment is not None
+    assert adjustment.block is not None
+    assert 0.5 <= adjustment.block <= 1.0
+
+
+def test_exponential_back_off_does_not_escalate_inside_a_burst() -> None:
+    table, clock = make(backoff_base=1.0, backoff_max=100.0)
+    starts = [clock.tick() for _ in range(4)]
+    clock.tick()
+    blocks = [table.on_backoff("h", started, None) for started in starts]
+    assert blocks[0] is not None
+    assert blocks[0].block is not None
+    assert all(b is not None and b.block is None for b in blocks[1:])
+    adjustment = table.on_backoff("h", clock.tick(), None)
+    assert adjustment is not None
+    assert adjustment.block is not None
+    assert 1.0 <= adjustment.block <= 2.0
+
+
+def test_the_first_back_off_of_a_host_is_flagged_once() -> None:
+    table, clock = make()
+    flags = []
+    for host in ("a", "a", "b"):
+        adjustment = table.on_backoff(host, clock.tick(), 1)
+        assert adjustment is not None
+        flags.append(adjustment.first_backoff)
+    assert flags == [True, False, True]
+
+
+# -- error budget -----------------------------------------------------------
+
+
+def test_failures_in_a_row_park_then_give_up() -> None:
+    table, clock = make(error_budget=3, error_cooldown=1.0, error_max_cooldowns=2)
+    parks = []
+    for _ in range(3):
+        outcomes = [table.on_failure("h", clock.tick()) for _ in range(3)]
+        assert all(o is None or not o.give_up for o in outcomes[:-1])
+        last = outcomes[-1]
+        assert last is not None
+        if last.give_up:
+            break
+        assert last.parked
+        assert last.block_reason == COOLDOWN
+        parks.append(last.block)
+    else:
+        pytest.fail("never gave up")
+    assert parks == [1.0, 2.0]  # the cool-down doubles
+    assert table.host("h").given_up
+    # A given-up host is left alone.
+    assert table.on_failure("h", clock.tick()) is None
+    assert table.on_success("h", clock.tick(), FAST_LATENCY) is None
+
+
+def test_zero_cooldowns_gives_up_at_the_first_spent_budget() -> None:
+    table, clock = make(error_budget=2, error_max_cooldowns=0)
+    first = table.on_failure("h", clock.tick())
+    assert first is not None
+    assert not first.give_up
+    outcome = table.on_failure("h", clock.tick())
+    assert outcome is not None
+    assert outcome.give_up
+
+
+def test_any_response_resets_failures_and_a_success_resets_cooldowns() -> None:
+    table, clock = make(error_budget=3, error_cooldown=1.0, error_max_cooldowns=1)
+    for _ in range(2):
+        table.on_failure("h", clock.tick())
+    table.on_backoff("h", clock.tick(), 0)  # the host answered
+    for _ in range(2):
+        outcome = table.on_failure("h", clock.tick())
+        assert outcome is None or not outcome.parked
+    outcome = table.on_failure("h", clock.tick())
+    assert outcome is not None
+    assert outcome.parked
+    fast(table, clock)  # recovered: the next spent budget parks again
+    for _ in range(3):
+        outcome = table.on_failure("h", clock.tick())
+    assert outcome is not None
+    assert outcome.parked
+    assert not outcome.give_up
+    assert outcome.block == 1.0
+
+
+def test_failures_of_requests_started_before_parking_do_not_count() -> None:
+    table, clock = make(error_budget=2, error_cooldown=1.0, error_max_cooldowns=1)
+    in_flight = [clock.tick() for _ in range(5)]
+    table.on_failure("h", clock.tick())
+    outcome = table.on_failure("h", clock.tick())
+    assert outcome is not None
+    assert outcome.parked
+    for started in in_flight:
+        outcome = table.on_failure("h", started)
+        assert outcome is None or not outcome.give_up
+    assert not table.host("h").given_up
+
+
+# -- table ------------------------------------------------------------------
+
+
+def test_the_table_is_bounded_lru() -> None:
+    clock = FakeClock()
+    table = AimdTable(AimdSettings(start=2, ceiling=8), max_hosts=3, clock=clock)
+    for host in ("a", "b", "c"):
+        table.host(host)
+    table.host("a")  # touched: "b" is now the oldest
+    table.host("d")
+    assert len(table) == 3
+    assert "b" not in table
+    assert {"a", "c", "d"} <= {h for h in ("a", "b", "c", "d") if h in table}
+
+
+def test_a_host_ceiling_below_the_global_one() -> None:
+    table, clock = make(start=4, ceiling=8)
+    assert table.host("h", ceiling=3).limit == 3
+    fast(table, clock, count=100)
+    assert limit(table) == 3
+    assert table.host("big", ceiling=20).ceiling == 8
+
+
+# -- invariant ------------------------------------------------------------------
+
+_EVENT = st.tuples(
+    st.sampled_from(["fast", "medium", "slow", "backoff", "backoff-ra", "failure"]),
+    st.floats(min_value=0.0, max_value=2.0),  # how long before now the request started
+    st.floats(min_value=0.0, max_value=1.0),  # time passing after the outcome
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    floor=st.integers(1, 4),
+    extra=st.integers(0, 6),
+    spread=st.integers(0, 6),
+    events=st.lists(_EVENT, max_size=200),
+)
+def test_the_limit_always_stays_within_floor_and_ceiling(
+    floor: int, extra: int, spread: int, events: list[tuple[str, float, float]]
+) -> None:
+    start, ceiling = floor + min(extra, spread), floor + spread
+    table, clock = make(
+        start=start,
+        floor=floor,
+        ceiling=ceiling,
+        fast_latency=0.5,
+        slow_latency=5.0,
+        error_budget=3,
+        error_max_cooldowns=2,
+    )
+    for kind, age, pause in events:
+        started = clock.now - age
+        before = table.host("h").limit
+        if kind == "fast":
+            outcome = table.on_success("h", started, 0.1)
+        elif kind == "medium":
+            outcome = table.on_success("h", started, 1.0)
+        elif kind == "slow":
+            outcome = table.on_success("h", started, 6.0)
+        elif kind == "backoff":
+            outcome = table.on_backoff("h", started, None)
+        elif kind == "backoff-ra":
+            outcome = table.on_backoff("h", started, 1.0)
+        else:
+            outcome = table.on_failure("h", started)
+        after = table.host("h").limit
+        assert floor <= after <= ceiling
+        assert after - before <= 1  # additive: one at a time
+        if outcome is not None:
+            assert outcome.new_limit == after
+            if outcome.block is not None:
+                assert outcome.block >= 0
+        clock.tick(pause)
