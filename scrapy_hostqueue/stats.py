@@ -417,7 +417,8 @@ class HostQueueStats:
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
         if not config.log_interval and not config.timeline_file:
-            raise NotConfigured("HOSTQUEUE_LOG_INTERVAL is 0 and no HOSTQUEUE_TIMELINE_FILE")
+            # Switched off on purpose: no warning (Scrapy logs NotConfigured's message).
+            raise NotConfigured
         if config.timeline_file:
             directory = os.path.dirname(os.path.abspath(config.timeline_file))
             if not os.path.isdir(directory):

@@ -70,6 +70,12 @@ class TimelineWriter:
         def busyness(sample: HostSample) -> tuple[int, int]:
             return sample.in_flight + fetched.get(sample.host, 0), sample.queued
 
+        sampled = {sample.host for sample in samples}
+        # A host that finished within the interval is no longer sampled; its
+        # responses still count.
+        samples = samples + [
+            HostSample(host, 0, 0, None) for host in fetched if host not in sampled
+        ]
         top = heapq.nlargest(self.max_hosts, samples, key=busyness)
         named = {sample.host for sample in top}
         lines = []
