@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _engine(crawler: Crawler) -> Any:
+    """The crawler's engine, or None before the crawl starts (Scrapy 2.19's
+    ``Crawler.engine`` raises then)."""
+    try:
+        return crawler.engine
+    except RuntimeError:
+        return None
+
+
 def host_key(crawler: Crawler, request: Request) -> str:
     """The key of the host a request belongs to.
 
@@ -29,7 +38,7 @@ def host_key(crawler: Crawler, request: Request) -> str:
     hostname (lowercase, no port, IPv6 without brackets, "" for URLs without a
     host such as ``data:``), or its IP address with ``CONCURRENT_REQUESTS_PER_IP``.
     """
-    engine = crawler.engine
+    engine = _engine(crawler)
     if engine is not None:
         return str(engine.downloader.get_slot_key(request))
     slot = request.meta.get("download_slot")
@@ -76,7 +85,7 @@ def apply_to_slot(
     callers re-apply on ``request_reached_downloader``, which fires after the
     slot exists and before the downloader decides to send.
     """
-    engine = crawler.engine
+    engine = _engine(crawler)
     if engine is None:
         return
     slot = engine.downloader.slots.get(key)
@@ -99,8 +108,9 @@ def on_request_leaving_downloader(
     downloader middlewares run and removes it in a ``finally`` clause; no
     signal covers all of these cases. Returns a function that undoes the hook.
     """
-    assert crawler.engine is not None
-    downloader = crawler.engine.downloader
+    engine = _engine(crawler)
+    assert engine is not None
+    downloader = engine.downloader
     original = downloader.active
     hooked = _LeaveNotifyingSet(original, callback)
     downloader.active = hooked
@@ -137,7 +147,7 @@ def wake_engine(crawler: Crawler) -> None:
     The engine otherwise retries a scheduler that returned None only after a
     finished download, a new request, or its 5-second heartbeat.
     """
-    engine = crawler.engine
+    engine = _engine(crawler)
     slot = getattr(engine, "_slot", None)
     nextcall = getattr(slot, "nextcall", None)
     if nextcall is not None:
@@ -145,13 +155,13 @@ def wake_engine(crawler: Crawler) -> None:
 
 
 def current_scheduler(crawler: Crawler) -> Any:
-    engine = crawler.engine
+    engine = _engine(crawler)
     return engine.scheduler if engine is not None else None
 
 
 def slot_delay(crawler: Crawler, key: str) -> float | None:
     """The current delay of *key*'s downloader slot, if the slot exists."""
-    engine = crawler.engine
+    engine = _engine(crawler)
     if engine is None:
         return None
     slot = engine.downloader.slots.get(key)

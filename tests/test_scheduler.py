@@ -1,0 +1,334 @@
+"""HostQueueScheduler in real crawls against local hosts; politeness is read at
+the server."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import scrapy
+from scrapy import Request
+from scrapy.exceptions import CloseSpider, IgnoreRequest
+from scrapy.http import HtmlResponse, Response
+from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.test import get_crawler
+
+from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
+from scrapy_hostqueue.scheduler import request_rank
+from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests.crawling import (
+    OUR_HANDLER,
+    SCHEDULER,
+    SCRAPY_AIOHTTP,
+    SCRAPY_HTTP11,
+    PageSpider,
+    crawl,
+    interleave,
+    settings,
+)
+
+HostsFactory = Callable[..., LocalHosts]
+
+
+def _handlers(path: str) -> dict[str, str]:
+    return {"http": path, "https": path}
+
+
+@pytest.mark.parametrize(
+    ("handler", "limit", "budget"),
+    [
+        (SCRAPY_HTTP11, 4, 1200),
+        (SCRAPY_AIOHTTP, 4, 1200),
+        (OUR_HANDLER, 4, 1200),
+        (SCRAPY_HTTP11, 1, 200),
+        (SCRAPY_HTTP11, 2, 400),
+        (SCRAPY_AIOHTTP, 1, 200),
+    ],
+)
+@deferred_f_from_coro_f
+async def test_per_host_limit_holds_at_the_server(
+    local_hosts: HostsFactory, handler: str, limit: int, budget: int
+) -> None:
+    hosts = local_hosts(
+        [
+            HostSpec(latency=0.01),
+            HostSpec(latency=0.01),
+            HostSpec(latency=0.01),
+            HostSpec(latency=0.2),
+        ]
+    )
+    start = interleave(*(hosts.start_urls(i, 400) for i in range(4)))
+    crawler = await crawl(
+        start,
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        CONCURRENT_REQUESTS=20,
+        CONCURRENT_REQUESTS_PER_DOMAIN=limit,
+        CLOSESPIDER_PAGECOUNT=budget,
+    )
+    stats = hosts.all_stats(arrivals=False)
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("response_received_count") >= budget
+    for host in stats:
+        assert host.max_in_flight <= limit, host
+    # The limit is reached, not merely respected by a crawl that never tried.
+    assert max(host.max_in_flight for host in stats) == limit
+
+
+@deferred_f_from_coro_f
+async def test_stock_scheduler_breaks_the_limit_that_ours_holds(local_hosts: HostsFactory) -> None:
+    """The Scrapy 2.14-2.19 downloader sends more than CONCURRENT_REQUESTS_PER_DOMAIN
+    on the asyncio reactor; this guards that the tests above can fail."""
+    hosts = local_hosts([HostSpec(latency=0.05)])
+    await crawl(
+        hosts.start_urls(0, 100),
+        DOWNLOAD_HANDLERS=_handlers(SCRAPY_HTTP11),
+        CONCURRENT_REQUESTS=16,
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+    )
+    assert hosts.stats(0).max_in_flight > 1
+
+
+@deferred_f_from_coro_f
+async def test_follows_links_and_fetches_each_page_once(local_hosts: HostsFactory) -> None:
+    hosts = local_hosts([HostSpec(latency=0.005, pages=60, links=3, cross_links=1)] * 3)
+    crawler = await crawl(
+        [hosts.url(i) for i in range(3)],
+        follow=True,
+        SCHEDULER=SCHEDULER,
+        CONCURRENT_REQUESTS_PER_DOMAIN=3,
+    )
+    assert isinstance(crawler.spider, PageSpider)
+    seen = crawler.spider.seen
+    assert len(seen) == len(set(seen))
+    for i, host in enumerate(hosts.all_stats(arrivals=False)):
+        assert host.served == 60, i
+        assert host.max_in_flight <= 3
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("scheduler/dequeued") == crawler.stats.get_value(
+        "scheduler/enqueued"
+    )
+    assert crawler.stats.get_value("dupefilter/filtered") > 0
+
+
+@deferred_f_from_coro_f
+async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
+    local_hosts: HostsFactory,
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.001)])
+    await crawl(
+        hosts.start_urls(0, 6),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": 0.6, "jitter": 0}},
+    )
+    arrivals = hosts.stats(0).arrivals
+    assert len(arrivals) == 6
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    # The delay holds, and the host is served when it becomes ready (the
+    # engine's own heartbeat would leave gaps of up to 5 s).
+    assert min(gaps) >= 0.58
+    assert max(gaps) < 1.5
+
+
+@deferred_f_from_coro_f
+async def test_active_host_cap(local_hosts: HostsFactory) -> None:
+    hosts = local_hosts([HostSpec(latency=0.02)] * 5)
+    busy_hosts: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        # Server-side view, sampled: how many hosts have requests in flight.
+        while not done.wait(0.002):
+            busy_hosts.append(sum(1 for host in hosts.all_stats(arrivals=False) if host.in_flight))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        crawler = await crawl(
+            interleave(*(hosts.start_urls(i, 20) for i in range(5))),
+            SCHEDULER=SCHEDULER,
+            HOSTQUEUE_MAX_ACTIVE_HOSTS=2,
+        )
+    finally:
+        done.set()
+        sampler.join(5)
+    assert all(host.served == 20 for host in hosts.all_stats(arrivals=False))
+    assert len(busy_hosts) > 50
+    assert max(busy_hosts) == 2
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("hostqueue/max_active_hosts") == 2
+
+
+class _ShortCircuit:
+    """Answers some requests itself and refuses others, as a cache or a
+    robots.txt middleware would."""
+
+    def process_request(self, request: Request) -> Response | None:
+        if request.url.endswith(("/page/1", "/page/4")):
+            return HtmlResponse(request.url, body=b"<html></html>", request=request)
+        if request.url.endswith(("/page/2", "/page/5")):
+            raise IgnoreRequest("refused by a test middleware")
+        return None
+
+
+@deferred_f_from_coro_f
+async def test_accounting_survives_short_circuits_errors_and_redirects(
+    local_hosts: HostsFactory,
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01), HostSpec(refuse=True)])
+    start = [*hosts.start_urls(0, 12), hosts.url(1, "/page/0")]
+    scheduler: list[HostQueueScheduler] = []
+
+    class Spider(PageSpider):
+        def parse(self, response: Response) -> Any:
+            engine = self.crawler.engine
+            assert engine is not None
+            assert isinstance(engine.scheduler, HostQueueScheduler)
+            scheduler.append(engine.scheduler)
+            return super().parse(response)
+
+    crawler = await crawl(
+        start,
+        spider_cls=Spider,
+        SCHEDULER=SCHEDULER,
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        RETRY_TIMES=1,
+        DOWNLOADER_MIDDLEWARES={f"{__name__}._ShortCircuit": 999},
+    )
+    assert scheduler, "no response reached the spider"
+    frontier = scheduler[-1].frontier
+    assert frontier.active == 0
+    assert len(frontier) == 0
+    assert hosts.stats(0).served == 8
+    assert hosts.stats(0).max_in_flight == 1
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("retry/count") == 1
+
+
+def test_request_rank_orders_priority_then_non_start_first() -> None:
+    start = Request("http://a/", meta={"is_start_request": True})
+    plain = Request("http://a/")
+    high_start = Request("http://a/", priority=1, meta={"is_start_request": True})
+    retry = Request("http://a/", priority=-1)
+    ranks = [request_rank(r) for r in (high_start, plain, start, retry)]
+    assert ranks == sorted(ranks, reverse=True)
+    assert len(set(ranks)) == 4
+
+
+@deferred_f_from_coro_f
+async def test_priorities_within_a_host(local_hosts: HostsFactory) -> None:
+    hosts = local_hosts([HostSpec(latency=0.001)])
+
+    class Spider(PageSpider):
+        async def start(self) -> Any:
+            for page, priority in ((0, 0), (1, 5), (2, 0), (3, 9), (4, -3)):
+                yield scrapy.Request(hosts.page_url(0, page), priority=priority)
+
+    crawler = await crawl(
+        [], spider_cls=Spider, SCHEDULER=SCHEDULER, CONCURRENT_REQUESTS_PER_DOMAIN=1
+    )
+    assert isinstance(crawler.spider, PageSpider)
+    # The first request goes out before the others are queued; the rest by
+    # priority, FIFO among equals.
+    order = [url.rsplit("/", 1)[1] for url in crawler.spider.seen]
+    assert order[0] == "0"
+    assert order[1:] == ["3", "1", "2", "4"]
+
+
+def test_host_keys_for_odd_urls() -> None:
+    crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER))
+    scheduler = HostQueueScheduler.from_crawler(crawler)
+    assert scheduler.host_of(Request("http://bücher.example/")) == "xn--bcher-kva.example"
+    assert scheduler.host_of(Request("http://[::1]:8080/x")) == "::1"
+    assert scheduler.host_of(Request("data:,hello")) == ""
+    assert scheduler.host_of(Request("http://EXAMPLE.com/")) == "example.com"
+    assert scheduler.host_of(Request("http://a.com/", meta={"download_slot": "s1"})) == "s1"
+
+
+class _DataSpider(PageSpider):
+    async def start(self) -> Any:
+        yield scrapy.Request("data:text/html,<html>one</html>")
+        yield scrapy.Request("data:text/html,<html>two</html>")
+
+
+@deferred_f_from_coro_f
+async def test_urls_without_a_host_are_crawled() -> None:
+    crawler = await crawl([], spider_cls=_DataSpider, SCHEDULER=SCHEDULER)
+    assert isinstance(crawler.spider, PageSpider)
+    assert len(crawler.spider.seen) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HOSTQUEUE_MAX_ACTIVE_HOSTS", -1),
+        ("HOSTQUEUE_MAX_ACTIVE_HOSTS", "many"),
+        ("HOSTQUEUE_REMEMBER_HOSTS", 1.5),
+        ("CONCURRENT_REQUESTS_PER_DOMAIN", 0),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_setting(name: str, value: object) -> None:
+    crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER, **{name: value}))
+    with pytest.raises(HostQueueSettingsError, match=name):
+        HostQueueScheduler.from_crawler(crawler)
+
+
+@deferred_f_from_coro_f
+async def test_jobdir_stop_and_resume_fetch_every_page_once(
+    local_hosts: HostsFactory, tmp_path: Any
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)] * 3)
+    jobdir = str(tmp_path / "job")
+    common = {
+        "SCHEDULER": SCHEDULER,
+        "JOBDIR": jobdir,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "HOSTQUEUE_TIMELINE_FILE": None,
+    }
+    first = await crawl(
+        [hosts.url(i) for i in range(3)], follow=True, CLOSESPIDER_PAGECOUNT=30, **common
+    )
+    assert first.stats is not None
+    assert first.stats.get_value("finish_reason") == "closespider_pagecount"
+    second = await crawl([hosts.url(i) for i in range(3)], follow=True, **common)
+    assert isinstance(first.spider, PageSpider)
+    assert isinstance(second.spider, PageSpider)
+    seen = first.spider.seen + second.spider.seen
+    assert len(first.spider.seen) >= 30
+    assert len(second.spider.seen) > 0
+    assert len(seen) == len(set(seen)) == 120
+    assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
+
+
+@deferred_f_from_coro_f
+async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path: Any) -> None:
+    hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
+    jobdir = str(tmp_path / "job")
+
+    class Blocking(PageSpider):
+        def parse(self, response: Response) -> Any:
+            scheduler = self.crawler.engine.scheduler
+            assert isinstance(scheduler, HostQueueScheduler)
+            scheduler.block_until(hosts.hostnames[0], time.monotonic() + 3, "test")
+            self.seen.append(response.url)
+            raise CloseSpider("stopped")
+
+    await crawl(
+        hosts.start_urls(0, 5),
+        spider_cls=Blocking,
+        SCHEDULER=SCHEDULER,
+        JOBDIR=jobdir,
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+    )
+    served_first = hosts.stats(0).served
+    assert served_first < 5
+    hosts.reset()
+    resumed_at = time.monotonic()
+    await crawl(hosts.start_urls(0, 5), SCHEDULER=SCHEDULER, JOBDIR=jobdir)
+    arrivals = hosts.stats(0).arrivals
+    assert len(arrivals) == 5 - served_first
+    assert arrivals[0] - resumed_at >= 1.5
