@@ -1,0 +1,188 @@
+"""Per-host stats, the host log line and the timeline in real crawls, checked
+against the local test hosts' own counts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from scrapy_hostqueue.__main__ import main as cli
+from scrapy_hostqueue.stats import host_stat_key, stat_key
+from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from scrapy_hostqueue.timeline import OTHER_HOSTS, read_timeline
+from tests.crawling import BASE_SETTINGS, SCHEDULER, crawl, interleave
+
+HostsFactory = Callable[..., LocalHosts]
+EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
+LIMIT = 4
+
+
+def stats_settings(**overrides: Any) -> dict[str, Any]:
+    extensions = dict(BASE_SETTINGS["EXTENSIONS"])
+    extensions[EXTENSION] = 0
+    values: dict[str, Any] = {
+        "SCHEDULER": SCHEDULER,
+        "EXTENSIONS": extensions,
+        "CONCURRENT_REQUESTS": 32,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": LIMIT,
+        "HOSTQUEUE_LOG_INTERVAL": 0,
+    }
+    values.update(overrides)
+    return values
+
+
+def three_hosts(local_hosts: HostsFactory) -> LocalHosts:
+    return local_hosts(
+        [
+            # Fast: many responses.
+            HostSpec(latency=0.01, links=3, pages=60),
+            # Slow enough that LIMIT requests are at the server together.
+            HostSpec(latency=0.25, links=3, pages=24),
+            # Answers 429 at once above 2 in flight.
+            HostSpec(latency=0.15, links=3, pages=30, throttle_above=2, throttle_status=429),
+        ]
+    )
+
+
+def check_against_server(stats: dict[str, Any], hosts: LocalHosts) -> None:
+    for i, hostname in enumerate(hosts.hostnames):
+        server = hosts.stats(i, arrivals=False)
+        assert server.served > 0
+
+        def value(name: str, hostname: str = hostname) -> Any:
+            return stats.get(host_stat_key(hostname, name), 0)
+
+        assert value("response_count") == server.served, hostname
+        assert value("request_count") == server.requests, hostname
+        # The scheduler counts a request from hand-out until it leaves the
+        # downloader, the server from arrival until the response is written:
+        # the scheduler's view holds the server's.
+        assert value("max_inflight") >= server.max_in_flight, hostname
+        for status, count in server.statuses.items():
+            assert value(f"status_count/{status}") == count, (hostname, status)
+    assert stats[stat_key("hosts_seen_count")] == len(hosts)
+    assert stats[stat_key("max_active_hosts")] == len(hosts)
+
+
+def start_urls(hosts: LocalHosts) -> list[str]:
+    return interleave(*(hosts.start_urls(i, 1) for i in range(len(hosts))))
+
+
+@deferred_f_from_coro_f
+async def test_stats_match_the_servers_counts(local_hosts: HostsFactory) -> None:
+    hosts = three_hosts(local_hosts)
+    # Without retries every 429 reaches the engine.
+    crawler = await crawl(start_urls(hosts), follow=True, **stats_settings(RETRY_ENABLED=False))
+    assert crawler.stats is not None
+    stats = crawler.stats.get_stats()
+    check_against_server(stats, hosts)
+    # On a host slow enough to hold every request at the server together, the
+    # two views meet: the limit is reached on both sides.
+    slow = hosts.stats(1, arrivals=False)
+    assert slow.max_in_flight == LIMIT
+    assert stats[host_stat_key(hosts.hostnames[1], "max_inflight")] == LIMIT
+    assert hosts.stats(2, arrivals=False).statuses.get(429, 0) > 0
+    assert stats[host_stat_key(hosts.hostnames[1], "latency_mean")] >= 0.25
+    assert stats[host_stat_key(hosts.hostnames[1], "latency_p95")] >= 0.25
+    assert not any(OTHER_HOSTS in key for key in stats)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "HostQueueScheduler records responses on response_received, which never fires "
+        "for a response that a downloader middleware turns into a retry or a redirect "
+        "(every retried 429 is missed); response_downloaded sees every response"
+    ),
+)
+@deferred_f_from_coro_f
+async def test_stats_count_retried_responses(local_hosts: HostsFactory) -> None:
+    hosts = three_hosts(local_hosts)
+    crawler = await crawl(start_urls(hosts), follow=True, **stats_settings(RETRY_ENABLED=True))
+    assert crawler.stats is not None
+    assert hosts.stats(2, arrivals=False).statuses.get(429, 0) > 0
+    check_against_server(crawler.stats.get_stats(), hosts)
+
+
+@deferred_f_from_coro_f
+async def test_hosts_beyond_the_cap_share_one_key(local_hosts: HostsFactory) -> None:
+    hosts = local_hosts([HostSpec(latency=0.005, links=2, pages=6 + 4 * i) for i in range(5)])
+    crawler = await crawl(
+        start_urls(hosts), follow=True, **stats_settings(HOSTQUEUE_STATS_MAX_HOSTS=2)
+    )
+    assert crawler.stats is not None
+    stats = crawler.stats.get_stats()
+    per_host = {key.split("/")[2] for key in stats if key.startswith("hostqueue/hosts/")}
+    assert len(per_host) == 3
+    assert OTHER_HOSTS in per_host
+    served = sum(hosts.stats(i, arrivals=False).served for i in range(len(hosts)))
+    responses = sum(stats[host_stat_key(host, "response_count")] for host in per_host)
+    assert responses == served
+
+
+@deferred_f_from_coro_f
+async def test_log_line_and_timeline(
+    local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = three_hosts(local_hosts)
+    timeline = tmp_path / "timeline.jsonl"
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    crawler = await crawl(
+        start_urls(hosts),
+        follow=True,
+        **stats_settings(
+            RETRY_ENABLED=False,
+            HOSTQUEUE_LOG_INTERVAL=0.2,
+            HOSTQUEUE_TIMELINE_FILE=str(timeline),
+            HOSTQUEUE_TIMELINE_INTERVAL=0.1,
+        ),
+    )
+    assert crawler.stats is not None
+
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Hosts: ")]
+    assert lines
+    assert any(f"{hosts.hostnames[1]} " in line for line in lines)
+
+    rows = read_timeline(str(timeline))
+    times = sorted({row["t"] for row in rows})
+    assert len(times) >= 3
+    # One aggregate row per interval, at most one row per host per interval.
+    assert sum(1 for row in rows if row["host"] == OTHER_HOSTS) == len(times)
+    assert len({(row["t"], row["host"]) for row in rows}) == len(rows)
+    for i, hostname in enumerate(hosts.hostnames):
+        host_rows = [row for row in rows if row["host"] == hostname]
+        server = hosts.stats(i, arrivals=False)
+        assert sum(row["fetched"] for row in host_rows) == server.served
+        assert max(row["in_flight"] for row in host_rows) <= LIMIT
+        assert {row["limit"] for row in host_rows} <= {LIMIT, None}
+    assert max(row["in_flight"] for row in rows if row["host"] == hosts.hostnames[1]) >= 2
+
+    png, page = tmp_path / "chart.png", tmp_path / "chart.html"
+    assert cli(["plot", str(timeline), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli(["plot", str(timeline), "-o", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    assert text.count("<polyline") >= 2 * len(hosts)
+    assert hosts.hostnames[0] in text
+    assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+@deferred_f_from_coro_f
+async def test_extension_idles_under_another_scheduler(
+    local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.005, links=0)])
+    timeline = tmp_path / "timeline.jsonl"
+    settings = stats_settings(HOSTQUEUE_TIMELINE_FILE=str(timeline))
+    del settings["SCHEDULER"]
+    crawler = await crawl(hosts.start_urls(0, 2), **settings)
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("response_received_count") == 2
+    assert "not HostQueueScheduler" in caplog.text
+    assert not timeline.exists()
