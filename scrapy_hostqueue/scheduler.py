@@ -108,7 +108,9 @@ class HostQueueScheduler(BaseScheduler):
         self.crawler.signals.connect(
             self._reached_downloader, signal=signals.request_reached_downloader
         )
-        self.crawler.signals.connect(self._response_received, signal=signals.response_received)
+        # response_downloaded, not response_received: a 429 turned into a retry
+        # by RetryMiddleware never reaches the engine, but it reached the host.
+        self.crawler.signals.connect(self._response_downloaded, signal=signals.response_downloaded)
         if self._autothrottle:
             self.crawler.signals.connect(
                 self._follow_autothrottle, signal=signals.response_downloaded
@@ -247,7 +249,7 @@ class HostQueueScheduler(BaseScheduler):
             delay=None if self._autothrottle else 0.0,
         )
 
-    def _response_received(self, response: Response, request: Request, spider: Spider) -> None:
+    def _response_downloaded(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)
         self.recorder.response(host, response.status, request.meta.get("download_latency"))
 
