@@ -768,3 +768,66 @@ def _run_in_thread(coroutine_function: Callable[[], Awaitable[Answer]]) -> Answe
     thread.join(TEST_TIMEOUT)
     assert result, "client did not finish"
     return result[0]
+
+
+# -- the demo and the example project ---------------------------------------------
+
+
+def test_demo_runs_a_small_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scrapy_hostqueue import demo
+
+    code = demo.main(
+        [
+            "--pages",
+            "40",
+            "--hosts",
+            "2x latency=5ms; latency=5ms,crawl-delay=0.2",
+            "--output-dir",
+            str(tmp_path),
+            "--timeout",
+            "60",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads((tmp_path / "hosts.json").read_text())
+    assert report["crawl"]["finish_reason"] == "closespider_pagecount"
+    served = [host["stats"]["served"] for host in report["hosts"]]
+    assert sum(served) >= 40
+    assert all(served)  # every host was crawled from its start URL
+    log = (tmp_path / "crawl.log").read_text()
+    assert "Spider closed (closespider_pagecount)" in log
+    assert "127.0.0.3" in out
+    assert "max in flight" in out
+
+
+def test_demo_reports_a_failed_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scrapy_hostqueue import demo
+
+    code = demo.main(
+        [
+            "--pages",
+            "5",
+            "--hosts",
+            "latency=0",
+            "--output-dir",
+            str(tmp_path),
+            "-s",
+            "SPIDER_MODULES=no_such_module",
+        ]
+    )
+    assert code != 0
+    assert "the crawl failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--pages", "0"], ["--hosts", "2x lat=1"], ["-s", "NOVALUE"], ["--timeout", "x"]],
+)
+def test_demo_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from scrapy_hostqueue import demo
+
+    with pytest.raises(SystemExit) as caught:
+        demo.main(argv)
+    assert caught.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1

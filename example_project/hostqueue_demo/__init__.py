@@ -1,0 +1,1 @@
+"""Example Scrapy project: a link-following spider wired with scrapy-hostqueue."""
