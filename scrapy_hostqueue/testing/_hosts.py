@@ -261,7 +261,9 @@ class LocalHosts:
     :meth:`stop`. ``specs`` is a list of :class:`HostSpec` or a spec string.
 
     Every method is synchronous and may block briefly (a lock in thread mode, a
-    loopback HTTP request in process mode).
+    loopback HTTP request in process mode). A client can read a response a moment
+    before the server has counted it as finished: call :meth:`wait_idle` before
+    asserting on counts right after the last response.
     """
 
     def __init__(

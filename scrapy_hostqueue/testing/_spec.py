@@ -52,7 +52,13 @@ class HostSpec:
     A page request is handled in this order: if more than ``throttle_above`` page
     requests are in flight (this one included) it is answered at once with
     ``throttle_status``; otherwise, if it is picked for the ``fault``, the fault
-    happens; otherwise the host waits ``latency`` and answers ``status``.
+    happens; otherwise the host waits ``latency`` and answers ``status``. Faults:
+    ``hang`` never answers (the request stays in flight until the client gives
+    up); ``reset`` waits ``latency`` then resets the connection (RST);
+    ``truncate`` waits ``latency``, announces the full Content-Length, sends half
+    the body and closes; ``slow-body`` waits ``latency``, sends the headers, then
+    the body in 10 pieces spread over ``trickle`` seconds. robots.txt (after
+    ``latency``) is never throttled nor faulted and is not a page request.
     ``Retry-After`` is sent on every 429 and 503 answer when ``retry_after`` is set:
     ``"2"`` sends delta-seconds, ``"date:2"`` an HTTP-date 2 s ahead (rounded up to
     the next whole second), anything else is sent verbatim (e.g. garbage).
