@@ -354,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"requests sent inside Retry-After windows: {inside}")
     if args.timeline:
         timeline = output_dir / "timeline.jsonl"
-        print(f"timeline: {timeline} (python -m scrapy_hostqueue plot {timeline} -o ...)")
+        if timeline.is_file():
+            print(f"timeline: {timeline} (python -m scrapy_hostqueue plot {timeline} -o ...)")
+        else:
+            print(f"timeline: not written ({timeline}); is HostQueueStats enabled?")
     print(f"details: {output_dir / 'hosts.json'}, {stats_path}, {log_path}")
 
     if result.ok and served:
