@@ -3,7 +3,7 @@
 :class:`AiohttpDownloadHandler` is Scrapy 2.19's own aiohttp handler
 (streaming, size limits, proxies, TLS settings, dataloss, the
 ``headers_received`` / ``bytes_received`` signals, error mapping and
-``download_latency`` all come from Scrapy) with four changes:
+``download_latency`` all come from Scrapy) with these changes:
 
 * the ``ClientSession`` is created on the first download, inside the running
   event loop, so the handler also works under ``CrawlerProcess`` (Scrapy's
@@ -14,13 +14,16 @@
   ceiling (bounded by ``CONCURRENT_REQUESTS``), and the total also bounds idle
   keep-alive sockets;
 * a DNS cache with ``HOSTQUEUE_DNS_CACHE_TTL``;
-* per-host stats of connections opened and reused.
+* per-host stats of connections opened and reused;
+* ``download_latency`` leaves out the time a request waited for a free
+  connection in the pool (kept in ``meta["hostqueue_pool_wait"]``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -131,9 +134,21 @@ def _pool_limits(config: HostQueueConfig) -> tuple[int, int]:
     return total, per_host
 
 
-#: The host of the download running in the current task, for the aiohttp
-#: trace callbacks, which only see the session and the connection.
-_current_host: ContextVar[str | None] = ContextVar("scrapy_hostqueue_current_host", default=None)
+class _Download:
+    """What the aiohttp trace callbacks learn about the download of the current
+    task (they only see the session and the connection)."""
+
+    __slots__ = ("host", "pool_wait", "queued_at")
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.pool_wait = 0.0
+        self.queued_at = 0.0
+
+
+_current_download: ContextVar[_Download | None] = ContextVar(
+    "scrapy_hostqueue_download", default=None
+)
 
 
 def _host_of(request: Request) -> str:
@@ -303,12 +318,12 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             # aiohttp annotates the TTL as int but takes any number of seconds.
             ttl_dns_cache=pool.config.dns_cache_ttl,  # type: ignore[arg-type]
         )
-        trace_configs = []
+        trace_config = aiohttp.TraceConfig()
+        trace_config.on_connection_queued_start.append(self._on_pool_wait_start)
+        trace_config.on_connection_queued_end.append(self._on_pool_wait_end)
         if pool.config.stats_enabled:
-            trace_config = aiohttp.TraceConfig()
             trace_config.on_connection_create_end.append(self._on_connection_opened)
             trace_config.on_connection_reuseconn.append(self._on_connection_reused)
-            trace_configs.append(trace_config)
         # The same session options as Scrapy's handler.
         return aiohttp.ClientSession(
             connector=connector,
@@ -321,29 +336,63 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
                 "Content-Type",
                 "User-Agent",
             ),
-            trace_configs=trace_configs,
+            trace_configs=[trace_config],
         )
 
     async def download_request(self, request: Request) -> Response:
         self._session = self._pool.get_session(self)
-        token = _current_host.set(_host_of(request))
+        download = _Download(_host_of(request))
+        token = _current_download.set(download)
+        # A retried request carries the latency of its previous attempt.
+        previous_latency = request.meta.get("download_latency")
         try:
             return await super().download_request(request)
         finally:
-            _current_host.reset(token)
+            _current_download.reset(token)
+            if download.pool_wait:
+                self._discount_pool_wait(request, download.pool_wait, previous_latency)
+
+    @staticmethod
+    def _discount_pool_wait(request: Request, wait: float, previous_latency: Any) -> None:
+        # Scrapy's handlers measure download_latency from just before sending
+        # to the response headers. Here, "before sending" also includes any
+        # wait for a free connection in this pool, which is this crawler's own
+        # queueing, not the server's pace: it is taken out (and kept in
+        # meta["hostqueue_pool_wait"]) so that AutoThrottle and the AIMD rule
+        # see the server.
+        request.meta["hostqueue_pool_wait"] = wait
+        latency = request.meta.get("download_latency")
+        if latency is not None and latency is not previous_latency:
+            request.meta["download_latency"] = max(latency - wait, 0.0)
 
     async def close(self) -> None:
         if not self._released:
             self._released = True
             await self._pool.release()
 
+    # aiohttp trace callbacks; they run in the task of the download.
+
+    async def _on_pool_wait_start(
+        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
+    ) -> None:
+        download = _current_download.get()
+        if download is not None:
+            download.queued_at = time.monotonic()
+
+    async def _on_pool_wait_end(
+        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
+    ) -> None:
+        download = _current_download.get()
+        if download is not None:
+            download.pool_wait += time.monotonic() - download.queued_at
+
     def _count_connection(self, name: str) -> None:
-        host = _current_host.get()
-        if host is not None:
+        download = _current_download.get()
+        if download is not None:
             # The crawler's one recorder keeps the key layout
             # (hostqueue/hosts/{host}/{name}) and the bounded table of named
             # hosts (HOSTQUEUE_STATS_MAX_HOSTS) for every component.
-            get_recorder(self.crawler).inc(host, name)
+            get_recorder(self.crawler).inc(download.host, name)
 
     async def _on_connection_opened(
         self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object

@@ -540,6 +540,25 @@ async def test_download_latency_is_time_to_headers() -> None:
 
 
 @deferred_f_from_coro_f
+async def test_download_latency_leaves_out_the_wait_for_a_pooled_connection() -> None:
+    def slow(received: Received) -> Reply:
+        return Reply(head_delay=0.4)
+
+    settings = {"CONCURRENT_REQUESTS_PER_DOMAIN": 1}
+    async with serving(["127.0.0.2"], slow) as hosts, _handler(settings) as handler:
+        first, second = (Request(hosts.url("127.0.0.2", f"/{n}")) for n in (1, 2))
+        await asyncio.gather(_download(handler, first), _download(handler, second))
+    assert hosts.max_inflight["127.0.0.2"] == 1
+    served, waited = sorted((first, second), key=lambda r: r.meta.get("hostqueue_pool_wait", 0))
+    assert "hostqueue_pool_wait" not in served.meta
+    # The second one waited for the first (0.4 s) in the pool, then 0.4 s for
+    # the server: counted from the start it would be 0.8 s.
+    assert waited.meta["hostqueue_pool_wait"] >= 0.35
+    assert 0.4 <= waited.meta["download_latency"] < 0.8
+    assert served.meta["download_latency"] >= 0.4
+
+
+@deferred_f_from_coro_f
 async def test_maxsize_aborts_and_warnsize_warns(caplog: pytest.LogCaptureFixture) -> None:
     settings = {"DOWNLOAD_MAXSIZE": 2000, "DOWNLOAD_WARNSIZE": 1000}
     async with serving(["127.0.0.2"], _contract_route) as hosts, _handler(settings) as handler:
