@@ -99,6 +99,7 @@ class HostQueueConfig:
 
     # Scheduler
     max_active_hosts: int  # 0 = no cap
+    prefetch: int  # requests per host handed out beyond the limit (own handler only)
     remember_hosts: int
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
@@ -165,6 +166,7 @@ class HostQueueConfig:
             )
         return cls(
             max_active_hosts=max_active,
+            prefetch=_integer(settings, "HOSTQUEUE_PREFETCH", 1, minimum=0),
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,

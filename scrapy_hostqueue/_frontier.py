@@ -151,12 +151,16 @@ class Frontier(Generic[T]):
         policy_factory: Callable[[str], HostPolicy],
         *,
         max_active: int = 0,
+        prefetch: int = 0,
         remember: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         self._policy_factory = policy_factory
         self.max_active = max_active
+        #: Requests a host may have handed out beyond its limit; they wait
+        #: for a send slot downstream (see HostQueueScheduler.acquire_send_slot).
+        self.prefetch = prefetch
         self._remember = remember
         self.clock = clock
         self._rng = rng or random.Random()
@@ -377,7 +381,7 @@ class Frontier(Generic[T]):
             host.state = BLOCKED
             self._timer_seq += 1
             heapq.heappush(self._timers, (ready_at, self._timer_seq, host.token, host))
-        elif host.inflight >= policy.limit:
+        elif host.inflight >= policy.limit + self.prefetch:
             host.state = FULL
         elif host.inflight == 0 and 0 < self.max_active <= self.active:
             self._set_capped(host)

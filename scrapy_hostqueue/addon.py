@@ -16,6 +16,7 @@ ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 SCHEDULER = "scrapy_hostqueue.HostQueueScheduler"
 MIDDLEWARE = "scrapy_hostqueue.AIMDMiddleware"
 HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
+EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
 #: Above RetryMiddleware (550): process_response and process_exception run
 #: from high to low orders, so the middleware sees 429/503 and connection
 #: errors before they are turned into retries.
@@ -36,9 +37,10 @@ def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
 
 class Addon:
     """Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
-    :class:`~scrapy_hostqueue.AIMDMiddleware` and
+    :class:`~scrapy_hostqueue.AIMDMiddleware`,
     :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``)
-    at add-on priority. A value the user set (another ``SCHEDULER``, the
+    and the ``HostQueueStats`` extension (periodic log line, timeline) at
+    add-on priority. A value the user set (another ``SCHEDULER``, the
     middleware disabled with ``None``, another handler for a scheme) is kept.
     Refuses to run without the asyncio reactor.
 
@@ -64,6 +66,10 @@ class Addon:
             and "scrapy_hostqueue.middleware.AIMDMiddleware" not in middlewares
         ):
             middlewares.set(MIDDLEWARE, MIDDLEWARE_ORDER, priority="addon")
+
+        extensions = settings["EXTENSIONS"]
+        if EXTENSION not in extensions:
+            extensions.set(EXTENSION, 0, priority="addon")
 
         handlers = settings["DOWNLOAD_HANDLERS"]
         for scheme in ("http", "https"):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pickle
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import Request, signals
@@ -18,6 +20,7 @@ from scrapy.utils.request import request_from_dict
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._frontier import Frontier, HostPolicy
+from scrapy_hostqueue.handler import AiohttpDownloadHandler
 from scrapy_hostqueue.stats import get_recorder
 
 if TYPE_CHECKING:
@@ -49,6 +52,23 @@ def request_rank(request: Request) -> int:
     return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
 
 
+def _handlers_gate_sends(crawler: Crawler) -> bool:
+    """Whether the http and https handlers call :meth:`HostQueueScheduler.acquire_send_slot`
+    (this project's handler does), which prefetch needs to hold the limit."""
+    handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
+    for scheme in ("http", "https"):
+        path = handlers.get(scheme)
+        if not path:
+            return False
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+        except (ImportError, NameError, ValueError):
+            return False
+        if not (isinstance(cls, type) and issubclass(cls, AiohttpDownloadHandler)):
+            return False
+    return True
+
+
 class HostQueueScheduler(BaseScheduler):
     """A Scrapy scheduler that keeps a queue per host and hands out a request
     only for a host that is ready: it has queued work, fewer requests in flight
@@ -78,11 +98,19 @@ class HostQueueScheduler(BaseScheduler):
         self.recorder = get_recorder(crawler)
         self._autothrottle = crawler.settings.getbool("AUTOTHROTTLE_ENABLED")
         self._policy_hook: PolicyHook | None = None
+        self.prefetch = config.prefetch if _handlers_gate_sends(crawler) else 0
         self.frontier: Frontier[Request] = Frontier(
             self._new_policy,
             max_active=config.max_active_hosts,
+            prefetch=self.prefetch,
             remember=config.remember_hosts,
         )
+        # The send gate (used only with prefetch): requests past it per host,
+        # and the requests waiting for it.
+        self._sending: dict[str, int] = {}
+        self._holding: set[Request] = set()
+        self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
+        self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
         self._wakeup: CallLaterResult | None = None
         self._wakeup_at = 0.0
@@ -131,11 +159,17 @@ class HostQueueScheduler(BaseScheduler):
         if self._wakeup is not None:
             self._wakeup.cancel()
             self._wakeup = None
+        for timer in self._gate_timers.values():
+            timer.cancel()
+        self._gate_timers.clear()
         if self._undo_hook is not None:
             self._undo_hook()
             self._undo_hook = None
         if self.jobdir:
             self._save_state()
+        # Before spider_closed, so that Spider.closed() and extensions that
+        # read the stats at the end see the per-host keys.
+        self.recorder.flush()
         return self.df.close(reason)
 
     def has_pending_requests(self) -> bool:
@@ -184,16 +218,88 @@ class HostQueueScheduler(BaseScheduler):
 
     def set_limit(self, host: str, limit: int) -> None:
         self.frontier.set_limit(host, limit)
-        internals.apply_to_slot(self.crawler, host, concurrency=limit)
+        internals.apply_to_slot(self.crawler, host, concurrency=limit + self.prefetch)
         self.recorder.limit_changed(host, limit)
+        if host in self._send_waiters:
+            self._open_gate(host)
+
+    # -- the send gate (prefetch) ----------------------------------------------
+
+    async def acquire_send_slot(self, request: Request) -> None:
+        """Wait until *request*'s host may have one more request on the wire.
+
+        With ``HOSTQUEUE_PREFETCH`` the scheduler hands a host up to that many
+        requests beyond its limit, so that the next one is already waiting
+        next to the connection pool when a response completes instead of
+        crossing the engine first. The download handler calls this just
+        before sending; the slot is freed when the request leaves the
+        downloader (after the middlewares have seen its response, so a
+        Retry-After block is in force before the next request may go).
+        """
+        if not self.prefetch:
+            return
+        host = self._handed_out.get(request)
+        if host is None or request in self._holding:
+            return
+        waiters = self._send_waiters.get(host)
+        if not waiters and self._may_send(host):
+            self._take_send_slot(host, request)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if waiters is None:
+            waiters = self._send_waiters[host] = deque()
+        waiters.append((future, request))
+        self._open_gate(host)
+        await future
+
+    def _may_send(self, host: str) -> bool:
+        policy = self.frontier.policy(host)
+        return (
+            self._sending.get(host, 0) < policy.limit and policy.blocked_until <= time.monotonic()
+        )
+
+    def _take_send_slot(self, host: str, request: Request) -> None:
+        self._sending[host] = self._sending.get(host, 0) + 1
+        self._holding.add(request)
+
+    def _release_send_slot(self, host: str, request: Request) -> None:
+        self._holding.discard(request)
+        left = self._sending[host] - 1
+        if left:
+            self._sending[host] = left
+        else:
+            del self._sending[host]
+        if host in self._send_waiters:
+            self._open_gate(host)
+
+    def _open_gate(self, host: str) -> None:
+        waiters = self._send_waiters.get(host)
+        while waiters and self._may_send(host):
+            future, request = waiters.popleft()
+            if not future.done():  # a cancelled download gave up its turn
+                self._take_send_slot(host, request)
+                future.set_result(None)
+        if not waiters:
+            self._send_waiters.pop(host, None)
+            return
+        blocked_until = self.frontier.policy(host).blocked_until
+        if blocked_until > time.monotonic() and host not in self._gate_timers:
+            self._gate_timers[host] = call_later(
+                blocked_until - time.monotonic(), self._gate_timer, host
+            )
+
+    def _gate_timer(self, host: str) -> None:
+        self._gate_timers.pop(host, None)
+        self._open_gate(host)
 
     def block_until(self, host: str, when: float, reason: str) -> None:
         """Start no request for *host* before *when* (``time.monotonic()``)."""
         self.frontier.block_until(host, when, reason)
 
     def set_interval(self, host: str, interval: float) -> None:
-        """Minimum time between two request starts on *host*."""
-        self.frontier.set_interval(host, interval)
+        """Minimum time between two request starts on *host*, without jitter
+        (a robots.txt Crawl-delay is a minimum)."""
+        self.frontier.set_interval(host, interval, jitter=0.0)
 
     def give_up(self, host: str) -> int:
         """Drop the queued requests of *host* and refuse new ones; returns how
@@ -233,6 +339,8 @@ class HostQueueScheduler(BaseScheduler):
     def _request_left(self, request: Request) -> None:
         host = self._handed_out.pop(request, None)
         if host is not None:
+            if request in self._holding:
+                self._release_send_slot(host, request)
             self.frontier.finish(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
@@ -245,7 +353,7 @@ class HostQueueScheduler(BaseScheduler):
         internals.apply_to_slot(
             self.crawler,
             host,
-            concurrency=self.frontier.policy(host).limit,
+            concurrency=self.frontier.policy(host).limit + self.prefetch,
             delay=None if self._autothrottle else 0.0,
         )
 
