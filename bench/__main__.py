@@ -1,0 +1,170 @@
+"""``python -m bench``: every scenario with every configuration, side by side.
+
+Each crawl runs in a fresh process against local hosts served by another process;
+configurations alternate (A B C A B C ...) within a scenario. Prints the scenarios'
+bounds, one line per crawl, the table of medians, S7's next_request costs and issue
+3's targets; writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
+
+    python -m bench                          # everything, about 10 minutes on 2 cores
+    python -m bench --scenarios S1,S1b --repeats 1
+    python -m bench --quick                  # one repeat, a smaller budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import scrapy
+
+from bench import report
+from bench.runner import ROOT, Run, Summary, run_micro, run_scenario, summarise
+from bench.scenarios import ALL_SCENARIOS, CONFIGS, DEFAULT_BUDGET, MICRO, SCENARIOS
+
+DEFAULT_REPEATS = 3
+QUICK_BUDGET = 400
+MICRO_HOSTS = (1, 1_000, 10_000, 100_000)
+QUICK_MICRO_HOSTS = (1, 1_000, 10_000)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _split(value: str, known: Any, what: str) -> list[str]:
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})"
+        )
+    return names
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=lambda v: _split(v, ALL_SCENARIOS, "scenario"),
+        default=list(ALL_SCENARIOS),
+        help=f"comma-separated, from {','.join(ALL_SCENARIOS)} (default: all)",
+    )
+    parser.add_argument(
+        "--configs",
+        type=lambda v: _split(v, CONFIGS, "configuration"),
+        help=f"comma-separated, from {','.join(CONFIGS)} (default: each scenario's own)",
+    )
+    parser.add_argument("--repeats", type=int, help=f"crawls per configuration ({DEFAULT_REPEATS})")
+    parser.add_argument(
+        "--budget", type=int, help="pages per crawl (default 1200, 400 with --quick)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="one repeat, a smaller budget, S7 up to 10,000 hosts"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results", help="results directory"
+    )
+    parser.add_argument("--no-chart", action="store_true", help="write no PNG")
+    args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else DEFAULT_REPEATS
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.budget is not None and args.budget < 1:
+        parser.error("--budget must be >= 1")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    scenarios = [SCENARIOS[name] for name in args.scenarios if name != MICRO]
+    meta: dict[str, Any] = {
+        "timestamp": stamp,
+        "command": "python -m bench " + " ".join(argv),
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "scrapy": scrapy.__version__,
+            "platform": platform.platform(),
+        },
+        "repeats": args.repeats,
+    }
+    machine = meta["machine"]
+    print(
+        f"scrapy-hostqueue benchmark {stamp}: {machine['cores']} x {machine['cpu']}, "
+        f"Python {machine['python']}, Scrapy {machine['scrapy']}, repeats {args.repeats}"
+    )
+
+    budget = args.budget or (QUICK_BUDGET if args.quick else DEFAULT_BUDGET)
+    meta["budget"] = budget
+    runs: list[Run] = []
+    summaries: list[Summary] = []
+    for scenario in scenarios:
+        configs = args.configs or list(scenario.configs)
+        print(
+            f"{scenario.name}: {scenario.title}; budget {budget}, "
+            f"bound {scenario.bound(budget):.2f} s"
+        )
+        scenario_runs, unavailable = run_scenario(scenario, configs, args.repeats, budget)
+        for name, reason in unavailable.items():
+            print(f"  {scenario.name:<4} {name:<20} n/a: {reason}")
+        runs.extend(scenario_runs)
+        summaries.extend(summarise(scenario, configs, scenario_runs, unavailable, budget))
+
+    micro: dict[str, Any] | None = None
+    if MICRO in args.scenarios:
+        hosts = QUICK_MICRO_HOSTS if args.quick else MICRO_HOSTS
+        print(f"{MICRO}: next_request cost at {', '.join(f'{n:,}' for n in hosts)} hosts")
+        micro = run_micro(hosts, rounds=3 if args.quick else 5)
+
+    targets = report.issue_targets(summaries, micro, budget)
+    print()
+    lines: list[str] = report.scenario_lines(scenarios, budget) if scenarios else []
+    if summaries:
+        lines += ["", *report.table_lines(summaries)]
+    if micro is not None:
+        lines += ["", *report.micro_lines(micro)]
+    lines += ["", *report.target_lines(targets)]
+    print("\n".join(lines))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / f"{stamp}.json"
+    meta["elapsed"] = time.monotonic() - started
+    report.write_json(
+        json_path,
+        meta=meta,
+        scenarios=scenarios,
+        budget=budget,
+        runs=runs,
+        summaries=summaries,
+        micro=micro,
+        targets=targets,
+    )
+    print(f"\nResults: {json_path}")
+    if not args.no_chart and (summaries or micro):
+        png_path = args.out / f"{stamp}.png"
+        if report.write_chart(png_path, summaries, micro):
+            print(f"Chart:   {png_path}")
+    print(f"Elapsed: {meta['elapsed']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

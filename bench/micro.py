@@ -1,0 +1,193 @@
+"""S7: the cost of one ``next_request`` as the number of hosts grows.
+
+``python -m bench.micro [--hosts 1,1000,10000,100000] [--rounds 5]`` prints one
+JSON line: nanoseconds per pop, the median over rounds, for
+
+* ``frontier``: ``scrapy_hostqueue._frontier.Frontier.pop`` (the pure core);
+* ``scheduler``: ``HostQueueScheduler.next_request`` built from a crawler made by
+  ``scrapy.utils.test.get_crawler`` (no crawl: hosts come from the URLs);
+* ``dapq``: Scrapy's ``DownloaderAwarePriorityQueue.pop``, built as
+  ``scrapy/core/scheduler.py`` builds it, over a stand-in downloader with no
+  active slot (the queue then only scans its slots, its cheapest case).
+
+Every host holds two queued requests. Each round repeats: pop (timed alone), mark
+the request finished so its host is ready again, push it back; so the number of
+hosts stays constant. The garbage collector is off inside a timed loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from scrapy import Request, Spider
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler, load_object
+from scrapy.utils.test import get_crawler
+
+HOST_COUNTS = (1, 1_000, 10_000, 100_000)
+IMPLEMENTATIONS = ("frontier", "scheduler", "dapq")
+QUEUED_PER_HOST = 2
+SETTINGS: dict[str, Any] = {
+    "CONCURRENT_REQUESTS": 20,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+    "TELNETCONSOLE_ENABLED": False,
+    "REMOTE_CONTROL_ENABLED": False,
+}
+
+
+class _Spider(Spider):
+    name = "micro"
+
+
+def _requests(hosts: int) -> list[Request]:
+    return [
+        Request(f"http://h{host}.example/{n}", dont_filter=True)
+        for n in range(QUEUED_PER_HOST)
+        for host in range(hosts)
+    ]
+
+
+def pops_for(implementation: str, hosts: int) -> int:
+    """Pops per round: enough for a stable mean, few where a pop is slow."""
+    if implementation == "dapq":
+        return max(40, min(20_000, 2_000_000 // hosts))
+    return 20_000
+
+
+def _timed_rounds(
+    pop: Callable[[], Any], recycle: Callable[[Any], None], pops: int, rounds: int
+) -> list[float]:
+    """Mean ns per ``pop()`` for each round; ``recycle`` (untimed) makes the
+    popped request's host ready again and queues the request back."""
+    means = []
+    for _ in range(rounds):
+        gc.collect()
+        gc.disable()
+        try:
+            total = 0
+            for _ in range(pops):
+                start = time.perf_counter_ns()
+                item = pop()
+                total += time.perf_counter_ns() - start
+                recycle(item)
+        finally:
+            gc.enable()
+        means.append(total / pops)
+    return means
+
+
+def measure_frontier(hosts: int, rounds: int) -> list[float]:
+    from scrapy_hostqueue._frontier import Frontier, HostPolicy
+
+    frontier: Frontier[int] = Frontier(lambda key: HostPolicy(4))
+    keys = [f"h{host}" for host in range(hosts)]
+    for n in range(QUEUED_PER_HOST):
+        for key in keys:
+            frontier.push(key, 0, n)
+
+    def recycle(popped: tuple[str, int] | None) -> None:
+        assert popped is not None
+        key, item = popped
+        frontier.finish(key)
+        frontier.push(key, 0, item)
+
+    return _timed_rounds(frontier.pop, recycle, pops_for("frontier", hosts), rounds)
+
+
+def measure_scheduler(hosts: int, rounds: int) -> list[float]:
+    from scrapy_hostqueue.scheduler import HostQueueScheduler
+
+    crawler = get_crawler(_Spider, SETTINGS)
+    scheduler = HostQueueScheduler.from_crawler(crawler)
+    for request in _requests(hosts):
+        scheduler.enqueue_request(request)
+
+    def recycle(request: Request | None) -> None:
+        assert request is not None
+        # Stands in for the downloader's "request left" hook that open() installs.
+        scheduler._request_left(request)
+        scheduler.enqueue_request(request)
+
+    return _timed_rounds(scheduler.next_request, recycle, pops_for("scheduler", hosts), rounds)
+
+
+class _IdleDownloader:
+    """Just what ``DownloaderAwarePriorityQueue`` reads: slots and slot keys."""
+
+    def __init__(self) -> None:
+        self.slots: dict[str, Any] = {}
+
+    def get_slot_key(self, request: Request) -> str:
+        return urlparse_cached(request).hostname or ""
+
+
+def measure_dapq(hosts: int, rounds: int) -> list[float]:
+    crawler = get_crawler(_Spider, SETTINGS)
+    crawler.engine = SimpleNamespace(downloader=_IdleDownloader())  # type: ignore[assignment]
+    settings = crawler.settings
+    queue = build_from_crawler(
+        load_object("scrapy.pqueues.DownloaderAwarePriorityQueue"),
+        crawler,
+        downstream_queue_cls=load_object(settings["SCHEDULER_MEMORY_QUEUE"]),
+        key="",
+        start_queue_cls=load_object(settings["SCHEDULER_START_MEMORY_QUEUE"]),
+    )
+    for request in _requests(hosts):
+        queue.push(request)
+
+    def recycle(request: Request | None) -> None:
+        assert request is not None
+        queue.push(request)
+
+    return _timed_rounds(queue.pop, recycle, pops_for("dapq", hosts), rounds)
+
+
+MEASURES: dict[str, Callable[[int, int], list[float]]] = {
+    "frontier": measure_frontier,
+    "scheduler": measure_scheduler,
+    "dapq": measure_dapq,
+}
+
+
+def run(host_counts: list[int], rounds: int) -> dict[str, Any]:
+    """``{"ns_per_pop": {impl: {hosts: median}}, "rounds": {...}}``; an
+    implementation that cannot run is reported under ``"unavailable"``."""
+    medians: dict[str, dict[str, float]] = {}
+    raw: dict[str, dict[str, list[float]]] = {}
+    unavailable: dict[str, str] = {}
+    for name in IMPLEMENTATIONS:
+        try:
+            for hosts in host_counts:
+                means = MEASURES[name](hosts, rounds)
+                gc.collect()
+                raw.setdefault(name, {})[str(hosts)] = means
+                medians.setdefault(name, {})[str(hosts)] = statistics.median(means)
+        except ImportError as error:
+            unavailable[name] = f"{type(error).__name__}: {error}"
+    return {"ns_per_pop": medians, "rounds": raw, "unavailable": unavailable}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--hosts",
+        default=",".join(map(str, HOST_COUNTS)),
+        help="comma-separated host counts (default: %(default)s)",
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    host_counts = [int(part) for part in args.hosts.split(",") if part]
+    print(json.dumps(run(host_counts, args.rounds)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,328 @@
+"""The printed tables, issue 3's targets, the JSON file and the chart."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.runner import Run, Summary
+from bench.scenarios import SCENARIOS, Scenario
+
+logger = logging.getLogger(__name__)
+
+MICRO_HOSTS_FLAT = (1, 100_000)
+MICRO_DAPQ_AT = 10_000
+
+
+def _num(value: float | None, fmt: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def scenario_lines(scenarios: Sequence[Scenario], budget: int) -> list[str]:
+    lines = ["Scenarios (bound = least time to the budget the per-host limits allow):"]
+    for scenario in scenarios:
+        bound, per_host = scenario.bound(budget), scenario.per_host_bound(budget)
+        extra = (
+            ""
+            if abs(bound - per_host) < 1e-9
+            else f" (per-host limits alone: {per_host:.2f} s; "
+            f"CONCURRENT_REQUESTS={scenario.concurrent_requests} binds)"
+        )
+        lines.append(f"  {scenario.name:<4} {scenario.title}: bound {bound:.2f} s{extra}")
+    return lines
+
+
+HEADER = (
+    "scenario",
+    "config",
+    "time s",
+    "x bound",
+    "x scrapy",
+    "max in flight/limit (hosts over)",
+    "429s",
+    "in R-A window",
+    "CPU s",
+    "peak MB",
+)
+
+
+def table_lines(summaries: Sequence[Summary]) -> list[str]:
+    rows: list[tuple[str, ...]] = [HEADER]
+    notes: list[str] = []
+    for s in summaries:
+        if s.status != "ok":
+            rows.append((s.scenario, s.config, s.status, *("",) * (len(HEADER) - 3)))
+            notes.append(f"  {s.scenario} {s.config}: {s.status}: {s.reason}")
+            continue
+        if s.reason:
+            notes.append(f"  {s.scenario} {s.config}: {s.reason}")
+        rows.append(
+            (
+                s.scenario,
+                s.config,
+                _num(s.time_to_budget),
+                _num(s.ratio_bound, suffix="x"),
+                _num(s.ratio_scrapy, suffix="x"),
+                f"{s.worst_in_flight}/{s.limit} ({s.violations})",
+                _num(s.status_429, ".0f"),
+                _num(s.in_retry_after_window, ".0f"),
+                _num(s.cpu, ".1f"),
+                _num(s.peak_mb, ".0f"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    lines = []
+    for index, row in enumerate(rows):
+        cells = [
+            cell.ljust(width) if column < 2 else cell.rjust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    if notes:
+        lines.append("Notes:")
+        lines.extend(notes)
+    return lines
+
+
+def micro_lines(micro: dict[str, Any]) -> list[str]:
+    if "error" in micro:
+        return [f"S7 next_request cost: failed: {micro['error']}"]
+    costs: dict[str, dict[str, float]] = micro["ns_per_pop"]
+    counts = sorted({int(hosts) for series in costs.values() for hosts in series})
+    lines = ["S7 next_request cost, µs per pop (median of rounds):"]
+    lines.append("  " + "hosts".ljust(12) + "".join(f"{n:>12,}" for n in counts))
+    for name, series in costs.items():
+        cells = "".join(
+            f"{series[str(n)] / 1000:>12.2f}" if str(n) in series else f"{'-':>12}" for n in counts
+        )
+        lines.append(f"  {name:<12}{cells}")
+    for name, reason in micro.get("unavailable", {}).items():
+        lines.append(f"  {name}: n/a: {reason}")
+    return lines
+
+
+@dataclass
+class Target:
+    """One of issue 3's "done when" speed targets, as measured in this run."""
+
+    target: str
+    measured: str
+    passed: bool | None  # None: not measured in this run
+
+
+def _find(summaries: Sequence[Summary], scenario: str, config: str) -> Summary | None:
+    for s in summaries:
+        if s.scenario == scenario and s.config == config and s.status == "ok":
+            return s
+    return None
+
+
+def issue_targets(
+    summaries: Sequence[Summary], micro: dict[str, Any] | None, budget: int
+) -> list[Target]:
+    targets: list[Target] = []
+    hq_configs = ("hq-scheduler", "hq-full")
+
+    for config in hq_configs:
+        s = _find(summaries, "S1", config)
+        handler = "HTTP11 handler" if config == "hq-scheduler" else "its aiohttp handler"
+        name = f"S1 {config}: no host above its limit at the server ({handler})"
+        targets.append(
+            Target(name, "not run", None)
+            if s is None
+            else Target(
+                name,
+                f"max {s.worst_in_flight}/{s.limit}, {s.violations} host(s) over",
+                s.violations == 0,
+            )
+        )
+
+    for config in hq_configs:
+        a, b = _find(summaries, "S1", config), _find(summaries, "S1b", config)
+        name = f"S1 -> S1b {config}: fast hosts' pages/s change < 10 %"
+        if a is None or b is None or not a.fast_rate or b.fast_rate is None:
+            targets.append(Target(name, "not run", None))
+        else:
+            change = b.fast_rate / a.fast_rate - 1
+            targets.append(
+                Target(
+                    name,
+                    f"{a.fast_rate:.0f} -> {b.fast_rate:.0f} pages/s ({change:+.1%})",
+                    abs(change) < 0.10,
+                )
+            )
+
+    base = _find(summaries, "S3", "scrapy")
+    for config in hq_configs:
+        s = _find(summaries, "S3", config)
+        name = f"S3 {config}: >= 3x faster than Scrapy defaults"
+        if s is None or base is None or not s.time_to_budget or not base.time_to_budget:
+            targets.append(Target(name, "not run", None))
+        else:
+            speedup = base.time_to_budget / s.time_to_budget
+            targets.append(
+                Target(
+                    name,
+                    f"{base.time_to_budget:.2f} s / {s.time_to_budget:.2f} s = {speedup:.2f}x",
+                    speedup >= 3,
+                )
+            )
+
+    bound = SCENARIOS["S2"].per_host_bound(budget)
+    aiohttp = _find(summaries, "S2", "scrapy-aiohttp")
+    for config in hq_configs:
+        s = _find(summaries, "S2", config)
+        name = f"S2 {config}: within 1.15x of the bound {bound:.2f} s"
+        if s is None or s.time_to_budget is None:
+            targets.append(Target(name, "not run", None))
+            targets.append(Target(f"S2 {config}: no slower than scrapy-aiohttp", "not run", None))
+            continue
+        ratio = s.time_to_budget / bound
+        targets.append(Target(name, f"{s.time_to_budget:.2f} s = {ratio:.2f}x", ratio <= 1.15))
+        name = f"S2 {config}: no slower than scrapy-aiohttp"
+        if aiohttp is None or aiohttp.time_to_budget is None:
+            targets.append(Target(name, "scrapy-aiohttp not run", None))
+        else:
+            targets.append(
+                Target(
+                    name,
+                    f"{s.time_to_budget:.2f} s vs {aiohttp.time_to_budget:.2f} s",
+                    s.time_to_budget <= aiohttp.time_to_budget,
+                )
+            )
+
+    costs: dict[str, dict[str, float]] = (micro or {}).get("ns_per_pop", {})
+    scheduler = costs.get("scheduler", {})
+    low, high = (str(n) for n in MICRO_HOSTS_FLAT)
+    name = "S7 scheduler next_request: flat within 2x from 1 to 100,000 hosts"
+    if low in scheduler and high in scheduler:
+        values = list(scheduler.values())
+        spread = max(values) / min(values)
+        targets.append(
+            Target(
+                name,
+                f"{min(values) / 1000:.1f}-{max(values) / 1000:.1f} µs, max/min {spread:.2f}x",
+                spread <= 2,
+            )
+        )
+    else:
+        targets.append(Target(name, "not run", None))
+    at = str(MICRO_DAPQ_AT)
+    dapq = costs.get("dapq", {})
+    name = f"S7 scheduler next_request: >= 50x cheaper than DAPQ at {MICRO_DAPQ_AT:,} hosts"
+    if at in scheduler and at in dapq:
+        factor = dapq[at] / scheduler[at]
+        targets.append(
+            Target(
+                name,
+                f"{dapq[at] / 1000:.1f} µs / {scheduler[at] / 1000:.1f} µs = {factor:.0f}x",
+                factor >= 50,
+            )
+        )
+    else:
+        targets.append(Target(name, "not run", None))
+    return targets
+
+
+def target_lines(targets: Sequence[Target]) -> list[str]:
+    width = max(len(t.target) for t in targets)
+    mwidth = max(len(t.measured) for t in targets)
+    lines = ["Issue 3 targets:"]
+    for t in targets:
+        verdict = "n/a" if t.passed is None else "PASS" if t.passed else "FAIL"
+        lines.append(f"  {t.target:<{width}}  {t.measured:<{mwidth}}  {verdict}")
+    return lines
+
+
+def write_json(
+    path: Path,
+    *,
+    meta: dict[str, Any],
+    scenarios: Sequence[Scenario],
+    budget: int,
+    runs: Sequence[Run],
+    summaries: Sequence[Summary],
+    micro: dict[str, Any] | None,
+    targets: Sequence[Target],
+) -> None:
+    data = {
+        **meta,
+        "scenarios": {
+            s.name: {
+                "title": s.title,
+                "hosts": s.hosts,
+                "budget": budget,
+                "start_per_host": s.start_per_host,
+                "settings": s.settings(),
+                "bound": s.bound(budget),
+                "per_host_bound": s.per_host_bound(budget),
+            }
+            for s in scenarios
+        },
+        "runs": [asdict(run) for run in runs],
+        "summary": [asdict(summary) for summary in summaries],
+        "micro": micro,
+        "targets": [asdict(target) for target in targets],
+    }
+    path.write_text(json.dumps(data, indent=1))
+
+
+def write_chart(path: Path, summaries: Sequence[Summary], micro: dict[str, Any] | None) -> bool:
+    """Time over the bound per scenario and configuration, and S7's cost per
+    pop against the number of hosts. Returns False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: no chart")
+        return False
+
+    ok = [s for s in summaries if s.status == "ok" and s.ratio_bound is not None]
+    scenario_names = list(dict.fromkeys(s.scenario for s in ok))
+    config_names = list(dict.fromkeys(s.config for s in ok))
+    costs: dict[str, dict[str, float]] = (micro or {}).get("ns_per_pop", {})
+    panels = 1 + bool(costs)
+    figure, axes = plt.subplots(
+        1, panels, figsize=(7 + 4 * (panels - 1), 4.5), squeeze=False, width_ratios=[7, 4][:panels]
+    )
+    bars = axes[0][0]
+    width = 0.8 / max(1, len(config_names))
+    for index, config in enumerate(config_names):
+        xs, ys = [], []
+        for position, scenario in enumerate(scenario_names):
+            s = next((s for s in ok if s.scenario == scenario and s.config == config), None)
+            if s is not None and s.ratio_bound is not None:
+                xs.append(position + (index - (len(config_names) - 1) / 2) * width)
+                ys.append(s.ratio_bound)
+        bars.bar(xs, ys, width, label=config)
+    bars.axhline(1.0, color="black", linewidth=0.8)
+    bars.set_xticks(range(len(scenario_names)), scenario_names)
+    bars.set_yscale("log")
+    bars.set_ylabel("time to budget / politeness bound (log)")
+    bars.set_title("Time to 1,200 pages, relative to the bound (lower is better)")
+    bars.legend(fontsize=8)
+    if costs:
+        lines = axes[0][1]
+        for name, series in costs.items():
+            hosts = sorted(series, key=int)
+            lines.plot(
+                [int(n) for n in hosts], [series[n] / 1000 for n in hosts], marker="o", label=name
+            )
+        lines.set_xscale("log")
+        lines.set_yscale("log")
+        lines.set_xlabel("hosts")
+        lines.set_ylabel("µs per pop (log)")
+        lines.set_title("S7 next_request cost")
+        lines.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True

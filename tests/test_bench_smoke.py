@@ -1,0 +1,103 @@
+"""The benchmark suite runs end to end (one scenario, a tiny budget) and its bounds
+and availability checks say what they should. Timing is the suite's business, not
+asserted here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.report import issue_targets
+from bench.runner import Summary
+from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_politeness_bounds_from_the_scenario_specs() -> None:
+    # Issue 3: 1,200 / (3 x 4/0.05 + 4/1) = 4.92 s.
+    assert SCENARIOS["S2"].per_host_bound(1200) == pytest.approx(1200 / 244)
+    assert SCENARIOS["S2"].bound(1200) == pytest.approx(1200 / 244)
+    # Delayed hosts give one page per delay each: 4 x 4/0.05 + 8 x 1.
+    assert SCENARIOS["S3"].per_host_bound(1200) == pytest.approx(1200 / 328)
+    # ... and CONCURRENT_REQUESTS=16 slots of 50 ms allow at most 320 pages/s.
+    assert SCENARIOS["S3"].bound(1200) == pytest.approx(1200 / 320)
+    # A host throttling above 3 in flight counts for 3, whatever the limit.
+    assert SCENARIOS["S4"].per_host_bound(1200) == pytest.approx(1200 / (3 * 160 + 60))
+    # 500 hosts: the global limit of 20 binds, 20 / 0.1 s = 200 pages/s.
+    assert SCENARIOS["S6"].bound(1200) == pytest.approx(6.0)
+    assert SCENARIOS["S1"].fast_hosts() == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    assert SCENARIOS["S3"].settings()["DOWNLOAD_SLOTS"]["127.0.0.5"] == {"delay": 1.0}
+    assert "127.0.0.4" not in SCENARIOS["S3"].settings()["DOWNLOAD_SLOTS"]
+
+
+def test_a_configuration_whose_component_is_missing_is_unavailable() -> None:
+    missing = Config("x", "x", requires=("scrapy_hostqueue.NoSuchComponent",))
+    reason = unavailable_reason(missing)
+    assert reason is not None
+    assert "scrapy_hostqueue.NoSuchComponent" in reason
+    assert unavailable_reason(CONFIGS["scrapy"]) is None
+    assert unavailable_reason(CONFIGS["hq-scheduler"]) is None
+
+
+def test_targets_pass_and_fail_on_the_numbers() -> None:
+    def row(scenario: str, config: str, seconds: float) -> Summary:
+        return Summary(scenario, config, "ok", time_to_budget=seconds, violations=0)
+
+    targets = {
+        t.target: t.passed
+        for t in issue_targets(
+            [row("S3", "scrapy", 14.0), row("S3", "hq-scheduler", 4.0), row("S3", "hq-full", 5.0)],
+            {"ns_per_pop": {"scheduler": {"1": 10.0, "100000": 30.0, "10000": 12.0}}},
+            1200,
+        )
+    }
+    assert targets["S3 hq-scheduler: >= 3x faster than Scrapy defaults"] is True
+    assert targets["S3 hq-full: >= 3x faster than Scrapy defaults"] is False
+    assert targets["S7 scheduler next_request: flat within 2x from 1 to 100,000 hosts"] is False
+    # Not measured: neither pass nor fail.
+    assert targets["S2 hq-full: no slower than scrapy-aiohttp"] is None
+
+
+def test_bench_runs_one_scenario(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--scenarios",
+        "S1",
+        "--configs",
+        "scrapy,hq-scheduler",
+        "--repeats",
+        "1",
+        "--budget",
+        "60",
+        "--out",
+        str(tmp_path),
+        "--no-chart",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "hq-scheduler" in done.stdout
+    assert "Issue 3 targets:" in done.stdout
+    (result_file,) = tmp_path.glob("*.json")
+    result = json.loads(result_file.read_text())
+    assert result["budget"] == 60
+    rows = {row["config"]: row for row in result["summary"]}
+    assert rows["scrapy"]["status"] == "ok", rows["scrapy"]
+    assert rows["scrapy"]["ratio_scrapy"] == pytest.approx(1.0)
+    hq = rows["hq-scheduler"]
+    assert hq["status"] == "ok", hq
+    assert hq["time_to_budget"] > 0
+    # Counted by the hosts: the scheduler holds the limit of 4.
+    assert hq["worst_in_flight"] <= 4
+    assert hq["violations"] == 0
+    (run,) = [run for run in result["runs"] if run["config"] == "hq-scheduler"]
+    assert run["pages"] >= 60
+    assert sum(run["host_pages"].values()) == 60
