@@ -93,16 +93,23 @@ def render_png(series: Series, out: str, title: str) -> None:
     for ax, (attr, ylabel) in zip(axes, PANELS, strict=True):
         data: dict[str, list[float]] = getattr(series, attr)
         for name in names:
-            ax.plot(
-                series.times,
-                data[name],
-                label=_label(name),
-                color=colors[name],
-                linewidth=1.4,
-                drawstyle="steps-pre" if attr == "rate" else "default",
-            )
+            if attr == "rate":
+                # A rate holds over the interval that ends at its time: stairs.
+                ax.stairs(
+                    data[name],
+                    [series.start, *series.times],
+                    label=_label(name),
+                    color=colors[name],
+                    linewidth=1.4,
+                    baseline=None,
+                )
+            else:
+                ax.plot(
+                    series.times, data[name], label=_label(name), color=colors[name], linewidth=1.4
+                )
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
+        ax.set_xlim(left=min(0.0, series.start))
         ax.grid(True, alpha=0.3)
     axes[0].set_title(title)
     axes[1].set_xlabel("seconds since the spider opened")
@@ -132,7 +139,7 @@ def _fmt(value: float) -> str:
 def _svg_panel(series: Series, attr: str, ylabel: str, colors: dict[str, str]) -> str:
     data: dict[str, list[float]] = getattr(series, attr)
     times = series.times
-    x0, x1 = min(times[0], 0.0), max(times[-1], times[0] + 1e-9)
+    x0, x1 = min(series.start, 0.0), max(times[-1], series.start + 1e-9)
     y1 = max((max(values) for values in data.values()), default=0.0) or 1.0
     xstep, ystep = _nice_step(x1 - x0), _nice_step(y1)
     y1 = math.ceil(y1 / ystep) * ystep
@@ -167,7 +174,7 @@ def _svg_panel(series: Series, attr: str, ylabel: str, colors: dict[str, str]) -
         x += xstep
     for name, values in data.items():
         points: list[str] = []
-        previous = times[0]
+        previous = series.start
         for t, value in zip(times, values, strict=True):
             if attr == "rate":
                 # A rate holds over the interval that ends at t: draw steps.

@@ -37,9 +37,9 @@ from scrapy_hostqueue._frontier import Frontier
 from scrapy_hostqueue.timeline import HostSample, TimelineWriter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
-    from scrapy import Spider
+    from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
     from scrapy.utils.asyncio import AsyncioLoopingCall
@@ -199,7 +199,6 @@ class HostStatsRecorder:
         self._seq = itertools.count()
         self._floor = 0
         self.other = HostCounters()
-        self._fetched: dict[str, int] | None = None
 
     # -- the bounded table ---------------------------------------------------
 
@@ -260,21 +259,6 @@ class HostStatsRecorder:
         fresh.update(self.host_stats())
         self.stats.set_stats(fresh)
 
-    # -- per-interval response counts (timeline) -----------------------------
-
-    def track_fetched(self) -> None:
-        """Start counting responses per host for :meth:`take_fetched`."""
-        if self._fetched is None:
-            self._fetched = {}
-
-    def take_fetched(self) -> dict[str, int]:
-        """Responses per host since the previous call (bounded by the hosts
-        that got a response in one interval)."""
-        fetched = self._fetched or {}
-        if self._fetched is not None:
-            self._fetched = {}
-        return fetched
-
     # -- generic helpers ------------------------------------------------------
 
     def inc(self, host: str, name: str, count: float = 1) -> None:
@@ -303,9 +287,6 @@ class HostStatsRecorder:
         self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
 
     def response(self, host: str, status: int, latency: float | None) -> None:
-        if self._fetched is not None:
-            key = host or NO_HOST
-            self._fetched[key] = self._fetched.get(key, 0) + 1
         if not self.enabled:
             return
         entry = self.counters(host)
@@ -377,20 +358,6 @@ def get_recorder(crawler: Crawler) -> HostStatsRecorder:
 # -- the extension ----------------------------------------------------------
 
 
-def _samples(frontier: Frontier[Any], now: float) -> list[HostSample]:
-    return [
-        HostSample(
-            host=key,
-            in_flight=inflight,
-            queued=queued,
-            limit=policy.limit,
-            blocked_for=max(0.0, policy.blocked_until - now),
-            block_reason=policy.block_reason,
-        )
-        for key, queued, inflight, policy in frontier.hosts()
-    ]
-
-
 class HostQueueStats:
     """Scrapy extension: a periodic log line about hosts
     (``HOSTQUEUE_LOG_INTERVAL`` seconds, 0 disables) that also refreshes the
@@ -398,8 +365,11 @@ class HostQueueStats:
     (``HOSTQUEUE_TIMELINE_FILE``, one row per ``HOSTQUEUE_TIMELINE_INTERVAL``
     and host).
 
-    It reads the :class:`~scrapy_hostqueue.HostQueueScheduler` of the crawl
-    and does nothing under another scheduler.
+    Under :class:`~scrapy_hostqueue.HostQueueScheduler` the log line and the
+    timeline show each host's queue, limit and blocks. Under any other
+    scheduler they show what public signals tell: requests of each host inside
+    Scrapy's downloader and responses per host, which is enough to compare a
+    stock crawl with this project's.
     """
 
     def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
@@ -408,10 +378,13 @@ class HostQueueStats:
         self.recorder = get_recorder(crawler)
         self.frontier: Frontier[Any] | None = None
         self.timeline: TimelineWriter | None = None
-        self._log_task: AsyncioLoopingCall | LoopingCall | None = None
-        self._timeline_task: AsyncioLoopingCall | LoopingCall | None = None
-        self._started = 0.0
-        self._last_tick = 0.0
+        self._tasks: list[AsyncioLoopingCall | LoopingCall] = []
+        # Requests of each host between request_reached_downloader and
+        # request_left_downloader: at most CONCURRENT_REQUESTS entries.
+        self._in_downloader: dict[str, int] = {}
+        # Responses per host since the last timeline row (only with a timeline).
+        self._fetched: dict[str, int] = {}
+        self._started = self._last_tick = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -427,48 +400,76 @@ class HostQueueStats:
                     f"(got {config.timeline_file!r})"
                 )
         extension = cls(crawler, config)
-        crawler.signals.connect(extension.spider_opened, signal=signals.spider_opened)
-        crawler.signals.connect(extension.spider_closed, signal=signals.spider_closed)
+        connect = crawler.signals.connect
+        connect(extension.spider_opened, signal=signals.spider_opened)
+        connect(extension.spider_closed, signal=signals.spider_closed)
+        connect(extension.request_reached_downloader, signal=signals.request_reached_downloader)
+        connect(extension.request_left_downloader, signal=signals.request_left_downloader)
+        connect(extension.response_downloaded, signal=signals.response_downloaded)
         return extension
+
+    # -- signals ---------------------------------------------------------------
+
+    def _host(self, request: Request) -> str:
+        return internals.host_key(self.crawler, request) or NO_HOST
+
+    def request_reached_downloader(self, request: Request) -> None:
+        host = self._host(request)
+        self._in_downloader[host] = self._in_downloader.get(host, 0) + 1
+
+    def request_left_downloader(self, request: Request) -> None:
+        host = self._host(request)
+        count = self._in_downloader.get(host, 0) - 1
+        if count > 0:
+            self._in_downloader[host] = count
+        else:
+            self._in_downloader.pop(host, None)
+
+    def response_downloaded(self, request: Request) -> None:
+        if self.timeline is not None:
+            host = self._host(request)
+            self._fetched[host] = self._fetched.get(host, 0) + 1
 
     def spider_opened(self, spider: Spider) -> None:
         scheduler = internals.current_scheduler(self.crawler)
         frontier = getattr(scheduler, "frontier", None)
-        if not isinstance(frontier, Frontier):
-            logger.warning(
-                "HostQueueStats: the scheduler is %s, not HostQueueScheduler: no host "
-                "log line and no timeline",
+        if isinstance(frontier, Frontier):
+            self.frontier = frontier
+        else:
+            logger.info(
+                "HostQueueStats: the scheduler is %s, not HostQueueScheduler: host "
+                "queues, limits and blocks are unknown; showing requests in the "
+                "downloader and responses per host",
                 type(scheduler).__name__,
             )
-            return
-        self.frontier = frontier
         self._started = self._last_tick = time.monotonic()
-        if self.config.log_interval:
-            self._log_task = create_looping_call(self.log)
-            self._log_task.start(self.config.log_interval, now=False)
         if self.config.timeline_file:
             path = self.config.timeline_file
             try:
                 self.timeline = TimelineWriter(path, self.config.stats_max_hosts)
             except OSError as error:
                 logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", path, error)
-                return
-            self.recorder.track_fetched()
-            self._timeline_task = create_looping_call(self.sample)
-            self._timeline_task.start(self.config.timeline_interval, now=False)
-            logger.info(
-                "Writing the host timeline to %s every %gs",
-                path,
-                self.config.timeline_interval,
-            )
+            else:
+                self._start(self.sample, self.config.timeline_interval)
+                logger.info(
+                    "Writing the host timeline to %s every %gs", path, self.config.timeline_interval
+                )
+        if self.config.log_interval:
+            self._start(self.log, self.config.log_interval)
+
+    def _start(self, function: Callable[[], None], interval: float) -> None:
+        task = create_looping_call(function)
+        task.start(interval, now=False)
+        self._tasks.append(task)
 
     def spider_closed(self, spider: Spider, reason: str) -> None:
-        for task in (self._log_task, self._timeline_task):
-            if task is not None and task.running:
+        for task in self._tasks:
+            if task.running:
                 task.stop()
-        self._log_task = self._timeline_task = None
+        self._tasks.clear()
         if self.timeline is not None:
             self.sample()
+        if self.timeline is not None:
             self.timeline.close()
             logger.info(
                 "Host timeline: %d rows in %s (draw it: python -m scrapy_hostqueue plot %s "
@@ -479,48 +480,81 @@ class HostQueueStats:
             )
             self.timeline = None
 
+    # -- periodic work -----------------------------------------------------------
+
     def log(self) -> None:
         """Log one line about the hosts and refresh the per-host stats."""
         self.recorder.flush()
         frontier = self.frontier
         if frontier is None:
+            in_downloader = self._in_downloader
+            top = heapq.nlargest(LOG_BUSIEST, in_downloader.items(), key=lambda item: item[1])
+            logger.info(
+                "Hosts: %d with requests in the downloader (%d requests); busiest: %s",
+                len(in_downloader),
+                sum(in_downloader.values()),
+                ", ".join(f"{host} {count}" for host, count in top) or "none",
+            )
             return
-        samples = _samples(frontier, time.monotonic())
-        blocked = sum(1 for s in samples if s.blocked_for > 0)
-        queued = sum(s.queued for s in samples)
-        busiest = heapq.nlargest(LOG_BUSIEST, samples, key=lambda s: (s.in_flight, s.queued))
-        shown = ", ".join(
-            f"{s.host} {s.in_flight}/{s.limit}"
-            + (f" (blocked {s.blocked_for:.1f}s: {s.block_reason})" if s.blocked_for > 0 else "")
-            for s in busiest
-            if s.in_flight or s.queued
-        )
+        now = time.monotonic()
+        hosts = list(frontier.hosts())
+        blocked = sum(1 for *_, policy in hosts if policy.blocked_until > now)
+        busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
+        shown = []
+        for key, _queued, inflight, policy in busiest:
+            text = f"{key or NO_HOST} {inflight}/{policy.limit}"
+            if policy.blocked_until > now:
+                text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
+            shown.append(text)
         logger.info(
             "Hosts: %d active, %d blocked, %d with work; %d requests queued; "
             "busiest (in flight/limit): %s",
             frontier.active,
             blocked,
-            len(samples),
-            queued,
-            shown or "none",
+            len(hosts),
+            len(frontier),
+            ", ".join(shown) or "none",
         )
+
+    def _samples(self, now: float, fetched: dict[str, int]) -> list[HostSample]:
+        in_downloader = self._in_downloader
+        samples: dict[str, HostSample] = {}
+        frontier = self.frontier
+        if frontier is not None:
+            for key, queued, _inflight, policy in frontier.hosts():
+                host = key or NO_HOST
+                samples[host] = HostSample(
+                    host,
+                    in_downloader.get(host, 0),
+                    queued,
+                    policy.limit,
+                    max(0.0, policy.blocked_until - now),
+                    policy.block_reason,
+                )
+        # Hosts that left the frontier (or, under another scheduler, any host)
+        # but had requests in the downloader or responses in the interval.
+        for host in [*in_downloader, *fetched]:
+            if host not in samples:
+                known = frontier.known_policy(host) if frontier is not None else None
+                samples[host] = HostSample(
+                    host,
+                    in_downloader.get(host, 0),
+                    None if frontier is None else 0,
+                    known.limit if known is not None else None,
+                )
+        return list(samples.values())
 
     def sample(self) -> None:
         """Write one interval of the timeline."""
-        timeline, frontier = self.timeline, self.frontier
-        if timeline is None or frontier is None:
+        timeline = self.timeline
+        if timeline is None:
             return
         now = time.monotonic()
-        samples = _samples(frontier, now)
-        fetched = self.recorder.take_fetched()
-        live = {s.host for s in samples}
-        for host in fetched:
-            if host not in live:
-                # Finished within the interval: no longer in the frontier.
-                policy = frontier.known_policy(host)
-                samples.append(HostSample(host, 0, 0, policy.limit if policy else None))
+        fetched, self._fetched = self._fetched, {}
         try:
-            timeline.write(now - self._started, now - self._last_tick, samples, fetched)
+            timeline.write(
+                now - self._started, now - self._last_tick, self._samples(now, fetched), fetched
+            )
         except OSError as error:
             logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", timeline.path, error)
             timeline.close()

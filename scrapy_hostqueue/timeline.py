@@ -9,12 +9,16 @@ A host row::
      "queued": 120, "limit": 4, "blocked": false}
 
 ``t`` is the end of the interval in seconds since the spider opened, ``dt`` its
-length, ``fetched`` the responses received in it; ``in_flight``, ``queued``,
-``limit`` and ``blocked`` (a Retry-After or back-off block running) are sampled
-at ``t``. Each interval has at most ``HOSTQUEUE_STATS_MAX_HOSTS`` host rows (the
-busiest) and one aggregate row with ``"host": "_other"`` that adds up every
-other host, says how many there were (``hosts``) and how many were blocked
-(``blocked_hosts``), and has ``"limit": null``.
+length, ``fetched`` the responses downloaded in it (retried and redirected ones
+included). ``in_flight`` (requests of the host inside Scrapy's downloader, from
+``request_reached_downloader`` to ``request_left_downloader``), ``queued``,
+``limit`` and ``blocked`` (a Retry-After, back-off or error cool-down block
+running) are sampled at ``t``. Under a scheduler other than
+``HostQueueScheduler``, ``queued`` and ``limit`` are ``null`` and ``blocked`` is
+``false``. Each interval has at most ``HOSTQUEUE_STATS_MAX_HOSTS`` host rows
+(the busiest) and one aggregate row with ``"host": "_other"`` that adds up
+every other host, says how many there were (``hosts``) and how many were
+blocked (``blocked_hosts``), and has ``"limit": null``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -41,7 +46,7 @@ class HostSample:
 
     host: str
     in_flight: int
-    queued: int
+    queued: int | None  # None: unknown (not HostQueueScheduler)
     limit: int | None
     blocked_for: float = 0.0  # seconds until a running block ends
     block_reason: str | None = None
@@ -68,13 +73,13 @@ class TimelineWriter:
             raise ValueError(f"timeline {self.path} is closed")
 
         def busyness(sample: HostSample) -> tuple[int, int]:
-            return sample.in_flight + fetched.get(sample.host, 0), sample.queued
+            return sample.in_flight + fetched.get(sample.host, 0), sample.queued or 0
 
         sampled = {sample.host for sample in samples}
         # A host that finished within the interval is no longer sampled; its
         # responses still count.
         samples = samples + [
-            HostSample(host, 0, 0, None) for host in fetched if host not in sampled
+            HostSample(host, 0, None, None) for host in fetched if host not in sampled
         ]
         top = heapq.nlargest(self.max_hosts, samples, key=busyness)
         named = {sample.host for sample in top}
@@ -100,7 +105,9 @@ class TimelineWriter:
             "host": OTHER_HOSTS,
             "in_flight": sum(sample.in_flight for sample in rest),
             "fetched": sum(fetched.get(sample.host, 0) for sample in rest),
-            "queued": sum(sample.queued for sample in rest),
+            "queued": None
+            if all(sample.queued is None for sample in samples)
+            else sum(sample.queued or 0 for sample in rest),
             "limit": None,
             "blocked": blocked_hosts > 0,
             "hosts": len(rest),
@@ -126,6 +133,8 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
         raise TimelineError(f"{where}: missing {', '.join(missing)}")
     for name in ("t", "dt", "in_flight", "fetched", "queued"):
         value = row[name]
+        if value is None and name == "queued":
+            continue
         if (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
@@ -166,10 +175,17 @@ class Series:
     """Per-host series on a common time axis, ready to draw."""
 
     times: list[float]
+    #: Where the first interval begins (rates hold over ``(previous time, time]``).
+    start: float
     #: host -> in flight at each time
     in_flight: dict[str, list[float]]
     #: host -> responses per second over the interval ending at each time
     rate: dict[str, list[float]]
+
+
+def _natural(name: str) -> list[tuple[int, int | str]]:
+    """Sort key that puts 127.0.0.2 before 127.0.0.10."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)]
 
 
 def build_series(rows: list[dict[str, Any]], max_lines: int = 10) -> Series:
@@ -183,7 +199,9 @@ def build_series(rows: list[dict[str, Any]], max_lines: int = 10) -> Series:
         if row["host"] != OTHER_HOSTS:
             totals[row["host"]] = totals.get(row["host"], 0) + row["fetched"] + row["in_flight"]
     shown = heapq.nlargest(max_lines, totals, key=lambda host: (totals[host], host))
-    names = [*sorted(shown, key=lambda host: (-totals[host], host)), OTHER_HOSTS]
+    # Ordered by name, not by volume, so a host keeps its place (and colour)
+    # from one chart to the next, e.g. a stock crawl against this project's.
+    names = [*sorted(shown, key=_natural), OTHER_HOSTS]
     in_flight = {name: [0.0] * len(times) for name in names}
     rate = {name: [0.0] * len(times) for name in names}
     for row in rows:
@@ -194,4 +212,5 @@ def build_series(rows: list[dict[str, Any]], max_lines: int = 10) -> Series:
             rate[name][i] += row["fetched"] / row["dt"]
     if not any(in_flight[OTHER_HOSTS]) and not any(rate[OTHER_HOSTS]):
         del in_flight[OTHER_HOSTS], rate[OTHER_HOSTS]
-    return Series(times, in_flight, rate)
+    start = max(0.0, min(float(row["t"]) - float(row["dt"]) for row in rows))
+    return Series(times, min(start, times[0]), in_flight, rate)

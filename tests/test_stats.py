@@ -285,15 +285,3 @@ def test_get_recorder_is_one_per_crawler_and_flushes_at_close() -> None:
 
     crawler.signals.send_catch_log(signals.spider_closed, spider=None, reason="finished")
     assert recorder.stats.get_value(host_stat_key("a.test", "request_count")) == 1
-
-
-def test_fetched_per_interval() -> None:
-    recorder = make_recorder(HOSTQUEUE_STATS_ENABLED=False)
-    recorder.response("a", 200, None)
-    assert recorder.take_fetched() == {}
-    recorder.track_fetched()
-    recorder.response("a", 200, None)
-    recorder.response("a", 429, None)
-    recorder.response("b", 200, None)
-    assert recorder.take_fetched() == {"a": 2, "b": 1}
-    assert recorder.take_fetched() == {}

@@ -157,18 +157,36 @@ async def test_log_line_and_timeline(
 
 
 @deferred_f_from_coro_f
-async def test_extension_idles_under_another_scheduler(
+async def test_timeline_under_the_stock_scheduler(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hosts = local_hosts([HostSpec(latency=0.005, links=0)])
+    """The comparison run: with Scrapy's own scheduler the timeline still shows
+    requests in the downloader and responses per host."""
+    hosts = local_hosts(
+        [HostSpec(latency=0.005, links=3, pages=40), HostSpec(latency=0.3, links=3, pages=12)]
+    )
     timeline = tmp_path / "timeline.jsonl"
-    settings = stats_settings(HOSTQUEUE_TIMELINE_FILE=str(timeline))
+    settings = stats_settings(
+        HOSTQUEUE_TIMELINE_FILE=str(timeline),
+        HOSTQUEUE_TIMELINE_INTERVAL=0.1,
+        HOSTQUEUE_LOG_INTERVAL=0.2,
+    )
     del settings["SCHEDULER"]
-    crawler = await crawl(hosts.start_urls(0, 2), **settings)
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    crawler = await crawl(start_urls(hosts), follow=True, **settings)
     assert crawler.stats is not None
-    assert crawler.stats.get_value("response_received_count") == 2
     assert "not HostQueueScheduler" in caplog.text
-    assert not timeline.exists()
+    assert any(
+        r.getMessage().startswith("Hosts: ") and "in the downloader" in r.getMessage()
+        for r in caplog.records
+    )
+    rows = read_timeline(str(timeline))
+    for i, hostname in enumerate(hosts.hostnames):
+        host_rows = [row for row in rows if row["host"] == hostname]
+        assert sum(row["fetched"] for row in host_rows) == hosts.stats(i, arrivals=False).served
+        assert max(row["in_flight"] for row in host_rows) >= 1
+        assert all(row["queued"] is None and row["limit"] is None for row in host_rows)
+    assert all(row["queued"] is None for row in rows if row["host"] == OTHER_HOSTS)
 
 
 class ClosingSpider(PageSpider):
@@ -182,14 +200,6 @@ class ClosingSpider(PageSpider):
         self.at_close = dict(self.crawler.stats.get_stats())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Spider.closed() runs on spider_closed before the recorder's own spider_closed "
-        "handler (connected later); fix: HostQueueScheduler.close() calls "
-        "self.recorder.flush(), which runs before spider_closed"
-    ),
-)
 @deferred_f_from_coro_f
 async def test_per_host_stats_are_in_place_when_the_spider_closes(
     local_hosts: HostsFactory,
