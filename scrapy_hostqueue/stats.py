@@ -168,7 +168,9 @@ class HostCounters:
 
     def values(self, *, with_limit: bool = True) -> Iterator[tuple[str, float]]:
         """``(name, value)`` of every stat this entry has."""
-        yield from self.counts.items()
+        for name, value in self.counts.items():
+            # Sums of seconds: millisecond precision is plenty in a stats dump.
+            yield name, round(value, 3) if isinstance(value, float) else value
         yield from self.highs.items()
         yield from self.lows.items()
         if with_limit and self.limit is not None:
