@@ -8,14 +8,16 @@ arrived inside a ``Retry-After`` window, and the smallest gap between requests.
 
 Files written to ``--output-dir`` (default ``demo-output/``): ``crawl.log`` (the
 crawl's whole output), ``scrapy-stats.json`` (Scrapy's final stats),
-``hosts.json`` (host specs and server-side stats), and with ``--timeline``
-``timeline.jsonl`` (``HOSTQUEUE_TIMELINE_FILE``).
+``hosts.json`` (host specs and server-side stats), ``timeline.jsonl``
+(``HOSTQUEUE_TIMELINE_FILE``, unless ``--no-timeline``) and its chart
+(``timeline.html``, and ``timeline.png`` when matplotlib is installed).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -120,9 +122,10 @@ def build_parser() -> _Parser:
         '(e.g. "3x latency=10ms; latency=1s"); default: the varied demo set',
     )
     parser.add_argument(
-        "--timeline",
-        action="store_true",
-        help="record a per-host timeline (HOSTQUEUE_TIMELINE_FILE=<dir>/timeline.jsonl)",
+        "--no-timeline",
+        dest="timeline",
+        action="store_false",
+        help="do not record the per-host timeline (<dir>/timeline.jsonl) and its chart",
     )
     parser.add_argument(
         "--stock",
@@ -182,9 +185,17 @@ def crawl_command(start_urls: list[str], args: argparse.Namespace, output_dir: P
     ]
     if args.stock:
         command += ["-s", "ADDONS={}"]
+        if args.timeline:
+            # The add-on is off: wire the stats extension alone, so the stock
+            # crawl gets a timeline to compare.
+            command += ["-s", 'EXTENSIONS={"scrapy_hostqueue.stats.HostQueueStats": 0}']
     if args.timeline:
-        # Hook for the timeline chart: the HostQueueStats extension writes this file.
-        command += ["-s", f"HOSTQUEUE_TIMELINE_FILE={output_dir / 'timeline.jsonl'}"]
+        command += [
+            "-s",
+            f"HOSTQUEUE_TIMELINE_FILE={output_dir / 'timeline.jsonl'}",
+            "-s",
+            "HOSTQUEUE_TIMELINE_INTERVAL=0.25",
+        ]
     for setting in args.settings:
         command += ["-s", setting]
     return command
@@ -284,6 +295,74 @@ def _host_set(args: argparse.Namespace, parser: _Parser) -> list[tuple[str, Host
     return [(format_spec(spec) or "defaults", spec) for spec in specs]
 
 
+_STATS_COLUMNS = (
+    ("requests", "request_count"),
+    ("responses", "response_count"),
+    ("max in flight", "max_inflight"),
+    ("limit min-max", None),
+    ("back-offs", "backoff_count"),
+    ("blocked s", "blocked_seconds"),
+    ("p95 latency", "latency_p95"),
+)
+
+
+def hostqueue_stats_table(scrapy_stats: dict[str, Any]) -> str:
+    """The per-host ``hostqueue/hosts/{host}/...`` stats of the crawl, as a table."""
+    prefix = "hostqueue/hosts/"
+    hosts: dict[str, dict[str, Any]] = {}
+    for key, value in scrapy_stats.items():
+        if key.startswith(prefix):
+            host, _, name = key[len(prefix) :].partition("/")
+            hosts.setdefault(host, {})[name] = value
+    if not hosts:
+        return ""
+    rows = [["host", *(title for title, _ in _STATS_COLUMNS)]]
+    for host in sorted(hosts):
+        values = hosts[host]
+        row = [host]
+        for _, name in _STATS_COLUMNS:
+            if name is None:
+                low, high = values.get("min_limit"), values.get("max_limit")
+                row.append("-" if low is None else f"{low}-{high}")
+            elif name == "backoff_count":
+                total = sum(v for k, v in values.items() if k.startswith("backoff_count/"))
+                row.append(str(total))
+            else:
+                value = values.get(name)
+                row.append(
+                    "-"
+                    if value is None
+                    else f"{value:.3g}"
+                    if isinstance(value, float)
+                    else str(value)
+                )
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in rows
+    )
+
+
+def _draw_timeline(timeline: Path, output_dir: Path) -> None:
+    if not timeline.is_file():
+        print(f"timeline: not written ({timeline}); is HostQueueStats enabled?")
+        return
+    from scrapy_hostqueue.__main__ import PlotError, plot  # noqa: PLC0415 - optional part
+    from scrapy_hostqueue.timeline import TimelineError  # noqa: PLC0415
+
+    outputs = [output_dir / "timeline.html"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        outputs.append(output_dir / "timeline.png")
+    for out in outputs:
+        try:
+            plot(str(timeline), str(out))
+        except (PlotError, TimelineError) as error:
+            print(f"chart: {out} not drawn: {error}")
+        else:
+            print(f"chart: {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -352,12 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     inside = sum(stats.in_retry_after_window for stats in all_stats)
     print(f"requests sent inside Retry-After windows: {inside}")
+    host_keys = hostqueue_stats_table(result.scrapy_stats)
+    if host_keys:
+        print()
+        print("per-host stats (Scrapy stats collector, hostqueue/hosts/{host}/...):")
+        print(host_keys)
     if args.timeline:
-        timeline = output_dir / "timeline.jsonl"
-        if timeline.is_file():
-            print(f"timeline: {timeline} (python -m scrapy_hostqueue plot {timeline} -o ...)")
-        else:
-            print(f"timeline: not written ({timeline}); is HostQueueStats enabled?")
+        _draw_timeline(output_dir / "timeline.jsonl", output_dir)
     print(f"details: {output_dir / 'hosts.json'}, {stats_path}, {log_path}")
 
     if result.ok and served:

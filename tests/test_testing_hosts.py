@@ -799,6 +799,11 @@ def test_demo_runs_a_small_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "Spider closed (closespider_pagecount)" in log
     assert "127.0.0.3" in out
     assert "max in flight" in out
+    # The scheduler's own per-host stats and the timeline chart.
+    assert "per-host stats" in out
+    assert "hostqueue/hosts" in out
+    assert (tmp_path / "timeline.jsonl").stat().st_size > 0
+    assert "<svg" in (tmp_path / "timeline.html").read_text()
 
 
 def test_demo_reports_a_failed_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
