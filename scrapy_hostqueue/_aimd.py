@@ -12,11 +12,13 @@ The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
   successes; when the run reaches ``L * p`` the limit becomes
   ``min(L + 1, C)`` and the run restarts. ``p`` is 1, except when ``L + 1``
   would reach the level where the host last pushed back (``probe_level``):
-  then ``p`` is a penalty that doubles each time the host pushes back at that
-  same level again (up to :data:`MAX_PROBE_PENALTY`), so a host with a hard
-  limit is probed ever more rarely instead of on every cycle. A run at the
-  old level that completes without push-back forgets it. A run is therefore
-  about one round of the window at ``p = 1``;
+  then ``p`` is a penalty, :data:`PROBE_PENALTY` at the first push-back at a
+  level and multiplied by it at each further push-back at that same level (up
+  to :data:`MAX_PROBE_PENALTY`), so a host with a hard limit is probed ever
+  more rarely instead of on every cycle (plain AIMD against a host that
+  refuses its 4th concurrent request gets a 429 every few responses). A
+  run at the old level that completes without push-back forgets it. A run is
+  therefore about one round of the window at ``p = 1``;
 * a success between the two latencies breaks the run; one slower than
   ``slow_latency`` is a decrease;
 * a back-off status and a connection failure or timeout are decreases;
@@ -46,14 +48,17 @@ from dataclasses import dataclass
 
 __all__ = [
     "MAX_PROBE_PENALTY",
+    "PROBE_PENALTY",
     "Adjustment",
     "AimdHost",
     "AimdSettings",
     "AimdTable",
 ]
 
-#: The largest factor by which a run is lengthened before probing a level at
-#: which the host pushed back.
+#: How much longer a run must be before probing a level at which the host
+#: pushed back once; each further push-back there multiplies it again.
+PROBE_PENALTY = 4
+#: The largest factor by which a run is lengthened before such a probe.
 MAX_PROBE_PENALTY = 64
 _MAX_BACKOFF_EXPONENT = 60
 
@@ -307,10 +312,10 @@ class AimdTable:
             return None  # the same burst, already answered
         old = state.limit
         if state.probe_level == old:
-            state.probe_penalty = min(state.probe_penalty * 2, MAX_PROBE_PENALTY)
+            state.probe_penalty = min(state.probe_penalty * PROBE_PENALTY, MAX_PROBE_PENALTY)
         else:
             state.probe_level = old
-            state.probe_penalty = 2
+            state.probe_penalty = PROBE_PENALTY
         state.limit = max(min(self.settings.floor, state.ceiling), old // 2)
         state.run = 0
         state.last_decrease = self.clock()

@@ -14,6 +14,7 @@ from scrapy_hostqueue._aimd import (
     ERROR,
     FAST,
     MAX_PROBE_PENALTY,
+    PROBE_PENALTY,
     RETRY_AFTER,
     SLOW,
     AimdSettings,
@@ -168,7 +169,7 @@ def test_a_level_that_pushed_back_is_probed_ever_more_rarely() -> None:
     table, clock = make(start=4)
     table.on_backoff("h", clock.tick(), 0)  # 4 -> 2, level 4 remembered
     runs = []
-    for _ in range(8):
+    for _ in range(5):
         fast(table, clock, count=2)  # 2 -> 3
         assert limit(table) == 3
         count = 0
@@ -180,16 +181,17 @@ def test_a_level_that_pushed_back_is_probed_ever_more_rarely() -> None:
         assert limit(table) == 4
         table.on_backoff("h", clock.tick(), 0)  # pushed back again at 4
         assert limit(table) == 2
-    assert runs[:6] == [3 * 2, 3 * 4, 3 * 8, 3 * 16, 3 * 32, 3 * 64]
-    assert runs[6:] == [3 * MAX_PROBE_PENALTY] * 2
+    assert PROBE_PENALTY == 4
+    assert runs[:3] == [3 * 4, 3 * 16, 3 * 64]
+    assert runs[3:] == [3 * MAX_PROBE_PENALTY] * 2
 
 
 def test_a_level_that_holds_is_forgotten() -> None:
     table, clock = make(start=4)
     table.on_backoff("h", clock.tick(), 0)  # 4 -> 2
-    fast(table, clock, count=2 + 3 * 2)  # 2 -> 3 -> 4 (probe)
+    fast(table, clock, count=2 + 3 * PROBE_PENALTY)  # 2 -> 3 -> 4 (probe)
     assert limit(table) == 4
-    fast(table, clock, count=4 * 2)  # a whole run at 4, penalised: -> 5
+    fast(table, clock, count=4 * PROBE_PENALTY)  # a whole run at 4, penalised: -> 5
     assert limit(table) == 5
     fast(table, clock, count=5)  # no penalty any more
     assert limit(table) == 6

@@ -1,0 +1,422 @@
+"""``AIMDMiddleware``: adaptive per-host concurrency, Retry-After, Crawl-delay
+and an error budget, applied through :class:`~scrapy_hostqueue.HostQueueScheduler`.
+
+The rule itself is pure and lives in :mod:`scrapy_hostqueue._aimd`; this
+module turns Scrapy events into its inputs and its adjustments into scheduler
+calls. Nothing here sleeps: a host that must wait is blocked in the scheduler,
+so its requests hold no global download budget meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from scrapy import Request, signals
+from scrapy.exceptions import (
+    CannotResolveHostError,
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+    DownloadTimeoutError,
+    ResponseDataLossError,
+)
+from scrapy.utils.misc import load_object
+from twisted.internet.error import ConnectError, ConnectionLost
+from twisted.internet.error import TimeoutError as TxTimeoutError
+from twisted.web.client import ResponseFailed
+
+from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._aimd import Adjustment, AimdSettings, AimdTable
+from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue._retry_after import parse_retry_after
+from scrapy_hostqueue.scheduler import HostQueueScheduler
+from scrapy_hostqueue.stats import get_recorder, stat_key
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from scrapy.robotstxt import RobotParser
+    from typing_extensions import Self
+
+__all__ = ["CONNECTION_ERRORS", "AIMDMiddleware"]
+
+logger = logging.getLogger(__name__)
+
+#: Exceptions that mean "the host could not be reached or did not answer in
+#: time": each one is a decrease and counts toward the error budget. The
+#: Scrapy types are what its handlers (HTTP/1.1, HTTP/2, aiohttp, httpx) raise
+#: in 2.19; the Twisted and built-in types cover older handlers and third-party
+#: ones. Generic ``OSError`` is left out on purpose: RetryMiddleware retries it
+#: because HttpCompressionMiddleware raises it for an empty body, which says
+#: nothing about the host's health.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    CannotResolveHostError,
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+    DownloadTimeoutError,
+    ResponseDataLossError,
+    ConnectError,  # ConnectionRefusedError, DNSLookupError, TCPTimedOutError, ...
+    ConnectionLost,
+    TxTimeoutError,
+    ResponseFailed,  # and ResponseNeverReceived
+    ConnectionError,
+    TimeoutError,
+    socket.gaierror,
+)
+
+#: ``request.meta`` key: ``time.monotonic()`` when the request passed this
+#: middleware on its way to the download handler.
+META_START = "hostqueue_start"
+#: ``request.meta`` key: how many times the request was sent back to the
+#: scheduler because its host had become blocked or too recent.
+META_REQUEUED = "hostqueue_requeued"
+#: ``request.meta`` key set on requests that came through the scheduler (only
+#: those may be sent back to it; ``engine.download_async`` would loop).
+META_SCHEDULED = "hostqueue_scheduled"
+#: A request is sent back to the scheduler at most this many times.
+MAX_REQUEUES = 3
+#: Seconds added to a Crawl-delay: the time from the scheduler's hand-out to
+#: the wire varies by a few tens of milliseconds on a busy event loop, and a
+#: Crawl-delay is a minimum at the server.
+CRAWL_DELAY_MARGIN = 0.05
+
+_CRAWL_DELAY = "crawl-delay"
+
+
+class _CrawlDelay:
+    __slots__ = ("delay", "last_sent")
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.last_sent = float("-inf")
+
+
+class AIMDMiddleware:
+    """A downloader middleware that learns how much concurrency each host
+    tolerates and holds hosts back when they ask for it.
+
+    * AIMD: a host starts at ``HOSTQUEUE_AIMD_START`` requests in flight,
+      gains one after a run of fast responses and is halved (never below
+      ``HOSTQUEUE_AIMD_FLOOR``) on a back-off status, a slow response or a
+      connection failure, at most once per burst.
+    * ``Retry-After`` on a back-off status blocks the host in the scheduler
+      (capped by ``HOSTQUEUE_RETRY_AFTER_MAX``); without a usable one the host
+      gets a bounded exponential back-off with jitter.
+    * A robots.txt ``Crawl-delay`` (with ``ROBOTSTXT_OBEY``) becomes the
+      host's minimum interval between request starts.
+    * ``HOSTQUEUE_ERROR_BUDGET`` connection failures in a row park the host
+      for a growing cool-down; after ``HOSTQUEUE_ERROR_MAX_COOLDOWNS`` of them
+      its queued requests are dropped.
+
+    Needs :class:`~scrapy_hostqueue.HostQueueScheduler` and refuses to run
+    beside AutoThrottle. Order it above ``RetryMiddleware`` (550), e.g. 560,
+    so that it sees 429/503 and connection errors before they are retried.
+    """
+
+    def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.table = AimdTable(
+            AimdSettings(
+                start=config.aimd_start,
+                floor=config.aimd_floor,
+                ceiling=config.aimd_ceiling,
+                fast_latency=config.aimd_fast_latency,
+                slow_latency=config.aimd_slow_latency,
+                retry_after_max=config.retry_after_max,
+                backoff_base=config.backoff_base,
+                backoff_max=config.backoff_max,
+                error_budget=config.error_budget,
+                error_cooldown=config.error_cooldown,
+                error_max_cooldowns=config.error_max_cooldowns,
+            ),
+            max_hosts=config.remember_hosts,
+        )
+        self.clock = self.table.clock
+        self.recorder = get_recorder(crawler)
+        self.scheduler: HostQueueScheduler | None = None
+        settings = crawler.settings
+        self._explicit_slots = frozenset(internals.slot_keys_with_settings(settings))
+        self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
+        self._robots_user_agent: str | None = settings.get("ROBOTSTXT_USER_AGENT") or None
+        self._default_user_agent: str = settings.get("USER_AGENT") or ""
+        self._crawl_delays: OrderedDict[str, _CrawlDelay] = OrderedDict()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        settings = crawler.settings
+        config = HostQueueConfig.from_settings(settings)
+        if settings.getbool("AUTOTHROTTLE_ENABLED"):
+            raise HostQueueSettingsError(
+                "scrapy_hostqueue.AIMDMiddleware refuses to run with AUTOTHROTTLE_ENABLED=True: "
+                "both would set the pace of the same hosts (AutoThrottle through the "
+                "downloader slot delay, this middleware through per-host concurrency and "
+                "blocks) and would work against each other. Set AUTOTHROTTLE_ENABLED=False, "
+                "or disable the middleware with DOWNLOADER_MIDDLEWARES = "
+                "{'scrapy_hostqueue.AIMDMiddleware': None} to keep AutoThrottle "
+                "(HostQueueScheduler then follows AutoThrottle's delays)."
+            )
+        scheduler_cls = load_object(settings["SCHEDULER"])
+        if not (isinstance(scheduler_cls, type) and issubclass(scheduler_cls, HostQueueScheduler)):
+            raise HostQueueSettingsError(
+                "scrapy_hostqueue.AIMDMiddleware needs SCHEDULER = "
+                f"'scrapy_hostqueue.HostQueueScheduler' (or a subclass), got "
+                f"{settings['SCHEDULER']!r}: it holds hosts back through that scheduler"
+            )
+        middleware = cls(crawler, config)
+        crawler.signals.connect(middleware.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(middleware._request_scheduled, signal=signals.request_scheduled)
+        if config.crawl_delay_enabled and settings.getbool("ROBOTSTXT_OBEY"):
+            crawler.signals.connect(middleware._robots_parsed, signal=signals.robots_parsed)
+        return middleware
+
+    # -- start-up ----------------------------------------------------------
+
+    def spider_opened(self, spider: Spider) -> None:
+        scheduler = internals.current_scheduler(self.crawler)
+        if not isinstance(scheduler, HostQueueScheduler):
+            raise HostQueueSettingsError(
+                "scrapy_hostqueue.AIMDMiddleware needs HostQueueScheduler as the "
+                f"scheduler, the engine runs {type(scheduler).__name__}"
+            )
+        self.scheduler = scheduler
+        scheduler.attach_policy(self)
+        # The scheduler opens before spider_opened is sent; with JOBDIR it may
+        # already know hosts (resumed requests) with their configured limits.
+        for host, _queued, _inflight, _policy in scheduler.frontier.hosts():
+            configured = internals.configured_slot(self.crawler.settings, host)[0]
+            scheduler.set_limit(host, self.initial_limit(host, configured))
+        cfg = self.config
+        logger.info(
+            "AIMDMiddleware: per-host limit %d..%d starting at %d; fast below %gs, "
+            "slow above %gs; back-off on HTTP %s (Retry-After capped at %gs, else "
+            "%g..%gs); Crawl-delay %s; error budget %d failures, %d cool-down(s) from %gs",
+            cfg.aimd_floor,
+            cfg.aimd_ceiling,
+            cfg.aimd_start,
+            cfg.aimd_fast_latency,
+            cfg.aimd_slow_latency,
+            ",".join(str(code) for code in sorted(cfg.aimd_backoff_http_codes)) or "none",
+            cfg.retry_after_max,
+            cfg.backoff_base,
+            cfg.backoff_max,
+            f"obeyed up to {cfg.crawl_delay_max:g}s"
+            if cfg.crawl_delay_enabled and self.crawler.settings.getbool("ROBOTSTXT_OBEY")
+            else "ignored",
+            cfg.error_budget,
+            cfg.error_max_cooldowns,
+            cfg.error_cooldown,
+        )
+
+    def initial_limit(self, host: str, configured: int) -> int:
+        """The limit of a host the scheduler meets (the policy hook).
+
+        ``HOSTQUEUE_AIMD_START``, or what was learnt if the host is still
+        remembered; a ``DOWNLOAD_SLOTS`` (or per-IP) concurrency lowers the
+        host's ceiling.
+        """
+        cap = configured if (self._per_ip or host in self._explicit_slots) else None
+        limit = self.table.host(host, cap).limit
+        self.recorder.limit_changed(host, limit)
+        return limit
+
+    def _scheduler(self) -> HostQueueScheduler:
+        if self.scheduler is None:
+            raise HostQueueSettingsError(
+                "scrapy_hostqueue.AIMDMiddleware was used before spider_opened or "
+                "without HostQueueScheduler (set SCHEDULER = "
+                "'scrapy_hostqueue.HostQueueScheduler')"
+            )
+        return self.scheduler
+
+    # -- downloader middleware interface -----------------------------------
+
+    def process_request(self, request: Request) -> Request | None:
+        scheduler = self._scheduler()
+        host = scheduler.host_of(request)
+        now = self.clock()
+        crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
+        if request.meta.get(META_SCHEDULED) and request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES:
+            # Requests handed out before the host got blocked (a 429 that
+            # arrived meanwhile, a robots.txt Crawl-delay learnt while they
+            # waited for robots.txt) go back to the scheduler, which holds them.
+            policy = scheduler.policy(host)
+            if crawl_delay is not None and policy.interval < crawl_delay.delay:
+                # The scheduler forgot the host (idle, beyond its memory).
+                self._apply_crawl_delay(scheduler, host, crawl_delay.delay)
+            if crawl_delay is not None and now < crawl_delay.last_sent + crawl_delay.delay:
+                scheduler.block_until(
+                    host,
+                    crawl_delay.last_sent + crawl_delay.delay + CRAWL_DELAY_MARGIN,
+                    _CRAWL_DELAY,
+                )
+            if policy.blocked_until > now:
+                return self._requeue(request, host, policy.block_reason)
+        if crawl_delay is not None:
+            crawl_delay.last_sent = now
+        request.meta[META_START] = now
+        return None
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        started = request.meta.get(META_START)
+        if started is None or "cached" in response.flags:
+            return response
+        scheduler = self._scheduler()
+        host = scheduler.host_of(request)
+        now = self.clock()
+        latency = request.meta.get("download_latency")
+        if latency is None:
+            latency = now - started
+        if response.status in self.config.aimd_backoff_http_codes:
+            retry_after = parse_retry_after(response.headers.get(b"Retry-After"), time.time())
+            adjustment = self.table.on_backoff(host, started, retry_after)
+            detail = f"HTTP {response.status}"
+            if retry_after is not None:
+                detail += f", Retry-After {retry_after:g}s"
+        else:
+            adjustment = self.table.on_success(host, started, latency)
+            detail = f"HTTP {response.status}"
+        if adjustment is not None:
+            self._apply(scheduler, adjustment, now, latency, detail)
+        return response
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        started = request.meta.get(META_START)
+        if started is None:
+            return
+        scheduler = self._scheduler()
+        host = scheduler.host_of(request)
+        self.recorder.exception(host, type(exception).__name__)
+        if not isinstance(exception, CONNECTION_ERRORS):
+            return
+        now = self.clock()
+        adjustment = self.table.on_failure(host, started)
+        if adjustment is not None:
+            self._apply(scheduler, adjustment, now, now - started, type(exception).__name__)
+
+    # -- applying the rule --------------------------------------------------
+
+    def _apply(
+        self,
+        scheduler: HostQueueScheduler,
+        adj: Adjustment,
+        now: float,
+        latency: float,
+        detail: str,
+    ) -> None:
+        host = adj.host
+        debug = self.config.aimd_debug
+        if adj.limit_changed:
+            scheduler.set_limit(host, adj.new_limit)
+        if adj.decreased:
+            self.recorder.backoff(host, adj.reason)
+        if debug and (adj.limit_changed or adj.decreased):
+            logger.info(
+                "AIMD %s: limit %d -> %d (%s: %s, latency %.3fs)",
+                host,
+                adj.old_limit,
+                adj.new_limit,
+                adj.reason,
+                detail,
+                latency,
+            )
+        if adj.first_backoff:
+            logger.warning(
+                "Host %s asked to back off (%s): limit %d -> %d%s; further back-offs of "
+                "this host are logged with HOSTQUEUE_AIMD_DEBUG=True",
+                host,
+                detail,
+                adj.old_limit,
+                adj.new_limit,
+                f", paused {adj.block:.1f}s" if adj.block else "",
+            )
+        if adj.block is not None and adj.block > 0 and adj.block_reason is not None:
+            scheduler.block_until(host, now + adj.block, adj.block_reason)
+            self.recorder.blocked(host, adj.block, adj.block_reason)
+            if debug:
+                logger.info("AIMD %s: blocked for %.2fs (%s)", host, adj.block, adj.block_reason)
+        if adj.parked:
+            self.recorder.host_parked(host)
+            logger.info(
+                "Host %s failed %d times in a row (last: %s): parked for %.1fs",
+                host,
+                self.config.error_budget,
+                detail,
+                adj.block or 0.0,
+            )
+        if adj.give_up:
+            dropped = scheduler.give_up(host)
+            self.recorder.host_given_up(host, dropped)
+            logger.warning(
+                "Giving up host %s: %d failures in a row after %d cool-down(s) (last: %s); "
+                "dropped %d queued request(s), new ones are refused",
+                host,
+                self.config.error_budget,
+                self.config.error_max_cooldowns,
+                detail,
+                dropped,
+            )
+
+    def _requeue(self, request: Request, host: str, reason: str | None) -> Request:
+        meta = dict(request.meta)
+        meta[META_REQUEUED] = meta.get(META_REQUEUED, 0) + 1
+        meta.pop(META_START, None)
+        if self.crawler.stats is not None:
+            self.crawler.stats.inc_value(stat_key("requeued_count"))
+        logger.debug(
+            "Host %s is blocked (%s): %s goes back to the scheduler", host, reason, request
+        )
+        # dont_filter: the dupefilter has seen this request already.
+        return request.replace(meta=meta, dont_filter=True)
+
+    # -- signals -------------------------------------------------------------
+
+    def _request_scheduled(self, request: Request, spider: Spider) -> None:
+        request.meta[META_SCHEDULED] = True
+
+    def _robots_parsed(self, robotparser: RobotParser, request: Request) -> None:
+        user_agent: str | bytes | None = self._robots_user_agent
+        if not user_agent:
+            user_agent = request.headers.get(b"User-Agent") or self._default_user_agent
+        delay = robotparser.crawl_delay(user_agent)
+        if delay is None:
+            return
+        try:
+            seconds = min(float(delay), self.config.crawl_delay_max)
+        except (TypeError, ValueError):
+            return
+        if not seconds > 0:
+            return
+        scheduler = self._scheduler()
+        # robots.txt is per netloc (with port), hosts are per hostname: the
+        # strictest Crawl-delay among a host's ports wins.
+        host = scheduler.host_of(request)
+        entry = self._crawl_delays.get(host)
+        if entry is None:
+            entry = self._crawl_delays[host] = _CrawlDelay(seconds)
+            while len(self._crawl_delays) > max(1, self.config.remember_hosts):
+                self._crawl_delays.popitem(last=False)
+            if self.crawler.stats is not None:
+                self.crawler.stats.inc_value(stat_key("crawl_delay_host_count"))
+        else:
+            self._crawl_delays.move_to_end(host)
+            entry.delay = max(entry.delay, seconds)
+        self._apply_crawl_delay(scheduler, host, entry.delay)
+        logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed", host, entry.delay)
+
+    def _apply_crawl_delay(self, scheduler: HostQueueScheduler, host: str, delay: float) -> None:
+        policy = scheduler.policy(host)
+        interval = delay + CRAWL_DELAY_MARGIN
+        if interval <= policy.interval * (1 - policy.jitter):
+            return  # DOWNLOAD_DELAY already spaces requests at least as much
+        # A Crawl-delay is a minimum, so no jitter: DOWNLOAD_DELAY_JITTER
+        # (default 0.5) would otherwise start some requests at half the delay.
+        # The scheduler's set_interval keeps the jitter, hence the frontier.
+        scheduler.frontier.set_interval(host, max(interval, policy.interval), jitter=0.0)
+
+    def __repr__(self) -> str:
+        return f"<AIMDMiddleware hosts={len(self.table)}>"

@@ -1,0 +1,373 @@
+"""AIMDMiddleware in real crawls against local hosts; politeness is read at the
+server (in flight, statuses, arrivals, Retry-After windows)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+from scrapy import Request, signals
+from scrapy.crawler import Crawler
+from scrapy.exceptions import CloseSpider
+from scrapy.http import Response
+from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.test import get_crawler
+
+from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
+from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
+from tests.crawling import SCHEDULER, PageSpider, interleave, settings
+
+HostsFactory = Callable[..., LocalHosts]
+
+MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
+# A hard bound on every crawl here; each test stops its crawl much earlier.
+CRAWL_TIMEOUT = 30
+
+
+class StoppableSpider(PageSpider):
+    """A PageSpider that closes itself once ``stop_at`` (monotonic) has passed."""
+
+    stop_at: float = math.inf
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        if time.monotonic() >= self.stop_at:
+            raise CloseSpider("test_done")
+        yield from super().parse(response)
+
+
+def aimd_settings(**overrides: Any) -> dict[str, Any]:
+    return settings(
+        SCHEDULER=SCHEDULER,
+        DOWNLOADER_MIDDLEWARES=MIDDLEWARE,
+        CONCURRENT_REQUESTS=40,
+        CLOSESPIDER_TIMEOUT=CRAWL_TIMEOUT,
+        **overrides,
+    )
+
+
+def make_crawler(**overrides: Any) -> Crawler:
+    return get_crawler(StoppableSpider, aimd_settings(**overrides))
+
+
+def spider_of(crawler: Crawler) -> StoppableSpider:
+    spider = crawler.spider
+    assert isinstance(spider, StoppableSpider)
+    return spider
+
+
+def stat(crawler: Crawler, key: str, default: Any = None) -> Any:
+    """A stat after the crawl."""
+    assert crawler.stats is not None
+    return crawler.stats.get_value(key, default)
+
+
+def live(crawler: Crawler, key: str, default: Any = None) -> Any:
+    """A per-host stat during the crawl (the recorder writes them to the stats
+    collector only periodically and at the end)."""
+    return get_recorder(crawler).host_stats().get(key, default)
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def record_statuses(crawler: Crawler, hostname: str) -> list[tuple[float, int]]:
+    """``(monotonic time, status)`` of every response of *hostname* as it leaves
+    the download handler (429s included: RetryMiddleware swallows those later)."""
+    seen: list[tuple[float, int]] = []
+
+    def downloaded(response: Response, request: Request, spider: Any) -> None:
+        if f"//{hostname}:" in response.url:
+            seen.append((time.monotonic(), response.status))
+
+    crawler.signals.connect(downloaded, signal=signals.response_downloaded, weak=False)
+    return seen
+
+
+# -- AIMD against a host that refuses a 4th concurrent request ------------------
+
+
+@deferred_f_from_coro_f
+async def test_a_throttling_host_is_learnt_while_healthy_hosts_reach_the_ceiling(
+    local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = local_hosts(
+        [HostSpec(latency=0.1)] * 3 + [HostSpec(latency=0.05, throttle_above=3)], process=True
+    )
+    throttled = hosts.hostnames[3]
+    # Link-following keeps every host's queue full (start URLs only trickle in,
+    # one per engine loop turn).
+    start = [hosts.url(i) for i in range(4)]
+    crawler = make_crawler(HOSTQUEUE_AIMD_CEILING=8, HOSTQUEUE_AIMD_DEBUG=True)
+    pushbacks = host_stat_key(throttled, "backoff_count/backoff")
+    learnt = asyncio.Event()
+    learning: list[HostStats] = []
+
+    async def control() -> None:
+        # The learning phase: until the host pushed back three times (each one
+        # makes the next probe of the refused level rarer), at most 15 s.
+        await wait_for(lambda: live(crawler, pushbacks, 0) >= 3, 15)
+        learning.extend(hosts.all_stats(arrivals=False))
+        hosts.reset()
+        learnt.set()
+        spider_of(crawler).stop_at = time.monotonic() + 4
+
+    controller = asyncio.ensure_future(control())
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=start, follow=True)
+    await controller
+    assert learnt.is_set()
+    assert stat(crawler, "finish_reason") == "test_done"
+
+    # After learning: never more than 4 in flight, 429 at most 2 % of responses.
+    after = hosts.stats(3, arrivals=False)
+    assert after.served >= 20, after
+    # The learnt limit is used, not collapsed to the floor, and never exceeded.
+    assert 3 <= after.max_in_flight <= 4, after
+    assert after.statuses.get(429, 0) <= 0.02 * after.served, after
+    # The healthy hosts ran at the ceiling, never above it, and never stalled
+    # while the throttled host was held back.
+    for index in range(3):
+        healthy = hosts.stats(index)
+        assert max(healthy.max_in_flight, learning[index].max_in_flight) == 8, healthy
+        assert healthy.statuses.keys() == {200}
+        running = [a for a in healthy.arrivals if a < spider_of(crawler).stop_at]
+        assert max(b - a for a, b in itertools.pairwise(running)) < 1.0, healthy
+        assert stat(crawler, host_stat_key(hosts.hostnames[index], "max_limit")) == 8
+    assert stat(crawler, host_stat_key(throttled, "limit")) <= 4
+    # Debug lines for every adjustment, one WARNING for the throttled host.
+    assert any(
+        r.levelno == logging.INFO and f"AIMD {throttled}: limit" in r.getMessage()
+        for r in caplog.records
+    )
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert throttled in warnings[0].getMessage()
+
+
+# -- Retry-After -------------------------------------------------------------
+
+
+@deferred_f_from_coro_f
+async def test_retry_after_blocks_the_host_and_only_it(local_hosts: HostsFactory) -> None:
+    throttle_above = 2
+    hosts = local_hosts(
+        [HostSpec(latency=0.05)] * 2
+        + [HostSpec(latency=0.05, throttle_above=throttle_above, retry_after="2")],
+        process=True,
+    )
+    blocked = hosts.hostnames[2]
+    start = [hosts.url(i) for i in range(3)]
+    crawler = make_crawler(HOSTQUEUE_AIMD_CEILING=8)
+    responses = record_statuses(crawler, blocked)
+
+    async def control() -> None:
+        # One window, and a little after it.
+        await wait_for(lambda: any(s == 429 for _, s in responses), 15)
+        spider_of(crawler).stop_at = time.monotonic() + 2.8
+
+    controller = asyncio.ensure_future(control())
+    await crawler.crawl_async(start_urls=start, follow=True)
+    await controller
+    assert stat(crawler, "finish_reason") == "test_done"
+
+    stats = hosts.stats(2)
+    windows = [t for t, s in responses if s == 429]
+    assert windows
+    assert stats.statuses[429] == len(windows)
+    # Inside a window the host sees only requests that were already on their
+    # way: at most the others in flight when it answered 429.
+    assert stats.in_retry_after_window <= throttle_above * len(windows), stats
+    assert stat(crawler, host_stat_key(blocked, "block_count/retry-after")) == len(windows)
+    others = [hosts.stats(i).arrivals for i in range(2)]
+    # Windows that ended before the crawl stopped (the first one at least).
+    complete = [t for t in windows if t + 2.5 < spider_of(crawler).stop_at]
+    assert complete
+    for received in complete:
+        # The client learns of the window at ``received``; it ends 2 s later.
+        end = received + 2
+        # The host resumes at the end of the window, not at a 5 s heartbeat.
+        resumed = [a for a in stats.arrivals if a > received + 0.1]
+        assert resumed
+        assert end - 0.2 <= resumed[0] <= end + 0.5, (received, resumed[0])
+        # The other hosts keep going meanwhile.
+        for arrivals in others:
+            inside = [a for a in arrivals if received < a < end]
+            assert len(inside) >= 10
+            assert max(b - a for a, b in itertools.pairwise(inside)) < 0.5
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "block_reason", "wait_min", "wait_max"),
+    [
+        # A future HTTP-date (1 s ahead, rounded up to the second by the host).
+        ("date:1", "retry-after", 0.9, 2.5),
+        # A date in the past: retry at once, no block.
+        ("Sun, 06 Nov 1994 08:49:37 GMT", None, 0.0, 0.5),
+        # Unusable values: exponential back-off, base 0.6 s -> 0.3..0.6 s.
+        ("soon", "backoff", 0.25, 1.1),
+        ("-5", "backoff", 0.25, 1.1),
+        # Huge: capped by HOSTQUEUE_RETRY_AFTER_MAX (1 s here, 5 s for the others).
+        ("86400000", "retry-after", 0.95, 1.6),
+    ],
+)
+@deferred_f_from_coro_f
+async def test_retry_after_values(
+    local_hosts: HostsFactory,
+    retry_after: str,
+    block_reason: str | None,
+    wait_min: float,
+    wait_max: float,
+) -> None:
+    # Answers 429 to a 2nd concurrent request; the first burst (start limit 2)
+    # gets one.
+    hosts = local_hosts([HostSpec(latency=0.05, throttle_above=1, retry_after=retry_after)])
+    hostname = hosts.hostnames[0]
+    crawler = make_crawler(
+        HOSTQUEUE_AIMD_CEILING=2,
+        HOSTQUEUE_RETRY_AFTER_MAX=1 if retry_after.isdigit() else 5,
+        HOSTQUEUE_BACKOFF_BASE=0.6,
+    )
+    responses = record_statuses(crawler, hostname)
+
+    async def control() -> None:
+        await wait_for(lambda: any(s == 429 for _, s in responses), 10)
+        spider_of(crawler).stop_at = time.monotonic() + wait_max + 0.3
+
+    controller = asyncio.ensure_future(control())
+    await crawler.crawl_async(start_urls=[hosts.url(0)], follow=True)
+    await controller
+
+    stats = hosts.stats(0)
+    received = next(t for t, s in responses if s == 429)
+    resumed = next(a for a in stats.arrivals if a > received)
+    assert wait_min <= resumed - received <= wait_max, resumed - received
+    blocks = {
+        reason: stat(crawler, host_stat_key(hostname, f"block_count/{reason}"), 0)
+        for reason in ("retry-after", "backoff")
+    }
+    if block_reason is None:
+        assert blocks == {"retry-after": 0, "backoff": 0}
+    else:
+        assert blocks[block_reason] >= 1
+    assert stat(crawler, host_stat_key(hostname, "backoff_count/backoff")) >= 1
+
+
+# -- Crawl-delay ------------------------------------------------------------------
+
+
+@deferred_f_from_coro_f
+async def test_robots_crawl_delay_spaces_request_starts(local_hosts: HostsFactory) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01, crawl_delay=0.5), HostSpec(latency=0.01)])
+    free_urls = hosts.start_urls(1, 60)
+    start = interleave(hosts.start_urls(0, 7), free_urls[:7]) + free_urls[7:]
+    crawler = make_crawler(ROBOTSTXT_OBEY=True, HOSTQUEUE_AIMD_START=4)
+    began = time.monotonic()
+    await crawler.crawl_async(start_urls=start)
+    delayed, free = hosts.stats(0), hosts.stats(1)
+    assert delayed.served == 7
+    assert delayed.robots_served == 1
+    assert delayed.min_gap is not None
+    assert delayed.min_gap >= 0.475, delayed.arrivals
+    # The other host is not held back by it.
+    assert free.served == 60
+    assert free.arrivals[-1] - began < delayed.arrivals[-1] - began
+    assert stat(crawler, stat_key("crawl_delay_host_count")) == 1
+
+
+@deferred_f_from_coro_f
+async def test_crawl_delay_can_be_switched_off(local_hosts: HostsFactory) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01, crawl_delay=0.5)])
+    crawler = make_crawler(ROBOTSTXT_OBEY=True, HOSTQUEUE_CRAWL_DELAY_ENABLED=False)
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 6))
+    stats = hosts.stats(0)
+    assert stats.served == 6
+    assert stats.min_gap is not None
+    assert stats.min_gap < 0.4
+    assert stat(crawler, stat_key("crawl_delay_host_count")) is None
+
+
+# -- error budget -------------------------------------------------------------------
+
+
+@deferred_f_from_coro_f
+async def test_a_refusing_host_is_parked_then_given_up(
+    local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = local_hosts([HostSpec(refuse=True), HostSpec(latency=0.01)])
+    refusing = hosts.hostnames[0]
+    start = interleave(hosts.start_urls(0, 30), hosts.start_urls(1, 30))
+    crawler = make_crawler(
+        HOSTQUEUE_ERROR_BUDGET=3,
+        HOSTQUEUE_ERROR_COOLDOWN=0.2,
+        HOSTQUEUE_ERROR_MAX_COOLDOWNS=2,
+        RETRY_TIMES=5,
+    )
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=start)
+    assert stat(crawler, "finish_reason") == "finished"
+    assert hosts.stats(1).served == 30
+    assert stat(crawler, stat_key("hosts_parked_count")) == 2
+    assert stat(crawler, stat_key("hosts_given_up_count")) == 1
+    dropped = stat(crawler, host_stat_key(refusing, "dropped_request_count"))
+    assert dropped is not None
+    assert dropped > 0
+    assert stat(crawler, host_stat_key(refusing, "block_count/error-cooldown")) == 2
+    assert stat(crawler, host_stat_key(refusing, "exception_count")) >= 9
+    given_up = [r for r in caplog.records if "Giving up host" in r.getMessage()]
+    assert len(given_up) == 1
+    assert given_up[0].levelno == logging.WARNING
+    # Nothing of the refusing host reached the spider.
+    assert not [url for url in spider_of(crawler).seen if refusing in url]
+
+
+# -- a host that turns slow, then recovers --------------------------------------------
+
+
+@deferred_f_from_coro_f
+async def test_a_host_turning_slow_drops_to_the_floor_and_climbs_back(
+    local_hosts: HostsFactory,
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.02)], process=True)
+    hostname = hosts.hostnames[0]
+    crawler = make_crawler(HOSTQUEUE_AIMD_CEILING=4, HOSTQUEUE_AIMD_SLOW_LATENCY=0.5)
+    responses = record_statuses(crawler, hostname)
+    limit_key = host_stat_key(hostname, "limit")
+    phases: dict[str, int] = {}
+
+    def limit_is(value: int) -> Callable[[], bool]:
+        return lambda: live(crawler, limit_key) == value
+
+    async def control() -> None:
+        try:
+            assert await wait_for(limit_is(4), 10), "never reached the ceiling"
+            hosts.set_spec(0, HostSpec(latency=1.0))
+            switched = len(responses)
+            assert await wait_for(limit_is(1), 10), "never dropped to the floor"
+            phases["to_floor"] = len(responses) - switched
+            hosts.set_spec(0, HostSpec(latency=0.02))
+            recovered = len(responses)
+            assert await wait_for(limit_is(4), 10), "never climbed back"
+            phases["back_up"] = len(responses) - recovered
+        finally:
+            spider_of(crawler).stop_at = 0
+
+    controller = asyncio.ensure_future(control())
+    await crawler.crawl_async(start_urls=[hosts.url(0)], follow=True)
+    await controller
+    # 4 -> 2 -> 1: two decreases, each seen once per burst.
+    assert phases["to_floor"] <= 10, phases
+    assert 0 < phases["back_up"] <= 60, phases
+    assert stat(crawler, host_stat_key(hostname, "backoff_count/slow")) == 2
+    assert stat(crawler, host_stat_key(hostname, "min_limit")) == 1
