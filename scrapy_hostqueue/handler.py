@@ -37,10 +37,9 @@ from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
 from scrapy_hostqueue.stats import get_recorder
 
 if TYPE_CHECKING:
-    from types import SimpleNamespace
-
     from aiohttp.client_proto import ResponseHandler
     from aiohttp.client_reqrep import ClientRequest
+    from aiohttp.connector import Connection
     from aiohttp.tracing import Trace
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -135,17 +134,26 @@ def _pool_limits(config: HostQueueConfig) -> tuple[int, int]:
 
 
 class _Download:
-    """What the aiohttp trace callbacks learn about the download of the current
-    task (they only see the session and the connection)."""
+    """What the connector learns about the download of the current task."""
 
-    __slots__ = ("host", "pool_wait", "queued_at")
+    __slots__ = ("connect_seconds", "connected", "create_seconds", "host", "opened")
 
     def __init__(self, host: str) -> None:
         self.host = host
-        self.pool_wait = 0.0
-        self.queued_at = 0.0
+        self.connected = False
+        self.opened = False
+        self.connect_seconds = 0.0
+        self.create_seconds = 0.0
+
+    @property
+    def pool_wait(self) -> float:
+        """Time spent getting a connection other than opening one: waiting for
+        a free slot under the pool's limits (near 0 when one was free)."""
+        return max(self.connect_seconds - self.create_seconds, 0.0)
 
 
+#: The download running in the current task, for the connector, which aiohttp
+#: calls with the request only.
 _current_download: ContextVar[_Download | None] = ContextVar(
     "scrapy_hostqueue_download", default=None
 )
@@ -171,20 +179,45 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
     sockets fit in ``limit``. It reads two private attributes of aiohttp's
     ``BaseConnector`` (``_conns``, ``_acquired``, stable since aiohttp 3.0)
     and degrades to aiohttp's own behaviour if they ever change.
+
+    It also tells the download of the current task whether its connection was
+    opened or reused and how long getting it took, with no aiohttp tracing
+    (which would cost every request a dozen signal dispatches).
     """
 
     _shape_warned: ClassVar[bool] = False
 
+    async def connect(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        download = _current_download.get()
+        if download is None:
+            return await super().connect(req, traces, timeout)
+        started = time.monotonic()
+        connection = await super().connect(req, traces, timeout)
+        download.connect_seconds = time.monotonic() - started
+        download.connected = True
+        return connection
+
     async def _create_connection(
         self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
     ) -> ResponseHandler:
+        download = _current_download.get()
+        started = time.monotonic()
         self._close_idle_over_limit()
         # Transports close their socket one loop iteration after close() (and
         # a connection released with "Connection: close" just before this one
         # was created is in the same state): yield once so those sockets are
         # really closed before this one connects.
         await asyncio.sleep(0)
-        return await super()._create_connection(req, traces, timeout)
+        try:
+            protocol = await super()._create_connection(req, traces, timeout)
+        finally:
+            if download is not None:
+                download.create_seconds += time.monotonic() - started
+        if download is not None:
+            download.opened = True
+        return protocol
 
     def _close_idle_over_limit(self) -> None:
         limit = self.limit
@@ -318,12 +351,6 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             # aiohttp annotates the TTL as int but takes any number of seconds.
             ttl_dns_cache=pool.config.dns_cache_ttl,  # type: ignore[arg-type]
         )
-        trace_config = aiohttp.TraceConfig()
-        trace_config.on_connection_queued_start.append(self._on_pool_wait_start)
-        trace_config.on_connection_queued_end.append(self._on_pool_wait_end)
-        if pool.config.stats_enabled:
-            trace_config.on_connection_create_end.append(self._on_connection_opened)
-            trace_config.on_connection_reuseconn.append(self._on_connection_reused)
         # The same session options as Scrapy's handler.
         return aiohttp.ClientSession(
             connector=connector,
@@ -336,7 +363,6 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
                 "Content-Type",
                 "User-Agent",
             ),
-            trace_configs=[trace_config],
         )
 
     async def download_request(self, request: Request) -> Response:
@@ -349,17 +375,23 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             return await super().download_request(request)
         finally:
             _current_download.reset(token)
-            if download.pool_wait:
-                self._discount_pool_wait(request, download.pool_wait, previous_latency)
+            if download.connected:
+                self._connected(request, download, previous_latency)
 
-    @staticmethod
-    def _discount_pool_wait(request: Request, wait: float, previous_latency: Any) -> None:
+    def _connected(self, request: Request, download: _Download, previous_latency: Any) -> None:
+        if self._pool.config.stats_enabled:
+            name = "connections_opened_count" if download.opened else "connections_reused_count"
+            # The crawler's one recorder keeps the key layout
+            # (hostqueue/hosts/{host}/{name}) and the bounded table of named
+            # hosts (HOSTQUEUE_STATS_MAX_HOSTS) for every component.
+            get_recorder(self.crawler).inc(download.host, name)
         # Scrapy's handlers measure download_latency from just before sending
         # to the response headers. Here, "before sending" also includes any
         # wait for a free connection in this pool, which is this crawler's own
         # queueing, not the server's pace: it is taken out (and kept in
         # meta["hostqueue_pool_wait"]) so that AutoThrottle and the AIMD rule
-        # see the server.
+        # see the server. Opening a connection stays in, as in Scrapy.
+        wait = download.pool_wait
         request.meta["hostqueue_pool_wait"] = wait
         latency = request.meta.get("download_latency")
         if latency is not None and latency is not previous_latency:
@@ -369,37 +401,3 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         if not self._released:
             self._released = True
             await self._pool.release()
-
-    # aiohttp trace callbacks; they run in the task of the download.
-
-    async def _on_pool_wait_start(
-        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
-    ) -> None:
-        download = _current_download.get()
-        if download is not None:
-            download.queued_at = time.monotonic()
-
-    async def _on_pool_wait_end(
-        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
-    ) -> None:
-        download = _current_download.get()
-        if download is not None:
-            download.pool_wait += time.monotonic() - download.queued_at
-
-    def _count_connection(self, name: str) -> None:
-        download = _current_download.get()
-        if download is not None:
-            # The crawler's one recorder keeps the key layout
-            # (hostqueue/hosts/{host}/{name}) and the bounded table of named
-            # hosts (HOSTQUEUE_STATS_MAX_HOSTS) for every component.
-            get_recorder(self.crawler).inc(download.host, name)
-
-    async def _on_connection_opened(
-        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
-    ) -> None:
-        self._count_connection("connections_opened_count")
-
-    async def _on_connection_reused(
-        self, session: aiohttp.ClientSession, context: SimpleNamespace, params: object
-    ) -> None:
-        self._count_connection("connections_reused_count")
