@@ -24,7 +24,7 @@ from scrapy.exceptions import (
     ResponseDataLossError,
 )
 from scrapy.utils.misc import load_object
-from twisted.internet.error import ConnectError, ConnectionLost
+from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.internet.error import TimeoutError as TxTimeoutError
 from twisted.web.client import ResponseFailed
 
@@ -59,7 +59,8 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     DownloadFailedError,
     DownloadTimeoutError,
     ResponseDataLossError,
-    ConnectError,  # ConnectionRefusedError, DNSLookupError, TCPTimedOutError, ...
+    ConnectError,  # ConnectionRefusedError, TCPTimedOutError, ...
+    DNSLookupError,  # an IOError in Twisted, not a ConnectError
     ConnectionLost,
     TxTimeoutError,
     ResponseFailed,  # and ResponseNeverReceived
@@ -85,6 +86,12 @@ MAX_REQUEUES = 3
 CRAWL_DELAY_MARGIN = 0.05
 
 _CRAWL_DELAY = "crawl-delay"
+
+
+def _is_hostqueue_scheduler(cls: object) -> bool:
+    # Not issubclass(): Scrapy's BaseSchedulerMeta makes it duck-typed, so any
+    # scheduler class would pass.
+    return isinstance(cls, type) and HostQueueScheduler in cls.__mro__
 
 
 class _CrawlDelay:
@@ -161,7 +168,7 @@ class AIMDMiddleware:
                 "(HostQueueScheduler then follows AutoThrottle's delays)."
             )
         scheduler_cls = load_object(settings["SCHEDULER"])
-        if not (isinstance(scheduler_cls, type) and issubclass(scheduler_cls, HostQueueScheduler)):
+        if not _is_hostqueue_scheduler(scheduler_cls):
             raise HostQueueSettingsError(
                 "scrapy_hostqueue.AIMDMiddleware needs SCHEDULER = "
                 f"'scrapy_hostqueue.HostQueueScheduler' (or a subclass), got "
@@ -178,7 +185,7 @@ class AIMDMiddleware:
 
     def spider_opened(self, spider: Spider) -> None:
         scheduler = internals.current_scheduler(self.crawler)
-        if not isinstance(scheduler, HostQueueScheduler):
+        if not _is_hostqueue_scheduler(type(scheduler)):
             raise HostQueueSettingsError(
                 "scrapy_hostqueue.AIMDMiddleware needs HostQueueScheduler as the "
                 f"scheduler, the engine runs {type(scheduler).__name__}"

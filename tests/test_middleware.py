@@ -1,0 +1,526 @@
+"""AIMDMiddleware as a component: start-up checks, and each hook driven directly
+against a scheduler stand-in built on the real frontier (no network)."""
+
+from __future__ import annotations
+
+import time
+from email.utils import formatdate
+from typing import Any
+
+import pytest
+import scrapy
+from scrapy import Request
+from scrapy.exceptions import (
+    CannotResolveHostError,
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+    DownloadTimeoutError,
+    IgnoreRequest,
+    ResponseDataLossError,
+)
+from scrapy.http import Response
+from scrapy.robotstxt import ProtegoRobotParser
+from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.test import get_crawler
+from twisted.internet.error import (
+    ConnectionLost,
+    ConnectionRefusedError,
+    DNSLookupError,
+    TCPTimedOutError,
+)
+from twisted.internet.error import TimeoutError as TxTimeoutError
+from twisted.web._newclient import ResponseNeverReceived
+
+from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
+from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._frontier import Frontier, HostPolicy
+from scrapy_hostqueue.middleware import (
+    CONNECTION_ERRORS,
+    CRAWL_DELAY_MARGIN,
+    MAX_REQUEUES,
+    META_REQUEUED,
+    META_SCHEDULED,
+    META_START,
+    AIMDMiddleware,
+)
+from scrapy_hostqueue.stats import get_recorder, host_stat_key
+from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests.crawling import SCHEDULER, PageSpider, settings
+
+MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
+HOST = "example.com"
+URL = f"http://{HOST}/page"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StandInScheduler(HostQueueScheduler):
+    """The scheduler API the middleware uses, on the real frontier, without an
+    engine (the real one needs a running crawl)."""
+
+    def __init__(self, configured: int = 8) -> None:  # no super(): no crawler needed
+        self._policy_hook: Any = None
+        self._configured = configured
+        self.frontier = Frontier(self._make_policy)
+        self.blocks: list[tuple[str, float, str]] = []
+        self.limits: list[tuple[str, int]] = []
+        self.given_up: list[str] = []
+
+    def _make_policy(self, host: str) -> HostPolicy:
+        limit = self._configured
+        if self._policy_hook is not None:
+            limit = self._policy_hook.initial_limit(host, limit)
+        return HostPolicy(limit, jitter=0.5)
+
+    def host_of(self, request: Request) -> str:
+        return urlparse_cached(request).hostname or ""
+
+    def set_limit(self, host: str, limit: int) -> None:
+        self.frontier.set_limit(host, limit)
+        self.limits.append((host, limit))
+
+    def block_until(self, host: str, when: float, reason: str) -> None:
+        self.frontier.block_until(host, when, reason)
+        self.blocks.append((host, when, reason))
+
+    def give_up(self, host: str) -> int:
+        self.given_up.append(host)
+        return len(self.frontier.give_up(host))
+
+
+def middleware(
+    monkeypatch: pytest.MonkeyPatch, scheduler: StandInScheduler | None = None, **overrides: Any
+) -> tuple[AIMDMiddleware, StandInScheduler, FakeClock]:
+    crawler = get_crawler(
+        PageSpider, settings(SCHEDULER=SCHEDULER, DOWNLOADER_MIDDLEWARES=MIDDLEWARE, **overrides)
+    )
+    mw = AIMDMiddleware.from_crawler(crawler)
+    clock = FakeClock()
+    mw.clock = mw.table.clock = clock
+    if scheduler is None:
+        scheduler = StandInScheduler()
+    monkeypatch.setattr(internals, "current_scheduler", lambda crawler: scheduler)
+    mw.spider_opened(PageSpider())
+    return mw, scheduler, clock
+
+
+def sent(mw: AIMDMiddleware, url: str = URL, *, scheduled: bool = True) -> Request:
+    """A request that went through process_request (and so was sent)."""
+    request = Request(url)
+    if scheduled:
+        request.meta[META_SCHEDULED] = True
+    assert mw.process_request(request) is None
+    return request
+
+
+def response(
+    request: Request, status: int = 200, latency: float = 0.01, **headers: str
+) -> Response:
+    request.meta["download_latency"] = latency
+    return Response(request.url, status=status, headers=headers, request=request)
+
+
+def limit(scheduler: StandInScheduler, host: str = HOST) -> int:
+    return scheduler.policy(host).limit
+
+
+# -- start-up ------------------------------------------------------------------
+
+
+def test_refuses_to_run_beside_autothrottle() -> None:
+    crawler = get_crawler(
+        PageSpider,
+        settings(SCHEDULER=SCHEDULER, DOWNLOADER_MIDDLEWARES=MIDDLEWARE, AUTOTHROTTLE_ENABLED=True),
+    )
+    with pytest.raises(HostQueueSettingsError, match="AUTOTHROTTLE_ENABLED") as info:
+        AIMDMiddleware.from_crawler(crawler)
+    assert "slot delay" in str(info.value)
+
+
+@deferred_f_from_coro_f
+async def test_a_crawl_with_autothrottle_fails_at_start() -> None:
+    crawler = get_crawler(
+        PageSpider,
+        settings(SCHEDULER=SCHEDULER, DOWNLOADER_MIDDLEWARES=MIDDLEWARE, AUTOTHROTTLE_ENABLED=True),
+    )
+    with pytest.raises(HostQueueSettingsError, match="AutoThrottle"):
+        await crawler.crawl_async(start_urls=[])
+
+
+@deferred_f_from_coro_f
+async def test_refuses_to_run_without_hostqueue_scheduler() -> None:
+    crawler = get_crawler(PageSpider, settings(DOWNLOADER_MIDDLEWARES=MIDDLEWARE))
+    with pytest.raises(HostQueueSettingsError, match="SCHEDULER") as info:
+        await crawler.crawl_async(start_urls=[])
+    assert "scrapy.core.scheduler.Scheduler" in str(info.value)
+
+
+class MyScheduler(HostQueueScheduler):
+    pass
+
+
+def test_accepts_a_subclass_of_the_scheduler() -> None:
+    crawler = get_crawler(
+        PageSpider,
+        settings(SCHEDULER=MyScheduler, DOWNLOADER_MIDDLEWARES=MIDDLEWARE),
+    )
+    assert isinstance(AIMDMiddleware.from_crawler(crawler), AIMDMiddleware)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"HOSTQUEUE_AIMD_START": 9, "HOSTQUEUE_AIMD_CEILING": 8}, "HOSTQUEUE_AIMD_START"),
+        ({"HOSTQUEUE_AIMD_FLOOR": 0}, "HOSTQUEUE_AIMD_FLOOR"),
+        ({"HOSTQUEUE_AIMD_FAST_LATENCY": -1}, "HOSTQUEUE_AIMD_FAST_LATENCY"),
+        ({"HOSTQUEUE_RETRY_AFTER_MAX": "soon"}, "HOSTQUEUE_RETRY_AFTER_MAX"),
+        ({"HOSTQUEUE_ERROR_BUDGET": 0}, "HOSTQUEUE_ERROR_BUDGET"),
+        ({"HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES": [429, 999]}, "HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES"),
+    ],
+)
+def test_bad_settings_are_refused_naming_them(overrides: dict[str, Any], named: str) -> None:
+    crawler = get_crawler(
+        PageSpider, settings(SCHEDULER=SCHEDULER, DOWNLOADER_MIDDLEWARES=MIDDLEWARE, **overrides)
+    )
+    with pytest.raises(HostQueueSettingsError, match=named):
+        AIMDMiddleware.from_crawler(crawler)
+
+
+def test_hosts_known_before_spider_opened_get_the_aimd_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With JOBDIR the scheduler resumes requests (and meets hosts) in open(),
+    # before spider_opened attaches the middleware.
+    scheduler = StandInScheduler(configured=8)
+    scheduler.frontier.push(HOST, 0, "resumed request")
+    assert limit(scheduler) == 8
+    mw, scheduler, _ = middleware(monkeypatch, scheduler)
+    assert limit(scheduler) == 2
+    # And hosts met afterwards get it through the hook.
+    assert limit(scheduler, "other.example") == 2
+    assert mw.table.host(HOST).limit == 2
+
+
+def test_download_slots_concurrency_caps_a_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, _ = middleware(
+        monkeypatch,
+        StandInScheduler(configured=3),
+        DOWNLOAD_SLOTS={HOST: {"concurrency": 3}},
+        HOSTQUEUE_AIMD_START=4,
+    )
+    assert limit(scheduler) == 3  # AIMD start, but never above the slot's concurrency
+    for _ in range(50):
+        mw.process_response(request := sent(mw), response(request))
+    assert limit(scheduler) == 3
+    assert limit(scheduler, "free.example") == 4
+
+
+# -- process_request: the hand-out-to-wire race ----------------------------------
+
+
+def test_process_request_stamps_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, _, clock = middleware(monkeypatch)
+    request = sent(mw)
+    assert request.meta[META_START] == clock.now
+
+
+def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch)
+    scheduler.block_until(HOST, clock.now + 2, "retry-after")
+    request = Request(URL, meta={META_SCHEDULED: True})
+    back = mw.process_request(request)
+    assert isinstance(back, Request)
+    assert back.url == URL
+    assert back.dont_filter
+    assert back.meta[META_REQUEUED] == 1
+    assert META_START not in back.meta
+    # Not forever: after MAX_REQUEUES it goes through.
+    for _ in range(MAX_REQUEUES - 1):
+        back = mw.process_request(back)
+        assert isinstance(back, Request)
+    assert mw.process_request(back) is None
+    # Requests that did not come from the scheduler (engine.download_async,
+    # which would loop on a returned request) go through.
+    assert mw.process_request(Request(URL)) is None
+
+
+# -- process_response ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_back_off_status_halves_and_blocks_for_retry_after(
+    monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    request = sent(mw)
+    clock.now += 0.1
+    assert mw.process_response(request, response(request, status, **{"Retry-After": "2"}))
+    assert limit(scheduler) == 3
+    assert scheduler.blocks == [(HOST, clock.now + 2, "retry-after")]
+
+
+def test_other_statuses_are_not_back_offs(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    for status in (500, 404, 302):
+        request = sent(mw)
+        mw.process_response(request, response(request, status))
+    assert limit(scheduler) == 6
+    assert not scheduler.blocks
+
+
+def test_back_off_codes_are_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, clock = middleware(
+        monkeypatch, HOSTQUEUE_AIMD_START=6, HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES=[500]
+    )
+    request = sent(mw)
+    mw.process_response(request, response(request, 500))
+    assert limit(scheduler) == 3
+    clock.now += 5  # past the back-off block
+    request = sent(mw)
+    mw.process_response(request, response(request, 429))
+    assert limit(scheduler) == 3
+
+
+@pytest.mark.parametrize(
+    ("header", "reason", "low", "high"),
+    [
+        (formatdate(time.time() + 30, usegmt=True), "retry-after", 28.5, 30.5),
+        (formatdate(time.time() - 30, usegmt=True), None, 0, 0),
+        ("garbage", "backoff", 0.5, 1.0),
+        ("-3", "backoff", 0.5, 1.0),
+        ("100000", "retry-after", 60, 60),
+    ],
+)
+def test_retry_after_forms(
+    monkeypatch: pytest.MonkeyPatch, header: str, reason: str | None, low: float, high: float
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)
+    request = sent(mw)
+    mw.process_response(request, response(request, 429, **{"Retry-After": header}))
+    if reason is None:
+        assert scheduler.blocks == []
+        return
+    [(host, when, got)] = scheduler.blocks
+    assert (host, got) == (HOST, reason)
+    assert low <= when - clock.now <= high
+
+
+def test_one_decrease_per_burst_through_the_middleware(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_AIMD_START=8)
+    burst = [sent(mw, f"{URL}/{i}") for i in range(4)]
+    clock.now += 0.05
+    for request in burst:
+        mw.process_response(request, response(request, 429, **{"Retry-After": "1"}))
+    assert limit(scheduler) == 4
+    assert scheduler.limits == [(HOST, 4)]
+    stats = get_recorder(mw.crawler).host_stats()
+    assert stats[host_stat_key(HOST, "backoff_count/backoff")] == 1
+    assert stats[host_stat_key(HOST, "block_count/retry-after")] == 4
+
+
+def test_fast_and_slow_responses(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, clock = middleware(
+        monkeypatch, HOSTQUEUE_AIMD_SLOW_LATENCY=1.0, HOSTQUEUE_AIMD_FAST_LATENCY=0.2
+    )
+    for _ in range(2):
+        request = sent(mw)
+        mw.process_response(request, response(request, latency=0.05))
+    assert limit(scheduler) == 3
+    clock.now += 1
+    request = sent(mw)
+    clock.now += 2
+    mw.process_response(request, response(request, latency=2.0))
+    assert limit(scheduler) == 1
+
+
+def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    request = sent(mw)
+    cached = Response(URL, status=429, flags=["cached"], request=request)
+    mw.process_response(request, cached)
+    # Never went through process_request (a middleware above answered it).
+    foreign = Request(URL)
+    mw.process_response(foreign, Response(URL, status=429, request=foreign))
+    assert limit(scheduler) == 6
+    assert not scheduler.blocks
+
+
+# -- process_exception --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exception",
+    [
+        DownloadConnectionRefusedError("refused"),
+        CannotResolveHostError("nxdomain"),
+        DownloadTimeoutError("timeout"),
+        DownloadFailedError("failed"),
+        ResponseDataLossError("truncated"),
+        ConnectionRefusedError(),
+        DNSLookupError(),
+        TCPTimedOutError(),
+        TxTimeoutError(),
+        ConnectionLost(),
+        ResponseNeverReceived([]),
+        TimeoutError(),
+        ConnectionResetError(),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_connection_errors_decrease(monkeypatch: pytest.MonkeyPatch, exception: Exception) -> None:
+    assert isinstance(exception, CONNECTION_ERRORS)
+    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    request = sent(mw)
+    assert mw.process_exception(request, exception) is None
+    assert limit(scheduler) == 3
+    stats = get_recorder(mw.crawler).host_stats()
+    assert stats[host_stat_key(HOST, f"exception_type_count/{type(exception).__name__}")] == 1
+
+
+@pytest.mark.parametrize(
+    "exception", [IgnoreRequest(), OSError("empty gzip body"), ValueError("bug")]
+)
+def test_other_exceptions_are_only_counted(
+    monkeypatch: pytest.MonkeyPatch, exception: Exception
+) -> None:
+    assert not isinstance(exception, CONNECTION_ERRORS)
+    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    mw.process_exception(sent(mw), exception)
+    assert limit(scheduler) == 6
+    assert get_recorder(mw.crawler).host_stats()[host_stat_key(HOST, "exception_count")] == 1
+
+
+def test_error_budget_parks_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, clock = middleware(
+        monkeypatch,
+        HOSTQUEUE_ERROR_BUDGET=2,
+        HOSTQUEUE_ERROR_COOLDOWN=5,
+        HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
+    )
+    scheduler.frontier.push(HOST, 0, "queued")
+    error = DownloadConnectionRefusedError("refused")
+    for _ in range(2):
+        clock.now += 1
+        mw.process_exception(sent(mw), error)
+    assert scheduler.blocks == [(HOST, clock.now + 5, "error-cooldown")]
+    assert not scheduler.given_up
+    for _ in range(2):
+        clock.now += 10
+        mw.process_exception(sent(mw), error)
+    assert scheduler.given_up == [HOST]
+    assert scheduler.policy(HOST).given_up
+    stats = mw.crawler.stats
+    assert stats is not None
+    assert stats.get_value("hostqueue/hosts_parked_count") == 1
+    assert stats.get_value("hostqueue/hosts_given_up_count") == 1
+    assert stats.get_value("hostqueue/dropped_request_count") == 1
+    # Given up once: later failures change nothing.
+    mw.process_exception(sent(mw), error)
+    assert scheduler.given_up == [HOST]
+
+
+# -- Crawl-delay ----------------------------------------------------------------
+
+
+def robots(mw: AIMDMiddleware, body: str, url: str = URL) -> None:
+    parser = ProtegoRobotParser(body.encode(), None)
+    mw._robots_parsed(parser, Request(url))
+
+
+@pytest.mark.parametrize(
+    ("body", "overrides", "interval"),
+    [
+        ("User-agent: *\nCrawl-delay: 0.5\n", {}, 0.5 + CRAWL_DELAY_MARGIN),
+        ("User-agent: *\nCrawl-delay: 100\n", {}, 30 + CRAWL_DELAY_MARGIN),
+        ("User-agent: *\nCrawl-delay: 100\n", {"HOSTQUEUE_CRAWL_DELAY_MAX": 4}, 4.05),
+        ("User-agent: *\nDisallow: /x\n", {}, 0.0),
+        (
+            "User-agent: mybot\nCrawl-delay: 2\n\nUser-agent: *\nCrawl-delay: 7\n",
+            {"ROBOTSTXT_USER_AGENT": "mybot"},
+            2 + CRAWL_DELAY_MARGIN,
+        ),
+        (
+            "User-agent: mybot\nCrawl-delay: 2\n\nUser-agent: *\nCrawl-delay: 7\n",
+            {"USER_AGENT": "mybot/1.0"},
+            2 + CRAWL_DELAY_MARGIN,
+        ),
+    ],
+)
+def test_crawl_delay_becomes_the_interval_without_jitter(
+    monkeypatch: pytest.MonkeyPatch, body: str, overrides: dict[str, Any], interval: float
+) -> None:
+    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True, **overrides)
+    robots(mw, body)
+    policy = scheduler.policy(HOST)
+    assert policy.interval == pytest.approx(interval)
+    if interval:
+        assert policy.jitter == 0
+
+
+def test_the_strictest_crawl_delay_of_a_hosts_ports_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    robots(mw, "User-agent: *\nCrawl-delay: 3\n", f"http://{HOST}:8001/")
+    robots(mw, "User-agent: *\nCrawl-delay: 1\n", f"http://{HOST}:8002/")
+    assert scheduler.policy(HOST).interval == pytest.approx(3 + CRAWL_DELAY_MARGIN)
+
+
+def test_a_larger_download_delay_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    scheduler.frontier.set_interval(HOST, 5.0, jitter=0.0)
+    robots(mw, "User-agent: *\nCrawl-delay: 1\n")
+    assert scheduler.policy(HOST).interval == 5.0
+
+
+def test_a_request_sent_too_soon_after_the_last_goes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests handed out before robots.txt was parsed must not all start at once."""
+    mw, scheduler, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    robots(mw, "User-agent: *\nCrawl-delay: 1\n")
+    first = sent(mw)
+    assert META_START in first.meta
+    clock.now += 0.2
+    back = mw.process_request(Request(URL + "/2", meta={META_SCHEDULED: True}))
+    assert isinstance(back, Request)
+    assert scheduler.blocks[-1] == (HOST, clock.now - 0.2 + 1 + CRAWL_DELAY_MARGIN, "crawl-delay")
+    clock.now += 1
+    assert mw.process_request(back) is None
+
+
+def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    robots(mw, "User-agent: *\nCrawl-delay: 1\n")
+    scheduler.frontier = Frontier(scheduler._make_policy)  # forgot every host
+    sent(mw)
+    assert scheduler.policy(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
+
+
+# -- the add-on wiring, end to end --------------------------------------------------
+
+
+@deferred_f_from_coro_f
+async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> None:
+    hosts: LocalHosts = local_hosts([HostSpec(latency=0.01, pages=20)])
+    crawler = get_crawler(PageSpider, settings(ADDONS={"scrapy_hostqueue.Addon": 0}))
+    orders: list[str] = []
+
+    def opened(spider: scrapy.Spider) -> None:
+        assert crawler.engine is not None
+        for mw in crawler.engine.downloader.middleware.middlewares:
+            orders.append(type(mw).__name__)
+
+    crawler.signals.connect(opened, signal=scrapy.signals.spider_opened, weak=False)
+    await crawler.crawl_async(start_urls=[hosts.url(0)], follow=True)
+    assert orders.index("AIMDMiddleware") == orders.index("RetryMiddleware") + 1
+    assert hosts.stats(0).served == 20
+    stats = get_recorder(crawler).host_stats()
+    assert stats[host_stat_key(hosts.hostnames[0], "max_limit")] > 2
