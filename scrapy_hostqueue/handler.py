@@ -33,6 +33,7 @@ import scrapy
 from scrapy.utils.asyncio import is_asyncio_available
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
 from scrapy_hostqueue.stats import get_recorder
 
@@ -367,6 +368,13 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
 
     async def download_request(self, request: Request) -> Response:
         self._session = self._pool.get_session(self)
+        # With HOSTQUEUE_PREFETCH, HostQueueScheduler hands a host one more
+        # request than its limit; it waits here, before Scrapy's handler starts
+        # its clock, for the host to have a free send slot.
+        scheduler = internals.current_scheduler(self.crawler)
+        acquire = getattr(scheduler, "acquire_send_slot", None)
+        if acquire is not None:
+            await acquire(request)
         download = _Download(_host_of(request))
         token = _current_download.set(download)
         # A retried request carries the latency of its previous attempt.

@@ -332,3 +332,27 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 5 - served_first
     assert arrivals[0] - resumed_at >= 1.5
+
+
+@deferred_f_from_coro_f
+async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
+    local_hosts: HostsFactory,
+) -> None:
+    """With this project's handler the scheduler hands each host one request
+    beyond its limit; the extra one waits in the handler, so the server never
+    sees more than the host's limit even where the pool would allow more."""
+    hosts = local_hosts([HostSpec(latency=0.02)] * 2)
+    crawler = await crawl(
+        interleave(hosts.start_urls(0, 150), hosts.start_urls(1, 150)),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(OUR_HANDLER),
+        CONCURRENT_REQUESTS_PER_DOMAIN=4,
+        DOWNLOAD_SLOTS={hosts.hostnames[0]: {"concurrency": 2}},
+    )
+    first, second = hosts.all_stats(arrivals=False)
+    assert first.served == second.served == 150
+    assert first.max_in_flight == 2
+    assert second.max_in_flight == 4
+    assert crawler.stats is not None
+    # The scheduler did hand out more than the limit: the gate is what held it.
+    assert crawler.stats.get_value(f"hostqueue/hosts/{hosts.hostnames[0]}/max_inflight") == 3
