@@ -7,23 +7,24 @@ A. scrapy_hostqueue.AiohttpDownloadHandler
 B. Scrapy's HTTP11DownloadHandler (the default)
 C. Scrapy's own aiohttp handler (scrapy.core.downloader.handlers._aiohttp)
 
-alternating A B C A B C ..., each crawl in a fresh process under
-AsyncCrawlerProcess (Scrapy's aiohttp handler needs the running loop at start).
+in rounds A B C, A B C, ... in one crawler process (AsyncCrawlerRunner on the
+asyncio reactor: Scrapy's aiohttp handler needs the running loop at start).
 The hosts are served by another process, so the crawler has a core of its own.
-Prints per run the pages per second of wall time and per second of the
-crawler's CPU time (wall: from spider_opened to the last response; CPU: from
-spider_opened to spider_closed), then the medians
-and the ratios. The CPU figure is the steadier one on a busy machine; the load
-average is printed with the results.
+Prints per run the pages per second of wall time (spider_opened to the last
+response) and of the crawler's CPU time (spider_opened to spider_closed), then
+the medians and the medians of the per-round ratios: each ratio compares
+crawls run seconds apart, which cancels most of the drift of a busy machine
+(the load average is printed too).
 
     python bench/bench_handler.py                 # about a minute
-    python bench/bench_handler.py --repeats 5 --pages 4000
+    python bench/bench_handler.py --rounds 15 --pages 2000
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -71,15 +72,14 @@ async def _serve(hosts: int) -> None:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
-# -- one crawl (a child process) ------------------------------------------------
+# -- the crawls (this process) ----------------------------------------------------
 
 
-def _crawl(handler: str, urls_file: str, concurrency: int, per_host: int) -> None:
+async def _crawl(handler: str, urls: list[str], args: argparse.Namespace) -> dict[str, float]:
     import scrapy
     from scrapy import signals
-    from scrapy.crawler import AsyncCrawlerProcess
+    from scrapy.crawler import AsyncCrawlerRunner
 
-    urls = json.loads(Path(urls_file).read_text())
     marks: dict[str, float] = {}
 
     class Pages(scrapy.Spider):
@@ -100,35 +100,68 @@ def _crawl(handler: str, urls_file: str, concurrency: int, per_host: int) -> Non
         # Read once: the CPU clock is a system call, too slow to read per page.
         marks["closed_cpu"] = time.process_time()
 
-    process = AsyncCrawlerProcess(
+    runner = AsyncCrawlerRunner(
         {
             "DOWNLOAD_HANDLERS": {"http": handler, "https": handler},
-            "CONCURRENT_REQUESTS": concurrency,
-            "CONCURRENT_REQUESTS_PER_DOMAIN": per_host,
-            "LOG_LEVEL": "ERROR",
+            "CONCURRENT_REQUESTS": args.concurrency,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": args.per_host,
             "TELNETCONSOLE_ENABLED": False,
             "REMOTE_CONTROL_ENABLED": False,
             "LOGSTATS_INTERVAL": 0,
-            **json.loads(os.environ.get("BENCH_EXTRA_SETTINGS", "{}")),
+            "LOG_LEVEL": "ERROR",
         }
     )
-    crawler = process.create_crawler(Pages)
+    crawler = runner.create_crawler(Pages)
     crawler.signals.connect(opened, signal=signals.spider_opened)
     crawler.signals.connect(closed, signal=signals.spider_closed)
-    process.crawl(crawler)
-    process.start()
+    await runner.crawl(crawler)
     assert crawler.stats is not None
     stats = crawler.stats.get_stats()
-    print(
-        json.dumps(
-            {
-                "pages": stats.get("response_received_count", 0),
-                "errors": stats.get("log_count/ERROR", 0),
-                "seconds": marks.get("last", 0.0) - marks.get("first", 0.0),
-                "cpu_seconds": marks.get("closed_cpu", 0.0) - marks.get("first_cpu", 0.0),
-            }
+    pages = stats.get("response_received_count", 0)
+    if pages != len(urls) or stats.get("log_count/ERROR"):
+        raise RuntimeError(f"{handler}: incomplete crawl: {stats}")
+    return {
+        "pages/s": pages / (marks["last"] - marks["first"]),
+        "pages/CPU-s": pages / (marks["closed_cpu"] - marks["first_cpu"]),
+    }
+
+
+async def _rounds(args: argparse.Namespace, urls: list[str]) -> dict[str, list[dict[str, float]]]:
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in HANDLERS}
+    for path in HANDLERS.values():  # warm-up: imports, first connections
+        await _crawl(path, urls[: len(urls) // 4], args)
+    for number in range(args.rounds):
+        for name, path in HANDLERS.items():
+            # Each crawl starts without the previous one's garbage.
+            gc.collect()
+            result = await _crawl(path, urls, args)
+            results[name].append(result)
+            print(
+                f"  round {number + 1:>2} {name:<15} {result['pages/s']:6.0f} pages/s"
+                f"  {result['pages/CPU-s']:6.0f} pages/CPU-s",
+                flush=True,
+            )
+    return results
+
+
+def _report(results: dict[str, list[dict[str, float]]]) -> None:
+    for metric in ("pages/s", "pages/CPU-s"):
+        medians = {
+            name: statistics.median(run[metric] for run in runs) for name, runs in results.items()
+        }
+        ratios = {
+            other: statistics.median(
+                ours[metric] / theirs[metric]
+                for ours, theirs in zip(results["hostqueue"], results[other], strict=True)
+            )
+            for other in ("http11", "scrapy-aiohttp")
+        }
+        print(
+            f"median {metric}: "
+            + ", ".join(f"{name} {value:.0f}" for name, value in medians.items())
+            + "; median ratio per round: "
+            + ", ".join(f"hostqueue/{other} {ratio:.2f}" for other, ratio in ratios.items())
         )
-    )
 
 
 # -- the driver -------------------------------------------------------------------
@@ -143,28 +176,25 @@ def _environment() -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=8)
-    parser.add_argument("--pages", type=int, default=2000, help="pages per crawl")
-    parser.add_argument("--repeats", type=int, default=3, help="crawls per handler")
+    parser.add_argument("--pages", type=int, default=1000, help="pages per crawl")
+    parser.add_argument("--rounds", type=int, default=9, help="crawls per handler")
     parser.add_argument("--concurrency", type=int, default=32, help="CONCURRENT_REQUESTS")
     parser.add_argument("--per-host", type=int, default=4, help="CONCURRENT_REQUESTS_PER_DOMAIN")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--crawl", help=argparse.SUPPRESS)
-    parser.add_argument("--urls-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         asyncio.run(_serve(args.serve))
         return
-    if args.crawl:
-        _crawl(args.crawl, args.urls_file, args.concurrency, args.per_host)
-        return
 
-    env = _environment()
+    for name in [n for n in os.environ if "proxy" in n.lower()]:
+        del os.environ[name]  # aiohttp would send loopback requests to a proxy
+    sys.path.insert(0, str(ROOT))
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", str(args.hosts)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=env,
+        env=_environment(),
     )
     try:
         assert server.stdout is not None
@@ -173,62 +203,33 @@ def main() -> None:
             f"http://127.0.0.{n % args.hosts + 2}:{ports[n % args.hosts]}/page/{n}"
             for n in range(args.pages)
         ]
-        urls_file = ROOT / "bench" / ".bench_handler_urls.json"
-        urls_file.write_text(json.dumps(urls))
         print(
             f"{args.pages} pages over {args.hosts} local hosts (0 ms), "
             f"CONCURRENT_REQUESTS={args.concurrency}, "
             f"CONCURRENT_REQUESTS_PER_DOMAIN={args.per_host}, stock scheduler, "
-            f"{args.repeats} crawls per handler, alternating"
+            f"{args.rounds} rounds of A B C; load average before: {os.getloadavg()[0]:.2f}"
         )
-        print(f"load average before: {os.getloadavg()[0]:.2f}")
-        rates: dict[str, list[float]] = {name: [] for name in HANDLERS}
-        cpu_rates: dict[str, list[float]] = {name: [] for name in HANDLERS}
-        for repeat in range(args.repeats):
-            for name, path in HANDLERS.items():
-                command = [
-                    sys.executable,
-                    __file__,
-                    "--crawl",
-                    path,
-                    "--urls-file",
-                    str(urls_file),
-                    "--concurrency",
-                    str(args.concurrency),
-                    "--per-host",
-                    str(args.per_host),
-                ]
-                run = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-                lines = run.stdout.strip().splitlines()
-                if run.returncode or not lines:
-                    sys.exit(f"{name} crawl failed:\n{run.stdout}\n{run.stderr}")
-                result = json.loads(lines[-1])
-                if result["pages"] != args.pages or result["errors"]:
-                    sys.exit(f"{name} crawl incomplete: {result}\n{run.stderr}")
-                rate = result["pages"] / result["seconds"]
-                cpu_rate = result["pages"] / result["cpu_seconds"]
-                rates[name].append(rate)
-                cpu_rates[name].append(cpu_rate)
-                print(
-                    f"  run {repeat + 1} {name:<15} {rate:6.0f} pages/s"
-                    f"  {cpu_rate:6.0f} pages/CPU-s"
-                )
-        urls_file.unlink()
+        from scrapy.utils.defer import deferred_from_coro
+        from scrapy.utils.log import configure_logging
+        from scrapy.utils.reactor import install_reactor
+
+        configure_logging({"LOG_LEVEL": "ERROR"})
+        install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
+        from twisted.internet import reactor
+
+        outcome: list[Any] = []
+        done = deferred_from_coro(_rounds(args, urls))
+        done.addBoth(outcome.append)
+        done.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
+        reactor.run()  # type: ignore[attr-defined]
     finally:
         if server.stdin is not None:
             server.stdin.close()
         server.wait(10)
+    if not outcome or not isinstance(outcome[0], dict):
+        sys.exit(f"benchmark failed: {outcome[0] if outcome else 'no result'}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
-
-    for label, table in (("pages/s", rates), ("pages/CPU-s", cpu_rates)):
-        medians = {name: statistics.median(values) for name, values in table.items()}
-        ours = medians["hostqueue"]
-        print(
-            f"median {label}: "
-            + ", ".join(f"{name} {value:.0f}" for name, value in medians.items())
-            + f"; hostqueue/http11 = {ours / medians['http11']:.2f}"
-            + f", hostqueue/scrapy-aiohttp = {ours / medians['scrapy-aiohttp']:.2f}"
-        )
+    _report(outcome[0])
 
 
 if __name__ == "__main__":
