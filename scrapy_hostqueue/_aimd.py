@@ -13,12 +13,13 @@ The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
   ``min(L + 1, C)`` and the run restarts. ``p`` is 1, except when ``L + 1``
   would reach the level where the host last pushed back (``probe_level``):
   then ``p`` is a penalty, :data:`PROBE_PENALTY` at the first push-back at a
-  level and multiplied by it at each further push-back at that same level (up
-  to :data:`MAX_PROBE_PENALTY`), so a host with a hard limit is probed ever
-  more rarely instead of on every cycle (plain AIMD against a host that
-  refuses its 4th concurrent request gets a 429 every few responses). A
-  run at the old level that completes without push-back forgets it. A run is
-  therefore about one round of the window at ``p = 1``;
+  level and multiplied by it (up to :data:`MAX_PROBE_PENALTY`) at each
+  further push-back at that same level, or at a back-off status below it, so
+  a host with a hard limit is probed ever more rarely instead of on every
+  cycle (plain AIMD against a host that refuses its 4th concurrent request
+  gets a 429 every few responses). A decrease at the floor leaves the level
+  and penalty alone. A run at the old level that completes without push-back
+  forgets it. A run is therefore about one round of the window at ``p = 1``;
 * a success between the two latencies breaks the run; one slower than
   ``slow_latency`` is a decrease;
 * a back-off status and a connection failure or timeout are decreases;
@@ -311,12 +312,18 @@ class AimdTable:
         if started < state.last_decrease:
             return None  # the same burst, already answered
         old = state.limit
-        if state.probe_level == old:
-            state.probe_penalty = min(state.probe_penalty * PROBE_PENALTY, MAX_PROBE_PENALTY)
-        else:
+        new = max(min(self.settings.floor, state.ceiling), old // 2)
+        if new < old:
+            # A push-back again at the remembered level, or a back-off status
+            # below it (the host's real limit is lower still), is stronger
+            # evidence; a decrease already at the floor says nothing new.
+            level = state.probe_level
+            if level and (old == level or (reason == BACKOFF and old < level)):
+                state.probe_penalty = min(state.probe_penalty * PROBE_PENALTY, MAX_PROBE_PENALTY)
+            else:
+                state.probe_penalty = PROBE_PENALTY
             state.probe_level = old
-            state.probe_penalty = PROBE_PENALTY
-        state.limit = max(min(self.settings.floor, state.ceiling), old // 2)
+        state.limit = new
         state.run = 0
         state.last_decrease = self.clock()
-        return Adjustment(key, old, state.limit, reason, decreased=True)
+        return Adjustment(key, old, new, reason, decreased=True)

@@ -252,17 +252,18 @@ class AIMDMiddleware:
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
             # waited for robots.txt) go back to the scheduler, which holds them.
             policy = scheduler.policy(host)
-            if crawl_delay is not None and policy.interval < crawl_delay.delay:
-                # The scheduler forgot the host (idle, beyond its memory).
-                self._apply_crawl_delay(scheduler, host, crawl_delay.delay)
-            if crawl_delay is not None and now < crawl_delay.last_sent + crawl_delay.delay:
-                scheduler.block_until(
-                    host,
-                    crawl_delay.last_sent + crawl_delay.delay + CRAWL_DELAY_MARGIN,
-                    _CRAWL_DELAY,
-                )
             if policy.blocked_until > now:
                 return self._requeue(request, host, policy.block_reason)
+            if crawl_delay is not None:
+                if policy.interval < crawl_delay.delay:
+                    # The scheduler forgot the host (idle, beyond its memory).
+                    self._apply_crawl_delay(scheduler, host, crawl_delay.delay)
+                if now < crawl_delay.last_sent + crawl_delay.delay:
+                    # Too soon after the last one. No block: that would also
+                    # hold, at the scheduler's send gate, a request that passed
+                    # here earlier and is not on the wire yet. The scheduler
+                    # spaces its hand-outs by the interval.
+                    return self._requeue(request, host, _CRAWL_DELAY)
         if crawl_delay is not None:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
@@ -413,6 +414,13 @@ class AIMDMiddleware:
             self._crawl_delays.move_to_end(host)
             entry.delay = max(entry.delay, seconds)
         self._apply_crawl_delay(scheduler, host, entry.delay)
+        # The robots.txt fetch that just ended counts as the previous request.
+        # Page requests handed out before the delay was known are waiting for
+        # robots.txt right now, past the scheduler: blocking the host sends
+        # them all back to it (process_request), to be handed out spaced.
+        now = self.clock()
+        entry.last_sent = max(entry.last_sent, now)
+        scheduler.block_until(host, now + entry.delay + CRAWL_DELAY_MARGIN, _CRAWL_DELAY)
         logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed", host, entry.delay)
 
     def _apply_crawl_delay(self, scheduler: HostQueueScheduler, host: str, delay: float) -> None:
@@ -420,10 +428,9 @@ class AIMDMiddleware:
         interval = delay + CRAWL_DELAY_MARGIN
         if interval <= policy.interval * (1 - policy.jitter):
             return  # DOWNLOAD_DELAY already spaces requests at least as much
-        # A Crawl-delay is a minimum, so no jitter: DOWNLOAD_DELAY_JITTER
-        # (default 0.5) would otherwise start some requests at half the delay.
-        # The scheduler's set_interval keeps the jitter, hence the frontier.
-        scheduler.frontier.set_interval(host, max(interval, policy.interval), jitter=0.0)
+        # A Crawl-delay is a minimum: set_interval drops the DOWNLOAD_DELAY_JITTER
+        # (default 0.5) that would start some requests at half the delay.
+        scheduler.set_interval(host, max(interval, policy.interval))
 
     def __repr__(self) -> str:
         return f"<AIMDMiddleware hosts={len(self.table)}>"

@@ -197,6 +197,40 @@ def test_a_level_that_holds_is_forgotten() -> None:
     assert limit(table) == 6
 
 
+def test_a_back_off_below_the_remembered_level_escalates() -> None:
+    table, clock = make(start=8)
+    table.on_backoff("h", clock.tick(), 0)  # at 8: level 8, penalty 4
+    fast(table, clock, count=4 + 5 + 6)  # 4 -> 7
+    assert limit(table) == 7
+    table.on_backoff("h", clock.tick(), 0)  # at 7, below 8: stronger evidence
+    host = table.host("h")
+    assert (host.probe_level, host.probe_penalty) == (7, PROBE_PENALTY**2)
+
+
+def test_a_slow_spell_below_the_level_does_not_escalate() -> None:
+    table, clock = make(start=8, slow_latency=5.0)
+    table.on_backoff("h", clock.tick(), 0)  # level 8, penalty 4
+    clock.tick()
+    table.on_success("h", clock.tick(), 6.0)  # slow at 4: a new level, base penalty
+    host = table.host("h")
+    assert (host.limit, host.probe_level, host.probe_penalty) == (2, 4, PROBE_PENALTY)
+
+
+def test_decreases_at_the_floor_leave_the_level_alone() -> None:
+    table, clock = make(start=2, floor=1)
+    table.on_backoff("h", clock.tick(), 0)  # 2 -> 1: level 2
+    for _ in range(5):
+        clock.tick()
+        outcome = table.on_backoff("h", clock.tick(), 0)
+        assert outcome is not None
+        assert outcome.decreased
+    host = table.host("h")
+    assert (host.limit, host.probe_level, host.probe_penalty) == (1, 2, PROBE_PENALTY)
+    # So the way back up is not made longer by how long the trouble lasted.
+    fast(table, clock, count=PROBE_PENALTY)
+    assert limit(table) == 2
+
+
 # -- blocks -------------------------------------------------------------------
 
 

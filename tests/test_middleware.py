@@ -90,6 +90,9 @@ class StandInScheduler(HostQueueScheduler):
         self.frontier.block_until(host, when, reason)
         self.blocks.append((host, when, reason))
 
+    def set_interval(self, host: str, interval: float) -> None:
+        self.frontier.set_interval(host, interval, jitter=0.0)
+
     def give_up(self, host: str) -> int:
         self.given_up.append(host)
         return len(self.frontier.give_up(host))
@@ -293,16 +296,22 @@ def test_back_off_codes_are_configurable(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize(
     ("header", "reason", "low", "high"),
     [
-        (formatdate(time.time() + 30, usegmt=True), "retry-after", 28.5, 30.5),
-        (formatdate(time.time() - 30, usegmt=True), None, 0, 0),
+        (30, "retry-after", 28.5, 30.5),  # an HTTP-date 30 s ahead
+        (-30, None, 0, 0),  # an HTTP-date in the past: retry now
         ("garbage", "backoff", 0.5, 1.0),
         ("-3", "backoff", 0.5, 1.0),
         ("100000", "retry-after", 60, 60),
     ],
 )
 def test_retry_after_forms(
-    monkeypatch: pytest.MonkeyPatch, header: str, reason: str | None, low: float, high: float
+    monkeypatch: pytest.MonkeyPatch,
+    header: str | int,
+    reason: str | None,
+    low: float,
+    high: float,
 ) -> None:
+    if isinstance(header, int):
+        header = formatdate(time.time() + header, usegmt=True)
     mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)
     request = sent(mw)
     mw.process_response(request, response(request, 429, **{"Retry-After": header}))
@@ -480,16 +489,28 @@ def test_a_larger_download_delay_is_kept(monkeypatch: pytest.MonkeyPatch) -> Non
     assert scheduler.policy(HOST).interval == 5.0
 
 
-def test_a_request_sent_too_soon_after_the_last_goes_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Requests handed out before robots.txt was parsed must not all start at once."""
+def test_robots_crawl_delay_holds_requests_already_handed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Requests handed out before robots.txt was parsed wait for it past the
+    scheduler; they must not all start at once when it arrives."""
     mw, scheduler, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
+    # The robots.txt fetch counts as the previous request: the host is blocked
+    # for one delay, and the waiting requests go back to the scheduler.
+    assert scheduler.blocks == [(HOST, clock.now + 1 + CRAWL_DELAY_MARGIN, "crawl-delay")]
+    waiting = [Request(f"{URL}/{i}", meta={META_SCHEDULED: True}) for i in range(3)]
+    assert all(isinstance(mw.process_request(request), Request) for request in waiting)
+    clock.now += 1 + CRAWL_DELAY_MARGIN
     first = sent(mw)
     assert META_START in first.meta
+    # One that comes too soon after goes back too, without blocking the host
+    # (which would also hold ``first`` if it is not on the wire yet).
     clock.now += 0.2
     back = mw.process_request(Request(URL + "/2", meta={META_SCHEDULED: True}))
     assert isinstance(back, Request)
-    assert scheduler.blocks[-1] == (HOST, clock.now - 0.2 + 1 + CRAWL_DELAY_MARGIN, "crawl-delay")
+    assert back.meta[META_REQUEUED] == 1
+    assert len(scheduler.blocks) == 1
     clock.now += 1
     assert mw.process_request(back) is None
 
@@ -497,9 +518,10 @@ def test_a_request_sent_too_soon_after_the_last_goes_back(monkeypatch: pytest.Mo
 def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    mw, scheduler, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
     scheduler.frontier = Frontier(scheduler._make_policy)  # forgot every host
+    clock.now += 2  # past the block that follows robots.txt
     sent(mw)
     assert scheduler.policy(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
 
@@ -521,6 +543,7 @@ async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> N
     crawler.signals.connect(opened, signal=scrapy.signals.spider_opened, weak=False)
     await crawler.crawl_async(start_urls=[hosts.url(0)], follow=True)
     assert orders.index("AIMDMiddleware") == orders.index("RetryMiddleware") + 1
+    hosts.wait_idle()
     assert hosts.stats(0).served == 20
     stats = get_recorder(crawler).host_stats()
     assert stats[host_stat_key(hosts.hostnames[0], "max_limit")] > 2

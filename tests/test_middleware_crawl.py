@@ -21,7 +21,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests.crawling import SCHEDULER, PageSpider, interleave, settings
+from tests.crawling import OUR_HANDLER, SCHEDULER, SCRAPY_HTTP11, PageSpider, interleave, settings
 
 HostsFactory = Callable[..., LocalHosts]
 
@@ -41,18 +41,27 @@ class StoppableSpider(PageSpider):
         yield from super().parse(response)
 
 
-def aimd_settings(**overrides: Any) -> dict[str, Any]:
+def aimd_settings(handler: str = SCRAPY_HTTP11, **overrides: Any) -> dict[str, Any]:
+    """Scrapy's HTTP/1.1 handler by default; the tests parametrized with
+    ``HANDLERS`` also run with this project's handler (what the add-on wires),
+    with which the scheduler hands out prefetched requests."""
     return settings(
         SCHEDULER=SCHEDULER,
         DOWNLOADER_MIDDLEWARES=MIDDLEWARE,
+        DOWNLOAD_HANDLERS={"http": handler, "https": handler},
         CONCURRENT_REQUESTS=40,
         CLOSESPIDER_TIMEOUT=CRAWL_TIMEOUT,
         **overrides,
     )
 
 
-def make_crawler(**overrides: Any) -> Crawler:
-    return get_crawler(StoppableSpider, aimd_settings(**overrides))
+def make_crawler(handler: str = SCRAPY_HTTP11, **overrides: Any) -> Crawler:
+    return get_crawler(StoppableSpider, aimd_settings(handler, **overrides))
+
+
+HANDLERS = pytest.mark.parametrize(
+    "handler", [OUR_HANDLER, SCRAPY_HTTP11], ids=["own-handler", "scrapy-http11"]
+)
 
 
 def spider_of(crawler: Crawler) -> StoppableSpider:
@@ -159,8 +168,11 @@ async def test_a_throttling_host_is_learnt_while_healthy_hosts_reach_the_ceiling
 # -- Retry-After -------------------------------------------------------------
 
 
+@HANDLERS
 @deferred_f_from_coro_f
-async def test_retry_after_blocks_the_host_and_only_it(local_hosts: HostsFactory) -> None:
+async def test_retry_after_blocks_the_host_and_only_it(
+    local_hosts: HostsFactory, handler: str
+) -> None:
     throttle_above = 2
     hosts = local_hosts(
         [HostSpec(latency=0.05)] * 2
@@ -169,7 +181,7 @@ async def test_retry_after_blocks_the_host_and_only_it(local_hosts: HostsFactory
     )
     blocked = hosts.hostnames[2]
     start = [hosts.url(i) for i in range(3)]
-    crawler = make_crawler(HOSTQUEUE_AIMD_CEILING=8)
+    crawler = make_crawler(handler, HOSTQUEUE_AIMD_CEILING=8)
     responses = record_statuses(crawler, blocked)
 
     async def control() -> None:
@@ -267,14 +279,18 @@ async def test_retry_after_values(
 # -- Crawl-delay ------------------------------------------------------------------
 
 
+@HANDLERS
 @deferred_f_from_coro_f
-async def test_robots_crawl_delay_spaces_request_starts(local_hosts: HostsFactory) -> None:
+async def test_robots_crawl_delay_spaces_request_starts(
+    local_hosts: HostsFactory, handler: str
+) -> None:
     hosts = local_hosts([HostSpec(latency=0.01, crawl_delay=0.5), HostSpec(latency=0.01)])
     free_urls = hosts.start_urls(1, 60)
     start = interleave(hosts.start_urls(0, 7), free_urls[:7]) + free_urls[7:]
-    crawler = make_crawler(ROBOTSTXT_OBEY=True, HOSTQUEUE_AIMD_START=4)
+    crawler = make_crawler(handler, ROBOTSTXT_OBEY=True, HOSTQUEUE_AIMD_START=4)
     began = time.monotonic()
     await crawler.crawl_async(start_urls=start)
+    hosts.wait_idle()  # the hosts' counters are final
     delayed, free = hosts.stats(0), hosts.stats(1)
     assert delayed.served == 7
     assert delayed.robots_served == 1
@@ -291,6 +307,7 @@ async def test_crawl_delay_can_be_switched_off(local_hosts: HostsFactory) -> Non
     hosts = local_hosts([HostSpec(latency=0.01, crawl_delay=0.5)])
     crawler = make_crawler(ROBOTSTXT_OBEY=True, HOSTQUEUE_CRAWL_DELAY_ENABLED=False)
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 6))
+    hosts.wait_idle()
     stats = hosts.stats(0)
     assert stats.served == 6
     assert stats.min_gap is not None
@@ -317,6 +334,7 @@ async def test_a_refusing_host_is_parked_then_given_up(
     with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
         await crawler.crawl_async(start_urls=start)
     assert stat(crawler, "finish_reason") == "finished"
+    hosts.wait_idle()
     assert hosts.stats(1).served == 30
     assert stat(crawler, stat_key("hosts_parked_count")) == 2
     assert stat(crawler, stat_key("hosts_given_up_count")) == 1
