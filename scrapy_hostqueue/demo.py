@@ -320,15 +320,15 @@ def hostqueue_stats_table(scrapy_stats: dict[str, Any]) -> str:
     for host in sorted(hosts):
         values = hosts[host]
         row = [host]
-        for _, name in _STATS_COLUMNS:
-            if name is None:
+        for _, column in _STATS_COLUMNS:
+            if column is None:
                 low, high = values.get("min_limit"), values.get("max_limit")
                 row.append("-" if low is None else f"{low}-{high}")
-            elif name == "backoff_count":
+            elif column == "backoff_count":
                 total = sum(v for k, v in values.items() if k.startswith("backoff_count/"))
                 row.append(str(total))
             else:
-                value = values.get(name)
+                value = values.get(column)
                 row.append(
                     "-"
                     if value is None
