@@ -1,13 +1,19 @@
-"""``python -m bench``: every scenario with every configuration, side by side.
+"""``python -m bench``: every scenario side by side with stock Scrapy.
 
 Each crawl runs in a fresh process against local hosts served by another process;
 configurations alternate (A B C A B C ...) within a scenario. Prints the scenarios'
 bounds, one line per crawl, the table of medians, S7's next_request costs and issue
 3's targets; writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
 
-    python -m bench                          # everything, about 10 minutes on 2 cores
+    python -m bench                          # everything, under 10 minutes on 2 cores
     python -m bench --scenarios S1,S1b --repeats 1
+    python -m bench --all-configs --repeats 3   # every configuration in every scenario
     python -m bench --quick                  # one repeat, a smaller budget
+
+Every scenario runs Scrapy's defaults, the scheduler alone and the full add-on,
+plus the stock variants that say something about it (see bench/scenarios.py).
+The secondary variants (old priority queue, AutoThrottle) run ``--extra-repeats``
+times; a crawl stops at ``--time-limit`` seconds and then shows as "> limit".
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from bench import report
 from bench.runner import ROOT, Run, Summary, run_micro, run_scenario, summarise
 from bench.scenarios import ALL_SCENARIOS, CONFIGS, DEFAULT_BUDGET, MICRO, SCENARIOS
 
-DEFAULT_REPEATS = 3
+DEFAULT_REPEATS = 2
+DEFAULT_EXTRA_REPEATS = 1
+DEFAULT_TIME_LIMIT = 30.0
 QUICK_BUDGET = 400
 MICRO_HOSTS = (1, 1_000, 10_000, 100_000)
 QUICK_MICRO_HOSTS = (1, 1_000, 10_000)
@@ -68,7 +76,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=lambda v: _split(v, CONFIGS, "configuration"),
         help=f"comma-separated, from {','.join(CONFIGS)} (default: each scenario's own)",
     )
-    parser.add_argument("--repeats", type=int, help=f"crawls per configuration ({DEFAULT_REPEATS})")
+    parser.add_argument(
+        "--all-configs", action="store_true", help="every configuration in every scenario"
+    )
+    parser.add_argument(
+        "--repeats", type=int, help=f"crawls per configuration (default {DEFAULT_REPEATS})"
+    )
+    parser.add_argument(
+        "--extra-repeats",
+        type=int,
+        help="crawls per secondary configuration: scrapy-pq, scrapy-autothrottle "
+        f"(default {DEFAULT_EXTRA_REPEATS}, at most --repeats)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT,
+        help="seconds after which a crawl stops short of the budget (default %(default)g)",
+    )
     parser.add_argument(
         "--budget", type=int, help="pages per crawl (default 1200, 400 with --quick)"
     )
@@ -84,6 +109,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.repeats = 1 if args.quick else DEFAULT_REPEATS
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.extra_repeats is None:
+        args.extra_repeats = min(DEFAULT_EXTRA_REPEATS, args.repeats)
+    if args.extra_repeats < 0:
+        parser.error("--extra-repeats must be >= 0")
+    if args.time_limit <= 0:
+        parser.error("--time-limit must be > 0")
     if args.budget is not None and args.budget < 1:
         parser.error("--budget must be >= 1")
     return args
@@ -105,11 +136,17 @@ def main(argv: list[str]) -> int:
             "platform": platform.platform(),
         },
         "repeats": args.repeats,
+        "extra_repeats": args.extra_repeats,
+        "time_limit": args.time_limit,
+        # Other work on the machine skews timings: say how busy it was.
+        "load_average_at_start": os.getloadavg(),
     }
     machine = meta["machine"]
     print(
         f"scrapy-hostqueue benchmark {stamp}: {machine['cores']} x {machine['cpu']}, "
-        f"Python {machine['python']}, Scrapy {machine['scrapy']}, repeats {args.repeats}"
+        f"Python {machine['python']}, Scrapy {machine['scrapy']}, "
+        f"repeats {args.repeats} (secondary configurations {args.extra_repeats}), "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
 
     budget = args.budget or (QUICK_BUDGET if args.quick else DEFAULT_BUDGET)
@@ -117,22 +154,40 @@ def main(argv: list[str]) -> int:
     runs: list[Run] = []
     summaries: list[Summary] = []
     for scenario in scenarios:
-        configs = args.configs or list(scenario.configs)
+        configs = args.configs or (list(CONFIGS) if args.all_configs else list(scenario.configs))
+        if not args.extra_repeats:
+            configs = [name for name in configs if not CONFIGS[name].secondary]
         print(
             f"{scenario.name}: {scenario.title}; budget {budget}, "
             f"bound {scenario.bound(budget):.2f} s"
         )
-        scenario_runs, unavailable = run_scenario(scenario, configs, args.repeats, budget)
+        scenario_runs, unavailable = run_scenario(
+            scenario,
+            configs,
+            repeats=args.repeats,
+            extra_repeats=args.extra_repeats,
+            budget=budget,
+            time_limit=args.time_limit,
+        )
         for name, reason in unavailable.items():
             print(f"  {scenario.name:<4} {name:<20} n/a: {reason}")
         runs.extend(scenario_runs)
-        summaries.extend(summarise(scenario, configs, scenario_runs, unavailable, budget))
+        summaries.extend(
+            summarise(
+                scenario,
+                configs,
+                scenario_runs,
+                unavailable=unavailable,
+                budget=budget,
+                time_limit=args.time_limit,
+            )
+        )
 
     micro: dict[str, Any] | None = None
     if MICRO in args.scenarios:
         hosts = QUICK_MICRO_HOSTS if args.quick else MICRO_HOSTS
         print(f"{MICRO}: next_request cost at {', '.join(f'{n:,}' for n in hosts)} hosts")
-        micro = run_micro(hosts, rounds=3 if args.quick else 5)
+        micro = run_micro(hosts, rounds=2 if args.quick else 3)
 
     targets = report.issue_targets(summaries, micro, budget)
     print()
@@ -147,6 +202,7 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"{stamp}.json"
     meta["elapsed"] = time.monotonic() - started
+    meta["load_average_at_end"] = os.getloadavg()
     report.write_json(
         json_path,
         meta=meta,
@@ -160,9 +216,9 @@ def main(argv: list[str]) -> int:
     print(f"\nResults: {json_path}")
     if not args.no_chart and (summaries or micro):
         png_path = args.out / f"{stamp}.png"
-        if report.write_chart(png_path, summaries, micro):
+        if report.write_chart(png_path, summaries, micro, budget):
             print(f"Chart:   {png_path}")
-    print(f"Elapsed: {meta['elapsed']:.0f} s")
+    print(f"Elapsed: {meta['elapsed']:.0f} s, load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
 

@@ -7,6 +7,7 @@
       "hosts": ["127.0.0.1:PORT", ...],
       "start_per_host": 400,        # start URLs /page/0 .. /page/N-1 on every host
       "budget": 1200,               # CLOSESPIDER_PAGECOUNT
+      "time_limit": 30,             # CLOSESPIDER_TIMEOUT (optional)
       "follow": true                # follow the links of every page
     }
 
@@ -20,7 +21,8 @@ Prints one JSON line on stdout. Times come from ``time.monotonic()`` in this pro
   ``request_reached_downloader``) to the ``budget``-th response reaching the engine
   (signal ``response_received``, the count ``CLOSESPIDER_PAGECOUNT`` uses; retried
   429s are not counted, a 429 handed to the spider after the last retry is);
-  ``null`` if the crawl ended before the budget.
+  ``null`` if the crawl ended before the budget (``finish_reason`` says why:
+  ``closespider_timeout`` when it hit ``time_limit``).
 * ``wall``: from the start of the crawl (before the spider opens) to its close.
 * ``cpu``, ``peak_rss_mb``: ``resource.getrusage(RUSAGE_SELF)`` of this process
   at the end (user + system seconds, ``ru_maxrss``), imports included.
@@ -115,6 +117,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "CLOSESPIDER_PAGECOUNT": budget,
         **config["settings"],
     }
+    if config.get("time_limit"):
+        settings["CLOSESPIDER_TIMEOUT"] = float(config["time_limit"])
     marks = Marks(budget)
     process = AsyncCrawlerProcess(settings)
     crawler = process.create_crawler(BenchSpider)

@@ -1,6 +1,6 @@
 """S7: the cost of one ``next_request`` as the number of hosts grows.
 
-``python -m bench.micro [--hosts 1,1000,10000,100000] [--rounds 5]`` prints one
+``python -m bench.micro [--hosts 1,1000,10000,100000] [--rounds 3]`` prints one
 JSON line: nanoseconds per pop, the median over rounds, for
 
 * ``frontier``: ``scrapy_hostqueue._frontier.Frontier.pop`` (the pure core);
@@ -8,7 +8,10 @@ JSON line: nanoseconds per pop, the median over rounds, for
   ``scrapy.utils.test.get_crawler`` (no crawl: hosts come from the URLs);
 * ``dapq``: Scrapy's ``DownloaderAwarePriorityQueue.pop``, built as
   ``scrapy/core/scheduler.py`` builds it, over a stand-in downloader with no
-  active slot (the queue then only scans its slots, its cheapest case).
+  active slot (the queue then only scans its slots, its cheapest case);
+* ``scrapy-scheduler``: Scrapy's own ``Scheduler.next_request`` over that queue
+  (its default), the like-for-like counterpart of ``scheduler``: both pay for
+  the ``scheduler/*`` stats.
 
 Every host holds two queued requests. Each round repeats: pop (timed alone), mark
 the request finished so its host is ready again, push it back; so the number of
@@ -28,12 +31,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from scrapy import Request, Spider
+from scrapy.core.scheduler import Scheduler
+from scrapy.crawler import Crawler
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.test import get_crawler
 
 HOST_COUNTS = (1, 1_000, 10_000, 100_000)
-IMPLEMENTATIONS = ("frontier", "scheduler", "dapq")
+IMPLEMENTATIONS = ("frontier", "scheduler", "dapq", "scrapy-scheduler")
 QUEUED_PER_HOST = 2
 SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 20,
@@ -57,9 +62,9 @@ def _requests(hosts: int) -> list[Request]:
 
 def pops_for(implementation: str, hosts: int) -> int:
     """Pops per round: enough for a stable mean, few where a pop is slow."""
-    if implementation == "dapq":
-        return max(40, min(20_000, 2_000_000 // hosts))
-    return 20_000
+    if implementation in ("dapq", "scrapy-scheduler"):
+        return max(10, min(5_000, 1_000_000 // hosts))
+    return 5_000
 
 
 def _timed_rounds(
@@ -84,7 +89,7 @@ def _timed_rounds(
     return means
 
 
-def measure_frontier(hosts: int, rounds: int) -> list[float]:
+def measure_frontier(hosts: int, requests: list[Request], rounds: int) -> list[float]:
     from scrapy_hostqueue._frontier import Frontier, HostPolicy
 
     frontier: Frontier[int] = Frontier(lambda key: HostPolicy(4))
@@ -102,12 +107,12 @@ def measure_frontier(hosts: int, rounds: int) -> list[float]:
     return _timed_rounds(frontier.pop, recycle, pops_for("frontier", hosts), rounds)
 
 
-def measure_scheduler(hosts: int, rounds: int) -> list[float]:
+def measure_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
     from scrapy_hostqueue.scheduler import HostQueueScheduler
 
     crawler = get_crawler(_Spider, SETTINGS)
     scheduler = HostQueueScheduler.from_crawler(crawler)
-    for request in _requests(hosts):
+    for request in requests:
         scheduler.enqueue_request(request)
 
     def recycle(request: Request | None) -> None:
@@ -129,9 +134,14 @@ class _IdleDownloader:
         return urlparse_cached(request).hostname or ""
 
 
-def measure_dapq(hosts: int, rounds: int) -> list[float]:
+def _idle_crawler() -> Crawler:
     crawler = get_crawler(_Spider, SETTINGS)
     crawler.engine = SimpleNamespace(downloader=_IdleDownloader())  # type: ignore[assignment]
+    return crawler
+
+
+def measure_dapq(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+    crawler = _idle_crawler()
     settings = crawler.settings
     queue = build_from_crawler(
         load_object("scrapy.pqueues.DownloaderAwarePriorityQueue"),
@@ -140,7 +150,7 @@ def measure_dapq(hosts: int, rounds: int) -> list[float]:
         key="",
         start_queue_cls=load_object(settings["SCHEDULER_START_MEMORY_QUEUE"]),
     )
-    for request in _requests(hosts):
+    for request in requests:
         queue.push(request)
 
     def recycle(request: Request | None) -> None:
@@ -150,10 +160,27 @@ def measure_dapq(hosts: int, rounds: int) -> list[float]:
     return _timed_rounds(queue.pop, recycle, pops_for("dapq", hosts), rounds)
 
 
-MEASURES: dict[str, Callable[[int, int], list[float]]] = {
+def measure_scrapy_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+    crawler = _idle_crawler()
+    scheduler = Scheduler.from_crawler(crawler)
+    scheduler.open(_Spider())
+    for request in requests:
+        scheduler.enqueue_request(request)
+
+    def recycle(request: Request | None) -> None:
+        assert request is not None
+        scheduler.enqueue_request(request)
+
+    return _timed_rounds(
+        scheduler.next_request, recycle, pops_for("scrapy-scheduler", hosts), rounds
+    )
+
+
+MEASURES: dict[str, Callable[[int, list[Request], int], list[float]]] = {
     "frontier": measure_frontier,
     "scheduler": measure_scheduler,
     "dapq": measure_dapq,
+    "scrapy-scheduler": measure_scrapy_scheduler,
 }
 
 
@@ -163,15 +190,21 @@ def run(host_counts: list[int], rounds: int) -> dict[str, Any]:
     medians: dict[str, dict[str, float]] = {}
     raw: dict[str, dict[str, list[float]]] = {}
     unavailable: dict[str, str] = {}
-    for name in IMPLEMENTATIONS:
-        try:
-            for hosts in host_counts:
-                means = MEASURES[name](hosts, rounds)
+    for hosts in host_counts:
+        # The same requests serve every implementation, one after the other.
+        requests = _requests(hosts)
+        for name in IMPLEMENTATIONS:
+            if name in unavailable:
+                continue
+            try:
+                means = MEASURES[name](hosts, requests, rounds)
+            except ImportError as error:
+                unavailable[name] = f"{type(error).__name__}: {error}"
+                continue
+            finally:
                 gc.collect()
-                raw.setdefault(name, {})[str(hosts)] = means
-                medians.setdefault(name, {})[str(hosts)] = statistics.median(means)
-        except ImportError as error:
-            unavailable[name] = f"{type(error).__name__}: {error}"
+            raw.setdefault(name, {})[str(hosts)] = means
+            medians.setdefault(name, {})[str(hosts)] = statistics.median(means)
     return {"ns_per_pop": medians, "rounds": raw, "unavailable": unavailable}
 
 
@@ -182,7 +215,7 @@ def main(argv: list[str]) -> int:
         default=",".join(map(str, HOST_COUNTS)),
         help="comma-separated host counts (default: %(default)s)",
     )
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     host_counts = [int(part) for part in args.hosts.split(",") if part]
     print(json.dumps(run(host_counts, args.rounds)), flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -31,6 +32,9 @@ class Run:
     repeat: int
     ok: bool
     error: str | None = None
+    #: Stopped by the time limit before the budget (slow, not broken).
+    capped: bool = False
+    finish_reason: str | None = None
     time_to_budget: float | None = None
     wall: float | None = None
     cpu: float | None = None
@@ -55,6 +59,11 @@ class Summary:
     status: str  # "ok", "n/a" or "failed"
     reason: str | None = None
     runs: int = 0
+    #: Runs stopped by the time limit count as slower than any other in the
+    #: median; when they decide it, ``time_to_budget`` is the time limit and
+    #: ``at_least`` is set: the time (and its ratios) are lower bounds.
+    capped_runs: int = 0
+    at_least: bool = False
     time_to_budget: float | None = None
     ratio_bound: float | None = None
     ratio_scrapy: float | None = None
@@ -77,10 +86,9 @@ def child_environment() -> dict[str, str]:
     return env
 
 
-def crawl_timeout(scenario: Scenario, budget: int) -> float:
-    """Generous: a configuration may be several times slower than the bound
-    (AutoThrottle starts at a 5 s delay), but a stuck crawl must not eat the run."""
-    return 60.0 + 10.0 * scenario.bound(budget)
+#: Beyond the crawl's own time limit: start-up, and closing, which waits for the
+#: requests in flight (a 2 s host).
+SHUTDOWN_GRACE = 45.0
 
 
 def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -120,15 +128,23 @@ def server_side(run: Run, stats: list[HostStats], limits: Sequence[int]) -> None
         run.in_retry_after_window += host.in_retry_after_window
 
 
+def rounds_of(config: str, repeats: int, extra_repeats: int) -> int:
+    return extra_repeats if CONFIGS[config].secondary else repeats
+
+
 def run_scenario(
     scenario: Scenario,
     configs: Sequence[str],
+    *,
     repeats: int,
+    extra_repeats: int,
     budget: int,
+    time_limit: float,
     progress: Callable[[str], None] = print,
 ) -> tuple[list[Run], dict[str, str]]:
-    """Run every available configuration ``repeats`` times, alternating
-    (A B C A B C ...), against one set of local hosts reset between crawls.
+    """Run every available configuration, alternating (A B C A B C ...), against
+    one set of local hosts reset between crawls: ``repeats`` times, secondary
+    configurations ``extra_repeats`` times (in the first rounds).
 
     Returns the runs and the reason each unavailable configuration was skipped.
     """
@@ -142,19 +158,22 @@ def run_scenario(
     fast_hosts = set(scenario.fast_hosts())
     longest_latency = max(spec.latency for spec in scenario.specs)
     runs: list[Run] = []
-    timeout = crawl_timeout(scenario, budget)
+    rounds = max((rounds_of(name, repeats, extra_repeats) for name in runnable), default=0)
     with LocalHosts(scenario.hosts, process=True, start_timeout=60.0) as hosts:
         netlocs = [hosts.netloc(index) for index in range(len(hosts))]
-        for repeat in range(repeats):
+        for repeat in range(rounds):
             for name in runnable:
+                if repeat >= rounds_of(name, repeats, extra_repeats):
+                    continue
                 hosts.reset()
                 child = {
                     "settings": {**scenario.settings(), **CONFIGS[name].settings},
                     "hosts": netlocs,
                     "start_per_host": scenario.start_per_host,
                     "budget": budget,
+                    "time_limit": time_limit,
                 }
-                result = run_child(child, timeout)
+                result = run_child(child, time_limit + SHUTDOWN_GRACE)
                 # Requests still in flight when the crawler exited end at the
                 # hosts a latency later; count them before reading the stats.
                 try:
@@ -166,30 +185,39 @@ def run_scenario(
                 if "error" in result:
                     run.error = str(result["error"])
                 else:
-                    run.pages = int(result["pages"])
-                    run.time_to_budget = result["time_to_budget"]
-                    run.wall = result["wall"]
-                    run.cpu = result["cpu"]
-                    run.cpu_window = result["cpu_window"]
-                    run.peak_mb = result["peak_rss_mb"]
-                    run.host_pages = result["host_pages"]
-                    run.ok = run.time_to_budget is not None
-                    if not run.ok:
-                        run.error = f"only {run.pages} pages ({result['finish_reason']})"
-                    else:
-                        fast = sum(n for host, n in run.host_pages.items() if host in fast_hosts)
-                        run.fast_rate = fast / run.time_to_budget  # type: ignore[operator]
+                    crawler_side(run, result, fast_hosts)
                 runs.append(run)
                 progress(describe(run))
     return runs, unavailable
 
 
+def crawler_side(run: Run, result: dict[str, Any], fast_hosts: set[str]) -> None:
+    """Fill *run* with what the crawl process measured."""
+    run.pages = int(result["pages"])
+    run.time_to_budget = result["time_to_budget"]
+    run.wall = result["wall"]
+    run.cpu = result["cpu"]
+    run.cpu_window = result["cpu_window"]
+    run.peak_mb = result["peak_rss_mb"]
+    run.host_pages = result["host_pages"]
+    run.finish_reason = result["finish_reason"]
+    if run.time_to_budget is not None:
+        run.ok = True
+        fast = sum(n for host, n in run.host_pages.items() if host in fast_hosts)
+        run.fast_rate = fast / run.time_to_budget
+    elif run.finish_reason == "closespider_timeout":
+        run.capped = True
+        run.error = f"time limit: {run.pages} pages in {run.wall:.0f} s"
+    else:
+        run.error = f"only {run.pages} pages ({run.finish_reason})"
+
+
 def describe(run: Run) -> str:
+    head = f"  {run.scenario:<4} {run.config:<20} #{run.repeat + 1}  "
     if not run.ok:
-        return f"  {run.scenario:<4} {run.config:<20} #{run.repeat + 1}  FAILED: {run.error}"
+        return head + ("CAPPED" if run.capped else "FAILED") + f": {run.error}"
     worst = max(run.max_in_flight.values(), default=0)
-    return (
-        f"  {run.scenario:<4} {run.config:<20} #{run.repeat + 1}  "
+    return head + (
         f"{run.time_to_budget:6.2f} s  cpu {run.cpu:5.1f} s  max in flight {worst:>2}  "
         f"429s {run.status_429:>4}  in Retry-After windows {run.in_retry_after_window}"
     )
@@ -204,8 +232,10 @@ def summarise(
     scenario: Scenario,
     configs: Sequence[str],
     runs: Sequence[Run],
+    *,
     unavailable: dict[str, str],
     budget: int,
+    time_limit: float,
 ) -> list[Summary]:
     bound = scenario.bound(budget)
     summaries: list[Summary] = []
@@ -214,35 +244,43 @@ def summarise(
             summaries.append(Summary(scenario.name, name, "n/a", unavailable[name]))
             continue
         mine = [run for run in runs if run.config == name]
-        good = [run for run in mine if run.ok]
-        if not good:
+        measured = [run for run in mine if run.ok or run.capped]
+        if not measured:
             reason = mine[0].error if mine else "not run"
             summaries.append(Summary(scenario.name, name, "failed", reason, runs=len(mine)))
             continue
+        good = [run for run in measured if run.ok]
+        failed = len(mine) - len(measured)
         times = [run.time_to_budget for run in good if run.time_to_budget is not None]
-        median_time = statistics.median(times)
-        worst_run = max(good, key=lambda run: max(run.max_in_flight.values(), default=0))
-        summaries.append(
-            Summary(
-                scenario.name,
-                name,
-                "ok",
-                None if len(good) == len(mine) else f"{len(mine) - len(good)} run(s) failed",
-                runs=len(good),
-                time_to_budget=median_time,
-                ratio_bound=median_time / bound,
-                worst_in_flight=max(worst_run.max_in_flight.values(), default=0),
-                limit=max(scenario.limits()),
-                violations=max(run.violations for run in good),
-                status_429=_median([run.status_429 for run in good]),
-                in_retry_after_window=_median([run.in_retry_after_window for run in good]),
-                cpu=_median([run.cpu for run in good]),
-                peak_mb=_median([run.peak_mb for run in good]),
-                fast_rate=_median([run.fast_rate for run in good]),
-                times=times,
-            )
+        median_time = statistics.median([*times, *(math.inf for run in measured if run.capped)])
+        worst_in_flight = max(max(run.max_in_flight.values(), default=0) for run in measured)
+        summary = Summary(
+            scenario.name,
+            name,
+            "ok",
+            f"{failed} run(s) failed: {mine[0].error}" if failed else None,
+            runs=len(measured),
+            capped_runs=len(measured) - len(good),
+            worst_in_flight=worst_in_flight,
+            limit=max(scenario.limits()),
+            violations=max(run.violations for run in measured),
+            status_429=_median([run.status_429 for run in measured]),
+            in_retry_after_window=_median([run.in_retry_after_window for run in measured]),
+            cpu=_median([run.cpu for run in measured]),
+            peak_mb=_median([run.peak_mb for run in measured]),
+            fast_rate=_median([run.fast_rate for run in good]),
+            times=times,
         )
-    base = next((s for s in summaries if s.config == "scrapy" and s.status == "ok"), None)
+        if not math.isfinite(median_time):
+            median_time = time_limit
+            summary.at_least = True
+        summary.time_to_budget = median_time
+        summary.ratio_bound = median_time / bound
+        summaries.append(summary)
+    base = next(
+        (s for s in summaries if s.config == "scrapy" and s.status == "ok" and not s.at_least),
+        None,
+    )
     if base is not None and base.time_to_budget:
         for summary in summaries:
             if summary.time_to_budget is not None:

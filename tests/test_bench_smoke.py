@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import issue_targets
-from bench.runner import Summary
+from bench.report import issue_targets, table_lines
+from bench.runner import Run, Summary, summarise
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +61,51 @@ def test_targets_pass_and_fail_on_the_numbers() -> None:
     assert targets["S7 scheduler next_request: flat within 2x from 1 to 100,000 hosts"] is False
     # Not measured: neither pass nor fail.
     assert targets["S2 hq-full: no slower than scrapy-aiohttp"] is None
+
+
+def test_runs_stopped_by_the_time_limit_make_the_median_a_lower_bound() -> None:
+    def run(config: str, repeat: int, seconds: float | None) -> Run:
+        return Run(
+            "S1",
+            config,
+            repeat,
+            ok=seconds is not None,
+            capped=seconds is None,
+            time_to_budget=seconds,
+            max_in_flight={"127.0.0.1": 4},
+        )
+
+    runs = [
+        run("scrapy", 0, 4.0),
+        run("scrapy-pq", 0, None),
+        run("scrapy-pq", 1, None),
+        run("scrapy-pq", 2, 5.0),
+        run("hq-scheduler", 0, 2.0),
+        run("hq-scheduler", 1, None),
+        run("hq-scheduler", 2, 3.0),
+    ]
+    rows = {
+        s.config: s
+        for s in summarise(
+            SCENARIOS["S1"],
+            ["scrapy", "scrapy-pq", "hq-scheduler", "hq-full"],
+            runs,
+            unavailable={"hq-full": "missing"},
+            budget=1200,
+            time_limit=30.0,
+        )
+    }
+    # Two of three runs hit the limit: the median is "more than 30 s".
+    assert rows["scrapy-pq"].at_least
+    assert rows["scrapy-pq"].time_to_budget == 30.0
+    # One of three: the capped run counts as the slowest, the median is 3 s.
+    assert not rows["hq-scheduler"].at_least
+    assert rows["hq-scheduler"].time_to_budget == 3.0
+    assert rows["hq-scheduler"].ratio_scrapy == pytest.approx(0.75)
+    assert rows["hq-full"].status == "n/a"
+    table = "\n".join(table_lines(list(rows.values())))
+    assert ">30.00" in table
+    assert "hq-full: n/a: missing" in table
 
 
 def test_bench_runs_one_scenario(tmp_path: Path) -> None:
