@@ -279,15 +279,14 @@ class AIMDMiddleware:
         latency = request.meta.get("download_latency")
         if latency is None:
             latency = now - started
+        detail = f"HTTP {response.status}"
         if response.status in self.config.aimd_backoff_http_codes:
             retry_after = parse_retry_after(response.headers.get(b"Retry-After"), time.time())
             adjustment = self.table.on_backoff(host, started, retry_after)
-            detail = f"HTTP {response.status}"
             if retry_after is not None:
                 detail += f", Retry-After {retry_after:g}s"
         else:
             adjustment = self.table.on_success(host, started, latency)
-            detail = f"HTTP {response.status}"
         if adjustment is not None:
             self._apply(scheduler, adjustment, now, latency, detail)
         return response
