@@ -101,13 +101,14 @@ def micro_lines(micro: dict[str, Any]) -> list[str]:
         return [f"S7 next_request cost: failed: {micro['error']}"]
     costs: dict[str, dict[str, float]] = micro["ns_per_pop"]
     counts = sorted({int(hosts) for series in costs.values() for hosts in series})
+    width = max(len("hosts"), *(len(name) for name in costs)) + 2
     lines = ["S7 next_request cost, µs per pop (median of rounds):"]
-    lines.append("  " + "hosts".ljust(12) + "".join(f"{n:>12,}" for n in counts))
+    lines.append("  " + "hosts".ljust(width) + "".join(f"{n:>12,}" for n in counts))
     for name, series in costs.items():
         cells = "".join(
             f"{series[str(n)] / 1000:>12.2f}" if str(n) in series else f"{'-':>12}" for n in counts
         )
-        lines.append(f"  {name:<12}{cells}")
+        lines.append(f"  {name:<{width}}{cells}")
     for name, reason in micro.get("unavailable", {}).items():
         lines.append(f"  {name}: n/a: {reason}")
     return lines
