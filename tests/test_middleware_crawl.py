@@ -209,15 +209,17 @@ async def test_retry_after_blocks_the_host_and_only_it(
     for received in complete:
         # The client learns of the window at ``received``; it ends 2 s later.
         end = received + 2
-        # The host resumes at the end of the window, not at a 5 s heartbeat.
+        # The host resumes at the end of the window, not at a 5 s heartbeat
+        # (a generous stall guard: the benchmark measures how close to the end).
         resumed = [a for a in stats.arrivals if a > received + 0.1]
         assert resumed
-        assert end - 0.2 <= resumed[0] <= end + 0.5, (received, resumed[0])
+        assert end - 0.2 <= resumed[0] <= end + 1.0, (received, resumed[0])
         # The other hosts keep going meanwhile.
         for arrivals in others:
             inside = [a for a in arrivals if received < a < end]
             assert len(inside) >= 10
-            assert max(b - a for a, b in itertools.pairwise(inside)) < 0.5
+            # No stall (the engine heartbeat would leave 5 s gaps).
+            assert max(b - a for a, b in itertools.pairwise(inside)) < 1.5
 
 
 @pytest.mark.parametrize(
