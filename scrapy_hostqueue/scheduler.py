@@ -147,9 +147,11 @@ class HostQueueScheduler(BaseScheduler):
             self._load_state()
         cfg = self.config
         logger.info(
-            "HostQueueScheduler: per-host limit %s, max active hosts %s, delays owned by %s%s",
-            "adaptive (AIMD)" if self._policy_hook else cfg.default_concurrency,
+            "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
+            "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s",
+            cfg.default_concurrency,
             cfg.max_active_hosts or "unlimited",
+            self.prefetch,
             "AutoThrottle" if self._autothrottle else "the scheduler",
             f", resumed {len(self.frontier)} requests from JOBDIR" if len(self.frontier) else "",
         )
