@@ -168,6 +168,7 @@ class Frontier(Generic[T]):
         self._retired: OrderedDict[str, HostPolicy] = OrderedDict()
         self._buckets: dict[int, deque[tuple[int, _Host[T]]]] = {}
         self._bucket_ranks: list[int] = []  # heap of -rank
+        self._ring_entries = 0  # entries in all buckets, stale ones included
         self._timers: list[tuple[float, int, int, _Host[T]]] = []
         self._timer_seq = 0
         self._capped: deque[tuple[int, _Host[T]]] = deque()
@@ -273,6 +274,7 @@ class Frontier(Generic[T]):
                 del buckets[rank]
                 continue
             token, host = bucket.popleft()
+            self._ring_entries -= 1
             if host.token != token:
                 continue
             if host.inflight == 0 and 0 < self.max_active <= self.active:
@@ -283,6 +285,11 @@ class Frontier(Generic[T]):
             self._start(host, now)
             self._place(host, now)
             return host.key, item
+        # finish() hands a freed slot to one capped host; if that host stopped
+        # being ready before it was popped (blocked, emptied, given up), the
+        # slot would stay unused while other capped hosts wait: pass it on.
+        if self._release_capped(now):
+            return self.pop(now)
         return None
 
     def finish(self, key: str) -> None:
@@ -381,6 +388,8 @@ class Frontier(Generic[T]):
             host.state = BLOCKED
             self._timer_seq += 1
             heapq.heappush(self._timers, (ready_at, self._timer_seq, host.token, host))
+            if self._crowded(len(self._timers)):
+                self._compact()
         elif host.inflight >= policy.limit + self.prefetch:
             host.state = FULL
         elif host.inflight == 0 and 0 < self.max_active <= self.active:
@@ -393,21 +402,29 @@ class Frontier(Generic[T]):
                 bucket = self._buckets[rank] = deque()
                 heapq.heappush(self._bucket_ranks, -rank)
             bucket.append((host.token, host))
+            self._ring_entries += 1
+            if self._crowded(self._ring_entries):
+                self._compact()
 
     def _set_capped(self, host: _Host[T]) -> None:
         host.token += 1
         host.state = CAPPED
         self._capped.append((host.token, host))
+        if self._crowded(len(self._capped)):
+            self._compact()
 
-    def _release_capped(self) -> None:
+    def _release_capped(self, now: float | None = None) -> bool:
+        """Place capped hosts until one is READY; True if one is."""
         capped = self._capped
-        now = self.clock()
+        if now is None:
+            now = self.clock()
         while capped and (self.max_active <= 0 or self.active < self.max_active):
             token, host = capped.popleft()
             if host.token == token:
                 self._place(host, now)
                 if host.state == READY:
-                    return
+                    return True
+        return False
 
     def _release_timers(self, now: float) -> None:
         timers = self._timers
@@ -415,6 +432,38 @@ class Frontier(Generic[T]):
             _, _, token, host = heapq.heappop(timers)
             if host.token == token and host.state == BLOCKED:
                 self._place(host, now)
+
+    def _crowded(self, size: int) -> bool:
+        # Stale entries are skipped lazily, but one that sits where nothing
+        # walks (a long block, a rank that higher ranks starve, a full cap)
+        # would stay forever. A structure holds at most one valid entry per
+        # live host, so past twice that it is mostly stale: compacting then
+        # keeps every structure O(live hosts) at O(1) amortised cost.
+        return size > 2 * len(self._hosts) + 64
+
+    def _compact(self) -> None:
+        """Drop stale entries from the ring, the timer heap and the capped FIFO.
+
+        In place, because callers may hold references to these containers.
+        """
+        timers = [e for e in self._timers if e[3].token == e[2]]
+        heapq.heapify(timers)
+        self._timers[:] = timers
+        capped = [e for e in self._capped if e[1].token == e[0]]
+        self._capped.clear()
+        self._capped.extend(capped)
+        buckets = self._buckets
+        for rank in list(buckets):
+            bucket = buckets[rank]
+            kept = [e for e in bucket if e[1].token == e[0]]
+            if kept:
+                bucket.clear()
+                bucket.extend(kept)
+            else:
+                del buckets[rank]
+        self._bucket_ranks[:] = [-rank for rank in buckets]
+        heapq.heapify(self._bucket_ranks)
+        self._ring_entries = sum(len(bucket) for bucket in buckets.values())
 
     def _retire(self, host: _Host[T]) -> None:
         host.state = DRAINED
