@@ -1,0 +1,1261 @@
+"""Tests of the pure frontier core: per-host queues, the ring, the active-host cap.
+
+Everything runs on a fake clock; nothing here sleeps or measures time.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from scrapy_hostqueue._frontier import (
+    BLOCKED,
+    CAPPED,
+    DRAINED,
+    FULL,
+    READY,
+    Frontier,
+    HostPolicy,
+)
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, start: float = 100.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def make(
+    *,
+    limit: int = 1,
+    max_active: int = 0,
+    remember: int = 10_000,
+    interval: float = 0.0,
+    jitter: float = 0.0,
+    clock: FakeClock | None = None,
+    rng: random.Random | None = None,
+) -> tuple[Frontier[str], FakeClock]:
+    clock = clock or FakeClock()
+    frontier: Frontier[str] = Frontier(
+        lambda key: HostPolicy(limit, interval, jitter),
+        max_active=max_active,
+        remember=remember,
+        clock=clock,
+        rng=rng or random.Random(0),
+    )
+    return frontier, clock
+
+
+def drain_pops(frontier: Frontier[str], bound: int = 10_000) -> list[tuple[str, str]]:
+    """Pop until the frontier returns None (bounded, so a bug cannot hang a test)."""
+    out: list[tuple[str, str]] = []
+    for _ in range(bound):
+        got = frontier.pop()
+        if got is None:
+            return out
+        out.append(got)
+    raise AssertionError("pop() never returned None")
+
+
+# -- round-robin, ranks, FIFO ----------------------------------------------
+
+
+@pytest.mark.parametrize("n_hosts", [1, 2, 3, 5])
+@pytest.mark.parametrize("per_host", [1, 2, 4])
+def test_round_robin_among_ready_hosts(n_hosts: int, per_host: int) -> None:
+    frontier, _ = make(limit=per_host)
+    hosts = [f"h{i}" for i in range(n_hosts)]
+    for host in hosts:
+        for i in range(per_host):
+            assert frontier.push(host, 0, f"{host}-{i}")
+    popped = drain_pops(frontier)
+    assert [key for key, _ in popped] == hosts * per_host
+    # Each host's items come out in push order.
+    for host in hosts:
+        assert [item for key, item in popped if key == host] == [
+            f"{host}-{i}" for i in range(per_host)
+        ]
+
+
+def test_round_robin_resumes_after_finish() -> None:
+    frontier, _ = make(limit=1)
+    for host in "abc":
+        for i in range(3):
+            frontier.push(host, 0, f"{host}{i}")
+    order: list[str] = []
+    for _ in range(9):
+        got = frontier.pop()
+        assert got is not None
+        order.append(got[0])
+        frontier.finish(got[0])
+    assert order == list("abcabcabc")
+    assert frontier.pop() is None
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        [0, 5, 1, 5, 3],
+        [2, 2, 2, 2],
+        [-3, 0, 7, -3, 7, 0],
+        [1, 0, 1, 0, 1, 0],
+        [9],
+    ],
+)
+def test_higher_rank_first_fifo_among_equals_within_a_host(ranks: list[int]) -> None:
+    frontier, _ = make(limit=len(ranks))
+    for i, rank in enumerate(ranks):
+        frontier.push("a", rank, f"{rank}:{i}")
+    expected = [f"{r}:{i}" for i, r in sorted(enumerate(ranks), key=lambda e: -e[1])]
+    assert [item for _, item in drain_pops(frontier)] == expected
+
+
+@pytest.mark.parametrize(
+    ("pushes", "expected_hosts"),
+    [
+        # (host, rank) in push order -> order in which hosts are served
+        ([("a", 0), ("b", 1)], ["b", "a"]),
+        ([("a", 1), ("b", 0), ("c", 2)], ["c", "a", "b"]),
+        ([("a", 0), ("a", 0), ("b", 5), ("c", 5)], ["b", "c", "a", "a"]),
+        # a's rank-3 item first; a then rejoins the rank-0 round behind b.
+        ([("a", 0), ("b", 0), ("a", 3)], ["a", "b", "a"]),
+    ],
+)
+def test_higher_rank_first_across_hosts(
+    pushes: list[tuple[str, int]], expected_hosts: list[str]
+) -> None:
+    frontier, _ = make(limit=10)
+    for i, (host, rank) in enumerate(pushes):
+        frontier.push(host, rank, f"{host}{i}")
+    assert [key for key, _ in drain_pops(frontier)] == expected_hosts
+
+
+def test_push_of_a_higher_rank_moves_a_ready_host_up() -> None:
+    frontier, _ = make(limit=10)
+    frontier.push("a", 0, "a-low")
+    frontier.push("b", 1, "b-mid")
+    frontier.push("a", 2, "a-high")
+    assert drain_pops(frontier) == [("a", "a-high"), ("b", "b-mid"), ("a", "a-low")]
+
+
+def test_pop_with_nothing_queued() -> None:
+    frontier, _ = make()
+    assert frontier.pop() is None
+    assert len(frontier) == 0
+    assert frontier.next_wakeup() is None
+
+
+# -- limit ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5])
+def test_limit_respected_until_finish(limit: int) -> None:
+    frontier, _ = make(limit=limit)
+    for i in range(limit + 3):
+        frontier.push("a", 0, str(i))
+    assert [item for _, item in drain_pops(frontier)] == [str(i) for i in range(limit)]
+    assert frontier.inflight("a") == limit
+    assert frontier.state("a") == FULL
+    assert frontier.pop() is None
+    frontier.finish("a")
+    assert frontier.state("a") == READY
+    assert frontier.pop() == ("a", str(limit))
+    assert frontier.pop() is None
+
+
+def test_full_host_does_not_hold_back_others() -> None:
+    frontier, _ = make(limit=1)
+    for i in range(3):
+        frontier.push("slow", 0, f"s{i}")
+        frontier.push("fast", 0, f"f{i}")
+    assert frontier.pop() == ("slow", "s0")
+    served = []
+    for _ in range(3):
+        got = frontier.pop()
+        assert got is not None
+        served.append(got)
+        frontier.finish("fast")
+    assert served == [("fast", "f0"), ("fast", "f1"), ("fast", "f2")]
+    assert frontier.inflight("slow") == 1
+
+
+@pytest.mark.parametrize(("old", "new"), [(1, 3), (2, 5)])
+def test_raising_the_limit_frees_a_full_host_at_once(old: int, new: int) -> None:
+    frontier, _ = make(limit=old)
+    for i in range(10):
+        frontier.push("a", 0, str(i))
+    assert len(drain_pops(frontier)) == old
+    frontier.set_limit("a", new)
+    assert len(drain_pops(frontier)) == new - old
+    assert frontier.inflight("a") == new
+
+
+def test_lowering_the_limit_below_inflight_waits_for_enough_finishes() -> None:
+    frontier, _ = make(limit=4)
+    for i in range(10):
+        frontier.push("a", 0, str(i))
+    assert len(drain_pops(frontier)) == 4
+    frontier.set_limit("a", 2)
+    for expected_inflight in (3, 2):
+        frontier.finish("a")
+        assert frontier.inflight("a") == expected_inflight
+        assert frontier.pop() is None
+    frontier.finish("a")
+    assert frontier.pop() is not None
+    assert frontier.pop() is None
+
+
+@pytest.mark.parametrize(("limit", "prefetch"), [(1, 1), (2, 1), (1, 3)])
+def test_prefetch_hands_out_beyond_the_limit(limit: int, prefetch: int) -> None:
+    clock = FakeClock()
+    frontier: Frontier[str] = Frontier(
+        lambda key: HostPolicy(limit), prefetch=prefetch, clock=clock
+    )
+    for i in range(limit + prefetch + 2):
+        frontier.push("a", 0, str(i))
+    assert len(drain_pops(frontier)) == limit + prefetch
+    assert frontier.state("a") == FULL
+    frontier.finish("a")
+    assert len(drain_pops(frontier)) == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_limit_below_one_is_refused(bad: int) -> None:
+    frontier, _ = make()
+    with pytest.raises(ValueError, match="limit"):
+        frontier.set_limit("a", bad)
+    with pytest.raises(ValueError, match="limit"):
+        HostPolicy(bad)
+
+
+# -- block_until, set_interval, next_wakeup ---------------------------------
+
+
+@pytest.mark.parametrize("delay", [0.001, 1.0, 30.0])
+def test_block_until_delays_a_host(delay: float) -> None:
+    frontier, clock = make(limit=5)
+    frontier.push("a", 0, "a0")
+    frontier.push("b", 0, "b0")
+    frontier.block_until("a", clock.now + delay, reason="retry-after")
+    assert frontier.state("a") == BLOCKED
+    assert frontier.known_policy("a") is not None
+    assert frontier.policy("a").block_reason == "retry-after"
+    assert frontier.pop() == ("b", "b0")
+    assert frontier.pop() is None
+    assert frontier.next_wakeup() == clock.now + delay
+    clock.now += delay * 0.999
+    assert frontier.pop() is None
+    clock.now = frontier.policy("a").blocked_until
+    assert frontier.pop() == ("a", "a0")
+    assert frontier.next_wakeup() is None
+
+
+def test_block_until_only_extends() -> None:
+    frontier, clock = make()
+    frontier.push("a", 0, "a0")
+    start = clock.now
+    frontier.block_until("a", start + 10, reason="long")
+    frontier.block_until("a", start + 3, reason="short")
+    policy = frontier.policy("a")
+    assert policy.blocked_until == start + 10
+    assert policy.block_reason == "long"
+    assert frontier.next_wakeup() == start + 10
+    clock.now = start + 5
+    assert frontier.pop() is None
+    frontier.block_until("a", start + 20, reason="longer")
+    assert frontier.next_wakeup() == start + 20
+    clock.now = start + 19.5
+    assert frontier.pop() is None
+    clock.now = start + 20
+    assert frontier.pop() == ("a", "a0")
+
+
+def test_block_in_the_past_changes_nothing() -> None:
+    frontier, clock = make()
+    frontier.push("a", 0, "a0")
+    frontier.block_until("a", clock.now - 5)
+    assert frontier.state("a") == READY
+    assert frontier.pop() == ("a", "a0")
+
+
+def test_block_of_a_full_host_holds_it_after_finish() -> None:
+    frontier, clock = make(limit=1)
+    frontier.push("a", 0, "a0")
+    frontier.push("a", 0, "a1")
+    assert frontier.pop() == ("a", "a0")
+    frontier.block_until("a", clock.now + 4)
+    frontier.finish("a")
+    assert frontier.pop() is None
+    assert frontier.next_wakeup() == clock.now + 4
+    clock.advance(4)
+    assert frontier.pop() == ("a", "a1")
+
+
+def test_block_of_an_unseen_host_applies_when_it_arrives() -> None:
+    frontier, clock = make()
+    frontier.block_until("new", clock.now + 2)
+    assert frontier.live_hosts == 0
+    frontier.push("new", 0, "x")
+    assert frontier.state("new") == BLOCKED
+    assert frontier.pop() is None
+    clock.advance(2)
+    assert frontier.pop() == ("new", "x")
+
+
+@pytest.mark.parametrize("interval", [0.5, 1.0, 7.0])
+def test_set_interval_spaces_starts(interval: float) -> None:
+    frontier, clock = make(limit=10)
+    frontier.set_interval("a", interval)
+    for i in range(6):
+        frontier.push("a", 0, str(i))
+    starts: list[float] = []
+    for _ in range(6):
+        assert frontier.pop() is not None
+        starts.append(clock.now)
+        assert frontier.pop() is None  # limit allows more; the interval does not
+        wake = frontier.next_wakeup()
+        if wake is not None:
+            clock.now = wake - interval / 100
+            assert frontier.pop() is None
+            clock.now = wake
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps == pytest.approx([interval] * 5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("interval", "jitter"), [(1.0, 0.5), (2.0, 0.1), (0.3, 1.0)])
+def test_set_interval_with_jitter_keeps_gaps_in_range(
+    seed: int, interval: float, jitter: float
+) -> None:
+    frontier, clock = make(limit=50, rng=random.Random(seed))
+    frontier.set_interval("a", interval, jitter)
+    n = 40
+    for i in range(n):
+        frontier.push("a", 0, str(i))
+    starts: list[float] = []
+    for _ in range(n):
+        got = frontier.pop()
+        assert got is not None
+        starts.append(clock.now)
+        assert frontier.pop() is None
+        wake = frontier.next_wakeup()
+        if wake is None:
+            # Jitter may draw a zero gap (jitter == 1): the host is ready at once.
+            assert frontier.state("a") in (READY, DRAINED)
+            continue
+        clock.now = wake
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    low, high = interval * (1 - jitter), interval * (1 + jitter)
+    assert all(low - 1e-9 <= gap <= high + 1e-9 for gap in gaps), gaps
+    assert len({round(gap, 9) for gap in gaps}) > 5  # the jitter is really drawn
+
+
+def test_interval_change_is_measured_from_the_last_start() -> None:
+    frontier, clock = make(limit=10)
+    frontier.set_interval("a", 5.0)
+    for i in range(3):
+        frontier.push("a", 0, str(i))
+    start = clock.now
+    assert frontier.pop() == ("a", "0")
+    assert frontier.next_wakeup() == start + 5.0
+    frontier.set_interval("a", 1.0)
+    assert frontier.next_wakeup() == start + 1.0
+    clock.now = start + 1.0
+    assert frontier.pop() == ("a", "1")
+    frontier.set_interval("a", 0.0)
+    assert frontier.pop() == ("a", "2")
+
+
+def test_negative_interval_is_refused() -> None:
+    frontier, _ = make()
+    with pytest.raises(ValueError, match="interval"):
+        frontier.set_interval("a", -1.0)
+
+
+def test_next_wakeup_is_the_earliest_blocked_time() -> None:
+    frontier, clock = make(limit=5)
+    t0 = clock.now
+    delays = {"a": 7.0, "b": 3.0, "c": 11.0, "d": 3.5}
+    for host, delay in delays.items():
+        frontier.push(host, 0, host)
+        frontier.block_until(host, t0 + delay)
+    frontier.push("free", 0, "free")
+    assert frontier.next_wakeup() == t0 + 3.0
+    # A block that is extended leaves a stale timer behind; it must not count.
+    frontier.block_until("b", t0 + 20)
+    assert frontier.next_wakeup() == t0 + 3.5
+    # A host whose queue is emptied is no longer waiting.
+    assert frontier.remove_queued("d") == ["d"]
+    assert frontier.next_wakeup() == t0 + 7.0
+    assert frontier.pop() == ("free", "free")
+    order = []
+    for _ in range(10):
+        wake = frontier.next_wakeup()
+        if wake is None:
+            break
+        clock.now = wake
+        got = frontier.pop()
+        assert got is not None
+        order.append((got[0], clock.now - t0))
+    assert order == [("a", 7.0), ("c", 11.0), ("b", 20.0)]
+
+
+def test_next_wakeup_ignores_a_host_that_is_ready_again() -> None:
+    frontier, clock = make()
+    frontier.set_interval("a", 2.0)
+    frontier.push("a", 0, "a0")
+    frontier.push("a", 0, "a1")
+    assert frontier.pop() == ("a", "a0")
+    assert frontier.next_wakeup() == clock.now + 2.0
+    frontier.finish("a")
+    frontier.set_interval("a", 0.0)
+    assert frontier.state("a") == READY
+    assert frontier.next_wakeup() is None
+
+
+# -- active-host cap ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_active", [1, 2, 3])
+def test_active_cap_serves_capped_hosts_in_arrival_order(max_active: int) -> None:
+    frontier, _ = make(limit=1, max_active=max_active)
+    hosts = [f"h{i}" for i in range(6)]
+    for host in hosts:
+        frontier.push(host, 0, host)
+    first = [key for key, _ in drain_pops(frontier)]
+    assert first == hosts[:max_active]
+    assert frontier.active == max_active
+    assert [frontier.state(h) for h in hosts[max_active:]] == [CAPPED] * (6 - max_active)
+    served = list(first)
+    for _ in range(6):
+        if not served:
+            break
+        frontier.finish(served.pop(0))  # goes idle with nothing queued
+        nxt = [key for key, _ in drain_pops(frontier)]
+        assert len(nxt) <= 1
+        served.extend(nxt)
+        assert sum(frontier.inflight(h) > 0 for h in hosts) <= max_active
+    assert frontier.max_active_seen == max_active
+    assert frontier.live_hosts == 0
+
+
+@pytest.mark.parametrize("max_active", [1, 2])
+def test_active_host_keeps_its_slot_while_it_has_work(max_active: int) -> None:
+    frontier, _ = make(limit=2, max_active=max_active)
+    for host in ("a", "b", "c"):
+        for i in range(20):
+            frontier.push(host, 0, f"{host}{i}")
+    drain_pops(frontier)
+    active = {h for h in "abc" if frontier.inflight(h)}
+    assert len(active) == max_active
+    # Work keeps flowing to the active hosts; the capped one waits.
+    for _ in range(4):
+        for host in sorted(active):
+            if frontier.inflight(host):
+                frontier.finish(host)
+        drain_pops(frontier)
+        assert {h for h in "abc" if frontier.inflight(h)} <= active
+        assert frontier.active <= max_active
+
+
+@pytest.mark.parametrize("how", ["block", "remove_queued", "give_up"])
+def test_freed_slot_is_not_lost_when_the_released_host_stops_being_ready(
+    how: str,
+) -> None:
+    # finish() hands the freed slot to the first capped host; if that host
+    # stops being ready before it is popped, the next capped host must get it.
+    frontier, clock = make(limit=1, max_active=1)
+    for host in "abc":
+        frontier.push(host, 0, f"{host}0")
+    assert frontier.pop() == ("a", "a0")
+    assert frontier.pop() is None  # b and c meet the cap and wait, in order
+    assert frontier.state("b") == frontier.state("c") == CAPPED
+    frontier.finish("a")
+    assert frontier.state("b") == READY
+    assert frontier.state("c") == CAPPED
+    if how == "block":
+        frontier.block_until("b", clock.now + 100)
+    elif how == "remove_queued":
+        assert frontier.remove_queued("b") == ["b0"]
+    else:
+        assert frontier.give_up("b") == ["b0"]
+    assert frontier.state("b") != READY
+    assert frontier.pop() == ("c", "c0")
+    assert frontier.active == 1
+
+
+def test_capped_host_that_was_blocked_waits_for_its_block() -> None:
+    frontier, clock = make(limit=1, max_active=1)
+    frontier.push("a", 0, "a0")
+    frontier.push("b", 0, "b0")
+    assert frontier.pop() == ("a", "a0")
+    frontier.block_until("b", clock.now + 5)
+    frontier.finish("a")
+    assert frontier.pop() is None
+    assert frontier.next_wakeup() == clock.now + 5
+    clock.advance(5)
+    assert frontier.pop() == ("b", "b0")
+
+
+def test_no_cap_when_max_active_is_zero() -> None:
+    frontier, _ = make(limit=1, max_active=0)
+    for i in range(50):
+        frontier.push(f"h{i}", 0, str(i))
+    assert len(drain_pops(frontier)) == 50
+    assert frontier.active == 50 == frontier.max_active_seen
+
+
+# -- give_up, remove_queued, len ----------------------------------------------
+
+
+def test_give_up_drops_queued_items_and_refuses_new_ones() -> None:
+    frontier, _ = make(limit=1)
+    for i, rank in enumerate([0, 2, 1, 2]):
+        frontier.push("a", rank, f"a{i}")
+    frontier.push("b", 0, "b0")
+    assert frontier.pop() == ("a", "a1")
+    assert len(frontier) == 4
+    assert frontier.give_up("a") == ["a3", "a2", "a0"]
+    assert len(frontier) == 1
+    assert frontier.queued("a") == 0
+    assert frontier.state("a") == DRAINED
+    assert not frontier.push("a", 5, "late")
+    assert len(frontier) == 1
+    frontier.finish("a")  # the request already in flight still completes
+    assert frontier.state("a") is None
+    assert not frontier.push("a", 0, "later")  # remembered while retired
+    assert drain_pops(frontier) == [("b", "b0")]
+
+
+def test_give_up_of_an_unseen_host() -> None:
+    frontier, _ = make()
+    assert frontier.give_up("x") == []
+    assert not frontier.push("x", 0, "x0")
+    assert len(frontier) == 0
+    assert frontier.live_hosts == 0
+
+
+def test_given_up_host_is_forgotten_with_its_policy() -> None:
+    frontier, _ = make(remember=2)
+    frontier.give_up("x")
+    for host in ("y", "z"):
+        frontier.policy(host)
+    assert frontier.known_policy("x") is None
+    assert frontier.push("x", 0, "x0")
+
+
+@pytest.mark.parametrize("inflight", [0, 1])
+def test_remove_queued(inflight: int) -> None:
+    frontier, _ = make(limit=5)
+    for i, rank in enumerate([1, 0, 1]):
+        frontier.push("a", rank, f"a{i}")
+    frontier.push("b", 0, "b0")
+    frontier.push("b", 0, "b1")
+    for _ in range(inflight):
+        assert frontier.pop() == ("a", "a0")
+    expected = ["a2", "a1"] if inflight else ["a0", "a2", "a1"]
+    assert frontier.remove_queued("a") == expected
+    assert len(frontier) == 2
+    assert frontier.queued("a") == 0
+    assert frontier.state("a") == (DRAINED if inflight else None)
+    assert frontier.remove_queued("a") == []
+    assert frontier.remove_queued("never-seen") == []
+    assert frontier.push("a", 0, "again")  # not given up: accepted
+    assert len(frontier) == 3
+
+
+def test_len_tracks_every_operation() -> None:
+    frontier, _ = make(limit=2)
+    expected = 0
+    for i in range(5):
+        for host in "abc":
+            assert frontier.push(host, i % 2, f"{host}{i}")
+            expected += 1
+            assert len(frontier) == expected
+    assert frontier.pop() is not None
+    expected -= 1
+    assert len(frontier) == expected
+    expected -= len(frontier.remove_queued("b"))
+    assert len(frontier) == expected
+    expected -= len(frontier.give_up("c"))
+    assert len(frontier) == expected
+    assert not frontier.push("c", 0, "refused")
+    assert len(frontier) == expected
+    popped = drain_pops(frontier)
+    assert len(frontier) == expected - len(popped)
+    assert sum(q for _, q, _, _ in frontier.hosts()) == len(frontier)
+    assert len(list(frontier.items())) == len(frontier)
+
+
+def test_items_and_hosts_report_serving_order() -> None:
+    frontier, _ = make(limit=3)
+    frontier.push("a", 0, "a0")
+    frontier.push("a", 1, "a1")
+    frontier.push("b", 0, "b0")
+    assert frontier.pop() == ("a", "a1")
+    assert list(frontier.items()) == [("a", 0, "a0"), ("b", 0, "b0")]
+    report = {key: (queued, inflight) for key, queued, inflight, _ in frontier.hosts()}
+    assert report == {"a": (1, 1), "b": (1, 0)}
+
+
+# -- finish ----------------------------------------------------------------
+
+
+def test_finish_of_an_unknown_host_raises() -> None:
+    frontier, _ = make()
+    with pytest.raises(KeyError):
+        frontier.finish("nobody")
+
+
+def test_finish_more_often_than_popped_raises() -> None:
+    frontier, _ = make(limit=2)
+    frontier.push("a", 0, "a0")
+    frontier.push("a", 0, "a1")
+    assert frontier.pop() == ("a", "a0")
+    frontier.finish("a")
+    with pytest.raises(KeyError):
+        frontier.finish("a")  # a1 is queued, not in flight
+    assert frontier.inflight("a") == 0
+    assert frontier.active == 0
+
+
+# -- retirement and the bounded memory of policies ----------------------------
+
+
+@pytest.mark.parametrize("remember", [0, 1, 5, 50])
+def test_retired_policies_are_bounded(remember: int) -> None:
+    frontier, _ = make(remember=remember)
+    hosts = [f"h{i}" for i in range(remember * 4 + 20)]
+    for host in hosts:
+        frontier.push(host, 0, host)
+        assert frontier.pop() == (host, host)
+        frontier.finish(host)
+        assert frontier.state(host) is None
+        assert len(frontier._retired) <= remember
+    assert frontier.live_hosts == 0
+    known = [h for h in hosts if frontier.known_policy(h) is not None]
+    assert known == hosts[len(hosts) - remember :]
+
+
+def test_learned_limit_survives_retirement_while_remembered() -> None:
+    frontier, _ = make(limit=1, remember=3)
+    frontier.push("a", 0, "a0")
+    assert frontier.pop() == ("a", "a0")
+    frontier.set_limit("a", 4)
+    frontier.finish("a")
+    assert frontier.state("a") is None
+    assert frontier.known_policy("a") is not None
+    for i in range(6):
+        frontier.push("a", 0, f"a{i + 1}")
+    assert len(drain_pops(frontier)) == 4  # the learned limit, not the factory's
+    for _ in range(4):
+        frontier.finish("a")
+    assert len(drain_pops(frontier)) == 2
+    for _ in range(2):
+        frontier.finish("a")
+    assert frontier.state("a") is None
+    # Three other hosts retire after it: it falls out of memory.
+    for host in ("x", "y", "z"):
+        frontier.push(host, 0, host)
+        drain_pops(frontier)
+        frontier.finish(host)
+    assert frontier.known_policy("a") is None
+    for i in range(3):
+        frontier.push("a", 0, f"again{i}")
+    assert len(drain_pops(frontier)) == 1  # back to the factory limit
+
+
+def test_policy_of_unseen_host_is_remembered_without_making_it_live() -> None:
+    frontier, _ = make(limit=3, remember=10)
+    assert frontier.known_policy("a") is None
+    policy = frontier.policy("a")
+    assert policy.limit == 3
+    assert frontier.known_policy("a") is policy
+    assert frontier.live_hosts == 0
+    frontier.push("a", 0, "a0")
+    assert frontier.policy("a") is policy
+
+
+# -- property-based: any interleaving against a reference model -------------------
+
+HOST_KEYS = [f"h{i}" for i in range(6)]
+DEFAULT_LIMIT = 2
+
+
+@dataclass
+class ModelHost:
+    """What the reference model knows about one host."""
+
+    limit: int = DEFAULT_LIMIT
+    interval: float = 0.0
+    blocked_until: float = 0.0
+    last_start: float = -math.inf
+    given_up: bool = False
+    queue: list[tuple[int, int]] = field(default_factory=list)  # (rank, item)
+    inflight: list[int] = field(default_factory=list)
+
+    def ready_at(self) -> float:
+        return max(self.blocked_until, self.last_start + self.interval)
+
+    def live(self) -> bool:
+        return bool(self.queue or self.inflight)
+
+    def head(self) -> tuple[int, int]:
+        # max() keeps the first of equal ranks: FIFO among equals.
+        return max(self.queue, key=lambda entry: entry[0])
+
+    def serving_order(self) -> list[int]:
+        return [item for _, item in sorted(self.queue, key=lambda e: -e[0])]
+
+
+class FrontierMachine(RuleBasedStateMachine):
+    """Drives a Frontier and a plain model with the same operations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock(0.0)
+        self.frontier: Frontier[int] = Frontier(lambda key: HostPolicy(DEFAULT_LIMIT))
+        self.cap = 0
+        self.remember = 0
+        self.prefetch = 0
+        self.default_limit = DEFAULT_LIMIT
+        self.hosts: dict[str, ModelHost] = {}  # live or remembered
+        self.retired: OrderedDict[str, None] = OrderedDict()
+        self.next_item = 0
+        self.accepted: list[int] = []
+        self.popped: Counter[int] = Counter()
+        self.dropped: Counter[int] = Counter()
+
+    @initialize(
+        cap=st.integers(0, 3),
+        remember=st.sampled_from([1, 3, 100]),
+        prefetch=st.integers(0, 1),
+        default_limit=st.integers(1, 2),
+    )
+    def setup(self, cap: int, remember: int, prefetch: int, default_limit: int) -> None:
+        self.cap = cap
+        self.remember = remember
+        self.prefetch = prefetch
+        self.default_limit = default_limit
+        self.frontier = Frontier(
+            lambda key: HostPolicy(default_limit),
+            max_active=cap,
+            prefetch=prefetch,
+            remember=remember,
+            clock=self.clock,
+            rng=random.Random(0),
+        )
+
+    # -- the model's bookkeeping of remembered policies (an LRU) ---------
+
+    def _remember(self, key: str) -> None:
+        self.retired[key] = None
+        self.retired.move_to_end(key)
+        while len(self.retired) > self.remember:
+            old, _ = self.retired.popitem(last=False)
+            del self.hosts[old]
+
+    def _touch(self, key: str) -> ModelHost:
+        """Frontier.policy(): find or create, refreshing the LRU order."""
+        host = self.hosts.get(key)
+        if host is not None and host.live():
+            return host
+        if host is not None:
+            self.retired.move_to_end(key)
+            return host
+        host = self.hosts[key] = ModelHost(limit=self.default_limit)
+        self._remember(key)
+        # The factory's policy may be forgotten at once (remember is tiny).
+        return host
+
+    def _maybe_retire(self, key: str) -> None:
+        host = self.hosts.get(key)
+        if host is not None and not host.live() and key not in self.retired:
+            self._remember(key)
+
+    def _active(self) -> int:
+        return sum(1 for h in self.hosts.values() if h.inflight)
+
+    def _ready(self) -> dict[str, ModelHost]:
+        now, active = self.clock.now, self._active()
+        return {
+            key: h
+            for key, h in self.hosts.items()
+            if h.queue
+            and len(h.inflight) < h.limit + self.prefetch
+            and now >= h.ready_at()
+            and (h.inflight or self.cap == 0 or active < self.cap)
+        }
+
+    # -- rules -----------------------------------------------------------
+
+    def _push(self, key: str, rank: int) -> None:
+        item = self.next_item
+        self.next_item += 1
+        host = self.hosts.get(key)
+        if host is not None and host.live():
+            expected = not host.given_up
+        else:
+            if key in self.retired:
+                del self.retired[key]
+                assert host is not None
+            else:
+                host = self.hosts[key] = ModelHost(limit=self.default_limit)
+            expected = not host.given_up
+            if not expected:
+                self._remember(key)
+        assert self.frontier.push(key, rank, item) is expected
+        if expected:
+            host.queue.append((rank, item))
+            self.accepted.append(item)
+
+    @rule(key=st.sampled_from(HOST_KEYS), rank=st.integers(0, 2))
+    def push(self, key: str, rank: int) -> None:
+        self._push(key, rank)
+
+    @rule(key=st.sampled_from(HOST_KEYS[:3]), rank=st.integers(0, 2))
+    def push_busy_host(self, key: str, rank: int) -> None:
+        self._push(key, rank)
+
+    def _check_pop(
+        self, frontier: Frontier[int], ready: dict[str, ModelHost]
+    ) -> tuple[str, int, int] | None:
+        """Pop from *frontier* and check the answer against the model (which
+        it leaves alone): ``(key, rank, item)`` or None."""
+        got = frontier.pop()
+        wake = frontier.next_wakeup()
+        assert wake is None or wake > self.clock.now
+        if got is None:
+            assert not ready, f"pop() returned None while {sorted(ready)} are ready"
+            # Nothing is ready: whoever waits only for time must be woken.
+            waiting = [
+                h.ready_at()
+                for h in self.hosts.values()
+                if h.queue
+                and len(h.inflight) < h.limit + self.prefetch
+                and (h.inflight or self.cap == 0 or self._active() < self.cap)
+            ]
+            if waiting:
+                assert wake is not None
+                assert wake <= min(waiting)
+            return None
+        key, item = got
+        assert key in ready, f"{key} served but not ready"
+        host = ready[key]
+        rank, expected_item = host.head()
+        assert item == expected_item, "rank order or FIFO violated within a host"
+        if self.cap == 0:
+            assert rank == max(h.head()[0] for h in ready.values())
+        assert self.popped[item] == 0, f"item {item} popped twice"
+        assert len(host.inflight) + 1 <= host.limit + self.prefetch
+        if self.cap:
+            assert self._active() + (0 if host.inflight else 1) <= self.cap
+        return key, rank, item
+
+    def _pop(self) -> tuple[str, int] | None:
+        checked = self._check_pop(self.frontier, self._ready())
+        if checked is None:
+            return None
+        key, rank, item = checked
+        host = self.hosts[key]
+        self.popped[item] += 1
+        host.queue.remove((rank, item))
+        host.inflight.append(item)
+        host.last_start = self.clock.now
+        return key, item
+
+    @rule()
+    def pop(self) -> None:
+        self._pop()
+
+    @rule()
+    def pop_twice(self) -> None:
+        self._pop()
+        self._pop()
+
+    @precondition(lambda self: any(h.inflight for h in self.hosts.values()))
+    @rule(pick=st.integers(0, 1_000))
+    def finish(self, pick: int) -> None:
+        busy = [(key, item) for key, h in self.hosts.items() for item in h.inflight]
+        key, item = busy[pick % len(busy)]
+        self.frontier.finish(key)
+        self.hosts[key].inflight.remove(item)
+        self._maybe_retire(key)
+
+    @rule(key=st.sampled_from(HOST_KEYS))
+    def finish_without_inflight_raises(self, key: str) -> None:
+        host = self.hosts.get(key)
+        if host is None or not host.inflight:
+            with pytest.raises(KeyError):
+                self.frontier.finish(key)
+
+    @rule(key=st.sampled_from(HOST_KEYS), delay=st.sampled_from([-1.0, 0.5, 3.0, 7.0]))
+    def block_until(self, key: str, delay: float) -> None:
+        when = self.clock.now + delay
+        self.frontier.block_until(key, when)
+        host = self._touch(key)
+        host.blocked_until = max(host.blocked_until, when)
+
+    @rule(key=st.sampled_from(HOST_KEYS), limit=st.integers(1, 3))
+    def set_limit(self, key: str, limit: int) -> None:
+        self.frontier.set_limit(key, limit)
+        self._touch(key).limit = limit
+
+    @rule(key=st.sampled_from(HOST_KEYS), interval=st.sampled_from([0.0, 1.0, 2.5]))
+    def set_interval(self, key: str, interval: float) -> None:
+        self.frontier.set_interval(key, interval)
+        self._touch(key).interval = interval
+
+    @rule(dt=st.sampled_from([0.25, 1.0, 3.0, 10.0]))
+    def advance(self, dt: float) -> None:
+        self.clock.advance(dt)
+
+    @precondition(lambda self: sum(h.given_up for h in self.hosts.values()) < 2)
+    @rule(key=st.sampled_from(HOST_KEYS))
+    def give_up(self, key: str) -> None:
+        dropped = self.frontier.give_up(key)
+        host = self._touch(key)
+        host.given_up = True
+        assert dropped == host.serving_order()
+        self.dropped.update(dropped)
+        host.queue.clear()
+        self._maybe_retire(key)
+
+    @rule(key=st.sampled_from(HOST_KEYS))
+    def remove_queued(self, key: str) -> None:
+        dropped = self.frontier.remove_queued(key)
+        host = self.hosts.get(key)
+        expected = host.serving_order() if host is not None else []
+        assert dropped == expected
+        self.dropped.update(dropped)
+        if host is not None:
+            host.queue.clear()
+            self._maybe_retire(key)
+
+    # -- invariants ------------------------------------------------------
+
+    @invariant()
+    def counts_match(self) -> None:
+        frontier = self.frontier
+        live = {k: h for k, h in self.hosts.items() if h.live()}
+        assert len(frontier) == sum(len(h.queue) for h in live.values())
+        assert frontier.live_hosts == len(live)
+        assert frontier.active == self._active()
+        if self.cap:
+            assert frontier.max_active_seen <= self.cap
+        for key in HOST_KEYS:
+            host = live.get(key)
+            assert frontier.queued(key) == (len(host.queue) if host else 0)
+            assert frontier.inflight(key) == (len(host.inflight) if host else 0)
+            assert (frontier.state(key) is None) == (host is None)
+
+    @invariant()
+    def pop_now_would_agree_with_model(self) -> None:
+        # Ask a copy, so that every step (not only the pop rules) checks that
+        # no ready host is overlooked and no host is served too early.
+        self._check_pop(copy.deepcopy(self.frontier), self._ready())
+
+    @invariant()
+    def states_agree_with_model(self) -> None:
+        now = self.clock.now
+        for key in HOST_KEYS:
+            state = self.frontier.state(key)
+            if state is None:
+                continue
+            host = self.hosts[key]
+            full_at = host.limit + self.prefetch
+            if state == READY:
+                assert host.queue
+                assert len(host.inflight) < full_at
+                assert host.ready_at() <= now
+            elif state == FULL:
+                assert host.queue
+                assert len(host.inflight) >= full_at
+            elif state == CAPPED:
+                assert host.queue
+                assert not host.inflight
+            elif state == DRAINED:
+                assert not host.queue
+                assert host.inflight
+            else:
+                assert state == BLOCKED
+                assert host.queue
+
+    @invariant()
+    def remembered_policies_match(self) -> None:
+        assert len(self.frontier._retired) <= self.remember
+        for key in HOST_KEYS:
+            policy = self.frontier.known_policy(key)
+            host = self.hosts.get(key)
+            assert (policy is None) == (host is None), key
+            if policy is not None and host is not None:
+                assert policy.limit == host.limit
+                assert policy.blocked_until == max(0.0, host.blocked_until)
+                assert policy.interval == host.interval
+                assert policy.given_up == host.given_up
+
+    def teardown(self) -> None:
+        # Drain: every accepted item is popped or dropped exactly once.
+        if not hasattr(self, "frontier"):
+            return
+        self.clock.advance(1_000.0)
+        for _ in range(4 * len(self.accepted) + 20):
+            if self._pop() is not None:
+                continue
+            busy = [(k, i) for k, h in self.hosts.items() for i in h.inflight]
+            if busy:
+                for key, item in busy:
+                    self.frontier.finish(key)
+                    self.hosts[key].inflight.remove(item)
+                    self._maybe_retire(key)
+            elif len(self.frontier):
+                self.clock.advance(3.0)
+            else:
+                break
+        assert len(self.frontier) == 0
+        assert self.frontier.live_hosts == 0
+        assert self.frontier.active == 0
+        assert self.popped + self.dropped == Counter(self.accepted)
+        assert max((self.popped + self.dropped).values(), default=1) == 1
+
+
+FrontierMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=60,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_frontier_against_model = FrontierMachine.TestCase
+
+
+# -- cost: structures stay O(live hosts), pop/push never scan the hosts ----------
+
+
+def structure_sizes(frontier: Frontier[Any]) -> dict[str, int]:
+    return {
+        "ring": sum(len(bucket) for bucket in frontier._buckets.values()),
+        "buckets": len(frontier._buckets),
+        "bucket_ranks": len(frontier._bucket_ranks),
+        "timers": len(frontier._timers),
+        "capped": len(frontier._capped),
+    }
+
+
+class BoundsWatcher:
+    """Checks that no structure outgrows the largest live-host count seen."""
+
+    def __init__(self, frontier: Frontier[Any], slack: int = 100) -> None:
+        self.frontier = frontier
+        self.peak_live = 0
+        self.slack = slack
+        self.largest: dict[str, int] = {}
+
+    def check(self) -> None:
+        self.peak_live = max(self.peak_live, self.frontier.live_hosts)
+        bound = 2 * self.peak_live + self.slack
+        for name, size in structure_sizes(self.frontier).items():
+            self.largest[name] = max(self.largest.get(name, 0), size)
+            assert size <= bound, (name, size, self.peak_live)
+
+
+N_HOSTS = 10_000
+ROUNDS = 8
+
+
+def test_interval_churn_keeps_structures_bounded() -> None:
+    frontier, clock = make(limit=1, interval=1.0)
+    watch = BoundsWatcher(frontier)
+    hosts = [f"h{i}" for i in range(N_HOSTS)]
+    for host in hosts:
+        for i in range(ROUNDS):
+            frontier.push(host, i % 2, f"{host}-{i}")
+    watch.check()
+    popped = 0
+    for _ in range(ROUNDS * 3):
+        batch = drain_pops(frontier, bound=2 * N_HOSTS)
+        popped += len(batch)
+        for key, _ in batch:
+            frontier.finish(key)
+        watch.check()
+        clock.advance(1.0)
+    assert popped == N_HOSTS * ROUNDS
+    assert frontier.live_hosts == 0
+    assert frontier.pop() is None
+    assert structure_sizes(frontier) == dict.fromkeys(structure_sizes(frontier), 0)
+
+
+def test_repeated_block_extensions_keep_the_timer_heap_bounded() -> None:
+    frontier, clock = make(limit=1)
+    watch = BoundsWatcher(frontier)
+    hosts = [f"h{i}" for i in range(N_HOSTS)]
+    for host in hosts:
+        frontier.push(host, 0, host)
+    for extension in range(1, ROUNDS * 2 + 1):
+        # Retry-After answers keep pushing every host's block further out.
+        for host in hosts:
+            frontier.block_until(host, clock.now + 3600 + extension)
+        watch.check()
+        assert frontier.pop() is None
+    # The hosts leave while still blocked: their timers must not linger forever.
+    for _ in range(ROUNDS):
+        for host in hosts:
+            frontier.remove_queued(host)
+            frontier.push(host, 0, host)
+            frontier.block_until(host, clock.now + 7200)
+        watch.check()
+    assert frontier.next_wakeup() is not None
+    assert watch.largest["timers"] <= 2 * N_HOSTS + watch.slack
+
+
+def test_policy_changes_on_starved_hosts_keep_the_ring_bounded() -> None:
+    frontier, _ = make(limit=1_000)
+    watch = BoundsWatcher(frontier)
+    cold = [f"cold{i}" for i in range(N_HOSTS)]
+    for host in cold:
+        frontier.push(host, 0, host)
+    # One hot host with a higher rank is always ready, so the rank-0 bucket is
+    # never walked by pop(); AIMD keeps adjusting the cold hosts' limits.
+    for i in range(ROUNDS * 2):
+        frontier.push("hot", 10, f"hot{i}")
+    for r in range(ROUNDS * 2):
+        for host in cold:
+            frontier.set_limit(host, 2 + r % 2)
+        got = frontier.pop()
+        assert got is not None
+        assert got[0] == "hot"
+        frontier.finish("hot")
+        watch.check()
+    assert frontier.state("cold0") == READY
+
+
+def test_capped_churn_keeps_the_capped_queue_bounded() -> None:
+    frontier, _ = make(limit=1, max_active=1)
+    watch = BoundsWatcher(frontier)
+    frontier.push("busy", 0, "b0")
+    assert frontier.pop() == ("busy", "b0")
+    hosts = [f"h{i}" for i in range(N_HOSTS)]
+    for _ in range(ROUNDS * 2):
+        for host in hosts:
+            frontier.push(host, 0, host)
+        watch.check()
+        assert frontier.pop() is None
+        assert frontier.state(hosts[0]) == CAPPED
+        for host in hosts:
+            assert frontier.remove_queued(host) == [host]
+        watch.check()
+    frontier.push("late", 0, "late")
+    frontier.finish("busy")
+    assert frontier.pop() == ("late", "late")
+    frontier.finish("late")
+    assert frontier.pop() is None
+    assert frontier.live_hosts == 0
+    assert structure_sizes(frontier)["capped"] == 0
+
+
+def test_many_short_lived_hosts_keep_memory_bounded() -> None:
+    frontier, clock = make(limit=2, remember=500, interval=0.5)
+    watch = BoundsWatcher(frontier)
+    for i in range(N_HOSTS):
+        host = f"h{i}"
+        frontier.push(host, 0, f"{host}a")
+        frontier.push(host, 1, f"{host}b")
+        if i % 1000 == 0:
+            watch.check()
+        got = frontier.pop()
+        assert got == (host, f"{host}b")
+        frontier.finish(host)
+        clock.advance(0.5)
+        assert frontier.pop() == (host, f"{host}a")
+        frontier.finish(host)
+        assert frontier.state(host) is None
+    assert frontier.live_hosts == 0
+    assert len(frontier._retired) == 500
+    watch.check()
+
+
+def test_compaction_keeps_the_round_robin_order() -> None:
+    frontier, _ = make(limit=10)
+    hosts = [f"h{i:03d}" for i in range(100)]
+    for host in hosts:
+        frontier.push(host, 0, f"{host}-0")
+        frontier.push(host, 0, f"{host}-1")
+    # Each change re-queues the host at the back of its round and leaves a
+    # stale entry behind: 400 changes for 100 hosts force a compaction.
+    for limit in (3, 4, 5, 6):
+        for host in hosts:
+            frontier.set_limit(host, limit)
+    assert structure_sizes(frontier)["ring"] <= 2 * len(hosts) + 64
+    assert [key for key, _ in drain_pops(frontier)] == hosts * 2
+
+
+class NoScanDict(dict[str, Any]):
+    """A host table that fails the test if anything walks it."""
+
+    def _refuse(self, *args: Any) -> Any:
+        raise AssertionError("the frontier scanned its host table")
+
+    __iter__ = _refuse
+    keys = _refuse
+    values = _refuse
+    items = _refuse
+
+
+def test_request_path_never_scans_the_hosts() -> None:
+    frontier, clock = make(limit=2, max_active=50)
+    frontier._hosts = NoScanDict()
+    for i in range(2_000):
+        host = f"h{i}"
+        frontier.push(host, i % 3, f"{host}a")
+        frontier.push(host, 0, f"{host}b")
+        if i % 7 == 0:
+            frontier.block_until(host, clock.now + 5)
+        if i % 11 == 0:
+            frontier.set_interval(host, 1.0)
+            frontier.set_limit(host, 1)
+    assert frontier.next_wakeup() is not None
+    inflight: list[str] = []
+    served = 0
+    for _ in range(20_000):
+        got = frontier.pop()
+        if got is not None:
+            served += 1
+            inflight.append(got[0])
+            continue
+        if inflight:
+            for key in inflight:
+                frontier.finish(key)
+            inflight.clear()
+            continue
+        wake = frontier.next_wakeup()
+        if wake is None:
+            break
+        clock.now = wake
+    assert served == 4_000
+    assert len(frontier) == 0
+    assert frontier.live_hosts == 0
+    assert frontier.give_up("h1") == []
+    assert frontier.remove_queued("h2") == []
