@@ -1,30 +1,16 @@
-"""Per-host stats in Scrapy's stats collector, and the :class:`HostQueueStats`
-extension (a periodic log line and the optional timeline file).
+"""Per-host stats and the :class:`HostQueueStats` extension (a periodic log
+line and the optional timeline file).
 
-Every key is built by :func:`stat_key` / :func:`host_stat_key`. The scheduler,
-the AIMD middleware and the download handler report events to one
-:class:`HostStatsRecorder` per crawler (:func:`get_recorder`).
-
-Bounded cardinality: per-host counters live in the recorder's own table of at
-most ``HOSTQUEUE_STATS_MAX_HOSTS`` hosts. When a host not in the table needs
-an entry and the table is full, the least busy entry is folded into the
-aggregate host ``_other`` and the newcomer takes its place with the evicted
-entry's busyness as a starting floor (the "Space-Saving" heavy-hitters rule),
-so a host that is busy overall keeps its own entry even if it shows up late
-in a crawl that meets many hosts. Per-host keys are written to the stats
-collector from that table at every periodic log line and when the spider
-closes; global keys are written as events happen.
+The keys and the recorder live in :mod:`scrapy_hostqueue._recorder`; they are
+re-exported here, the module users name.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
-import math
 import os
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -34,327 +20,45 @@ from scrapy.utils.asyncio import create_looping_call
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
 from scrapy_hostqueue._frontier import Frontier
+from scrapy_hostqueue._recorder import (
+    HOSTS_PREFIX,
+    LOG_BUSIEST,
+    NO_HOST,
+    OTHER_HOSTS,
+    PREFIX,
+    HostCounters,
+    HostStatsRecorder,
+    LatencyHistogram,
+    get_recorder,
+    host_stat_key,
+    stat_key,
+)
 from scrapy_hostqueue.timeline import HostSample, TimelineWriter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
-    from scrapy.statscollectors import StatsCollector
     from scrapy.utils.asyncio import AsyncioLoopingCall
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
 
+__all__ = [
+    "HOSTS_PREFIX",
+    "NO_HOST",
+    "OTHER_HOSTS",
+    "PREFIX",
+    "HostCounters",
+    "HostQueueStats",
+    "HostStatsRecorder",
+    "LatencyHistogram",
+    "get_recorder",
+    "host_stat_key",
+    "stat_key",
+]
+
 logger = logging.getLogger(__name__)
-
-PREFIX = "hostqueue"
-#: Hosts beyond HOSTQUEUE_STATS_MAX_HOSTS add up under this host key.
-OTHER_HOSTS = "_other"
-#: The host key of requests whose URL has no host (``data:``, ``file:``).
-NO_HOST = "_nohost"
-HOSTS_PREFIX = f"{PREFIX}/hosts/"
-#: Hosts named in the periodic log line.
-LOG_BUSIEST = 5
-
-
-def stat_key(name: str) -> str:
-    """A global key: ``hostqueue/{name}``."""
-    return f"{PREFIX}/{name}"
-
-
-def host_stat_key(host: str, name: str) -> str:
-    """A per-host key: ``hostqueue/hosts/{host}/{name}``."""
-    return f"{HOSTS_PREFIX}{host or NO_HOST}/{name}"
-
-
-class LatencyHistogram:
-    """Latencies in fixed logarithmic buckets: bounded memory whatever the
-    number of samples, quantiles within 4.4 % (16 buckets per doubling)."""
-
-    __slots__ = ("buckets", "count", "high", "total")
-
-    PER_DOUBLING = 16
-    # 2**-20 s (~1 µs) .. 2**20 s (~12 days): at most 641 buckets.
-    LOWEST = -20 * PER_DOUBLING
-    HIGHEST = 20 * PER_DOUBLING
-
-    def __init__(self) -> None:
-        self.buckets: dict[int, int] = {}
-        self.count = 0
-        self.total = 0.0
-        self.high = 0.0
-
-    def add(self, seconds: float) -> None:
-        if not math.isfinite(seconds) or seconds < 0:
-            return
-        self.count += 1
-        self.total += seconds
-        self.high = max(self.high, seconds)
-        index = self.LOWEST
-        if seconds > 0:
-            index = math.ceil(math.log2(seconds) * self.PER_DOUBLING)
-            index = min(max(index, self.LOWEST), self.HIGHEST)
-        self.buckets[index] = self.buckets.get(index, 0) + 1
-
-    def merge(self, other: LatencyHistogram) -> None:
-        self.count += other.count
-        self.total += other.total
-        self.high = max(self.high, other.high)
-        for index, count in other.buckets.items():
-            self.buckets[index] = self.buckets.get(index, 0) + count
-
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-    def quantile(self, q: float) -> float | None:
-        """The upper bound of the bucket holding the *q* quantile (capped at
-        the largest sample), or None without samples."""
-        if not self.count:
-            return None
-        rank = max(1, math.ceil(q * self.count))
-        seen = 0
-        for index in sorted(self.buckets):
-            seen += self.buckets[index]
-            if seen >= rank:
-                if index == self.HIGHEST:  # open-ended: anything above
-                    return self.high
-                return min(float(2.0 ** (index / self.PER_DOUBLING)), self.high)
-        return self.high  # pragma: no cover - rank <= count
-
-
-class HostCounters:
-    """What the recorder knows about one host (or the aggregate)."""
-
-    __slots__ = ("base", "counts", "highs", "latency", "limit", "lows", "weight")
-
-    def __init__(self, base: int = 0) -> None:
-        #: Additive values (``*_count``, ``blocked_seconds``), by key name.
-        self.counts: dict[str, float] = {}
-        #: High-water marks (``max_*``) and low-water marks (``min_*``).
-        self.highs: dict[str, float] = {}
-        self.lows: dict[str, float] = {}
-        self.limit: int | None = None
-        self.latency = LatencyHistogram()
-        #: Busyness: events recorded since the host got its entry, plus the
-        #: floor it inherited then (see the module docstring).
-        self.base = base
-        self.weight = 0
-
-    @property
-    def priority(self) -> int:
-        return self.base + self.weight
-
-    def inc(self, name: str, value: float = 1) -> None:
-        self.counts[name] = self.counts.get(name, 0) + value
-
-    def high(self, name: str, value: float) -> None:
-        if value > self.highs.get(name, -math.inf):
-            self.highs[name] = value
-
-    def low(self, name: str, value: float) -> None:
-        if value < self.lows.get(name, math.inf):
-            self.lows[name] = value
-
-    def merge(self, other: HostCounters) -> None:
-        """Add *other* into this entry (the current limit is not additive: dropped)."""
-        for name, value in other.counts.items():
-            self.inc(name, value)
-        for name, value in other.highs.items():
-            self.high(name, value)
-        for name, value in other.lows.items():
-            self.low(name, value)
-        self.latency.merge(other.latency)
-
-    def values(self, *, with_limit: bool = True) -> Iterator[tuple[str, float]]:
-        """``(name, value)`` of every stat this entry has."""
-        for name, value in self.counts.items():
-            # Sums of seconds: millisecond precision is plenty in a stats dump.
-            yield name, round(value, 3) if isinstance(value, float) else value
-        yield from self.highs.items()
-        yield from self.lows.items()
-        if with_limit and self.limit is not None:
-            yield "limit", self.limit
-        mean = self.latency.mean()
-        if mean is not None:
-            yield "latency_mean", round(mean, 6)
-            p95 = self.latency.quantile(0.95)
-            assert p95 is not None
-            yield "latency_p95", round(p95, 6)
-
-
-class HostStatsRecorder:
-    """Turns per-host events into stats, with bounded cardinality.
-
-    Components call the event methods; :meth:`flush` writes the per-host keys
-    of the (at most ``max_hosts``) named hosts and of the aggregate host.
-    """
-
-    def __init__(self, stats: StatsCollector, config: HostQueueConfig) -> None:
-        self.stats = stats
-        self.enabled = config.stats_enabled
-        self.max_hosts = config.stats_max_hosts
-        self._table: dict[str, HostCounters] = {}
-        # One (priority when pushed, tiebreak, host) entry per table entry;
-        # priorities only grow, so a stale entry is re-pushed when popped.
-        self._heap: list[tuple[int, int, str]] = []
-        self._seq = itertools.count()
-        self._floor = 0
-        self.other = HostCounters()
-
-    # -- the bounded table ---------------------------------------------------
-
-    def counters(self, host: str) -> HostCounters:
-        """The entry that events of *host* go to (its own, or the aggregate)."""
-        host = host or NO_HOST
-        entry = self._table.get(host)
-        if entry is None:
-            if self.max_hosts <= 0:
-                return self.other
-            if len(self._table) >= self.max_hosts:
-                self._evict()
-            entry = self._table[host] = HostCounters(self._floor)
-            heapq.heappush(self._heap, (entry.priority, next(self._seq), host))
-        entry.weight += 1
-        return entry
-
-    def _evict(self) -> None:
-        heap, table = self._heap, self._table
-        while True:
-            priority, _, host = heapq.heappop(heap)
-            entry = table[host]
-            if entry.priority != priority:
-                heapq.heappush(heap, (entry.priority, next(self._seq), host))
-                continue
-            del table[host]
-            self.other.merge(entry)
-            self._floor = priority
-            return
-
-    def named_hosts(self) -> list[str]:
-        """Hosts that currently have their own keys, busiest first."""
-        return sorted(self._table, key=lambda host: -self._table[host].priority)
-
-    def table_size(self) -> int:
-        """Entries held (named hosts), for tests of boundedness."""
-        return len(self._table) + len(self._heap)
-
-    def host_stats(self) -> dict[str, float]:
-        """Every per-host key and its value, as :meth:`flush` writes them."""
-        result: dict[str, float] = {}
-        for host, entry in self._table.items():
-            for name, value in entry.values():
-                result[host_stat_key(host, name)] = value
-        for name, value in self.other.values(with_limit=False):
-            result[host_stat_key(OTHER_HOSTS, name)] = value
-        return result
-
-    def flush(self) -> None:
-        """Replace the per-host keys in the stats collector with the current ones."""
-        if not self.enabled:
-            return
-        fresh = {
-            key: value
-            for key, value in self.stats.get_stats().items()
-            if not key.startswith(HOSTS_PREFIX)
-        }
-        fresh.update(self.host_stats())
-        self.stats.set_stats(fresh)
-
-    # -- generic helpers ------------------------------------------------------
-
-    def inc(self, host: str, name: str, count: float = 1) -> None:
-        """Add *count* to the per-host counter *name* (e.g. ``connections_opened_count``)."""
-        if self.enabled:
-            self.counters(host).inc(name, count)
-
-    # Kept for callers written against the first version of this module.
-    _inc = inc
-
-    def _global_inc(self, name: str, count: int = 1) -> None:
-        self.stats.inc_value(stat_key(name), count)
-
-    # -- scheduler events --------------------------------------------------
-
-    def host_seen(self, host: str) -> None:
-        if self.enabled:
-            self._global_inc("hosts_seen_count")
-
-    def request_started(self, host: str, inflight: int, active_hosts: int) -> None:
-        if not self.enabled:
-            return
-        entry = self.counters(host)
-        entry.inc("request_count")
-        entry.high("max_inflight", inflight)
-        self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
-
-    def response(self, host: str, status: int, latency: float | None) -> None:
-        if not self.enabled:
-            return
-        entry = self.counters(host)
-        entry.inc("response_count")
-        entry.inc(f"status_count/{status}")
-        if latency is not None:
-            entry.latency.add(float(latency))
-
-    def exception(self, host: str, name: str) -> None:
-        if not self.enabled:
-            return
-        entry = self.counters(host)
-        entry.inc("exception_count")
-        entry.inc(f"exception_type_count/{name}")
-
-    # -- policy events -----------------------------------------------------
-
-    def limit_changed(self, host: str, limit: int) -> None:
-        if not self.enabled:
-            return
-        entry = self.counters(host)
-        entry.limit = limit
-        entry.high("max_limit", limit)
-        entry.low("min_limit", limit)
-
-    def backoff(self, host: str, reason: str) -> None:
-        if self.enabled:
-            self.counters(host).inc(f"backoff_count/{reason}")
-
-    def blocked(self, host: str, seconds: float, reason: str) -> None:
-        if not self.enabled:
-            return
-        entry = self.counters(host)
-        entry.inc(f"block_count/{reason}")
-        entry.inc("blocked_seconds", max(0.0, float(seconds)))
-
-    def host_parked(self, host: str) -> None:
-        if not self.enabled:
-            return
-        self._global_inc("hosts_parked_count")
-        self.counters(host).inc("parked_count")
-
-    def host_given_up(self, host: str, dropped: int) -> None:
-        if not self.enabled:
-            return
-        self._global_inc("hosts_given_up_count")
-        self._global_inc("dropped_request_count", dropped)
-        entry = self.counters(host)
-        entry.inc("given_up_count")
-        entry.inc("dropped_request_count", dropped)
-
-
-_recorders: weakref.WeakKeyDictionary[Crawler, HostStatsRecorder] = weakref.WeakKeyDictionary()
-
-
-def get_recorder(crawler: Crawler) -> HostStatsRecorder:
-    """The crawler's one recorder, shared by every component. Its per-host
-    keys are written to the stats when the spider closes."""
-    recorder = _recorders.get(crawler)
-    if recorder is None:
-        assert crawler.stats is not None
-        recorder = HostStatsRecorder(crawler.stats, HostQueueConfig.from_settings(crawler.settings))
-        _recorders[crawler] = recorder
-        # spider_closed runs before the stats collector dumps its stats.
-        crawler.signals.connect(recorder.flush, signal=signals.spider_closed)
-    return recorder
 
 
 # -- the extension ----------------------------------------------------------
