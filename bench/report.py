@@ -90,10 +90,21 @@ def table_lines(summaries: Sequence[Summary]) -> list[str]:
         lines.append("  ".join(cells).rstrip())
         if index == 0:
             lines.append("  ".join("-" * width for width in widths))
+    lines.extend(LEGEND)
     if notes:
         lines.append("Notes:")
         lines.extend(notes)
     return lines
+
+
+LEGEND = (
+    "Medians over the runs. time: from the first request reaching the downloader to the",
+    "budget-th response reaching the engine (crawler clock); x bound: over the scenario's",
+    "bound; x scrapy: over Scrapy defaults in the same run; '>': stopped at the time limit.",
+    "max in flight/limit: the worst host at the server (hosts over their limit in the worst",
+    "run); 429s, in R-A window (requests arriving inside a Retry-After the host had sent):",
+    "counted at the hosts; CPU s, peak MB: the crawl process, start-up included.",
+)
 
 
 def micro_lines(micro: dict[str, Any]) -> list[str]:
