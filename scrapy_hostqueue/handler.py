@@ -375,6 +375,15 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         acquire = getattr(scheduler, "acquire_send_slot", None)
         if acquire is not None:
             await acquire(request)
+            response = await self._download(request)
+            # The body is read and the connection back in the pool: the host's
+            # next request may go now, unless the response asks to back off
+            # (then the slot is freed once the middlewares have seen it).
+            scheduler.response_downloaded(request, response.status)
+            return response
+        return await self._download(request)
+
+    async def _download(self, request: Request) -> Response:
         download = _Download(_host_of(request))
         token = _current_download.set(download)
         # A retried request carries the latency of its previous attempt.

@@ -254,6 +254,14 @@ class HostQueueScheduler(BaseScheduler):
         self._open_gate(host)
         await future
 
+    def response_downloaded(self, request: Request, status: int) -> None:
+        """The handler has read *request*'s whole response: free its send slot
+        now, before the response crosses the downloader middlewares, unless
+        the status asks the host to back off (the AIMD middleware must block
+        the host before its next request may go)."""
+        if request in self._holding and status not in self.config.aimd_backoff_http_codes:
+            self._release_send_slot(self._handed_out[request], request)
+
     def _may_send(self, host: str) -> bool:
         policy = self.frontier.policy(host)
         return (
