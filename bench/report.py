@@ -359,9 +359,13 @@ def write_chart(
     bars.set_title(f"Time to {budget:,} pages over the bound (lower is better)")
     handles, labels = bars.get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: list(CONFIGS).index(labels[i]))
+    # Head room above the tallest bar for the legend (log scale).
+    bars.set_ylim(top=max((s.ratio_bound or 1.0) for s in ok) * 4 if ok else 10.0)
     bars.legend(
         [handles[i] for i in order],
         [labels[i] for i in order],
+        loc="upper center",
+        ncol=3,
         fontsize=8,
         title="hatched: stopped at the time limit" if any(s.at_least for s in ok) else None,
         title_fontsize=7,
