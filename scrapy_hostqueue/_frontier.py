@@ -144,6 +144,9 @@ class Frontier(Generic[T]):
     *max_active* caps the hosts with work in flight (0: no cap).
     *remember* bounds the policies kept for hosts that went idle, so that a
     crawl meeting a million hosts does not keep a million idle entries.
+    Hosts compete in the ring by ``head rank // ring_granularity``: with 2,
+    ranks ``2p`` and ``2p + 1`` order requests within a host but are one
+    priority ``p`` across hosts.
     """
 
     def __init__(
@@ -153,9 +156,13 @@ class Frontier(Generic[T]):
         max_active: int = 0,
         prefetch: int = 0,
         remember: int = 10_000,
+        ring_granularity: int = 1,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
+        if ring_granularity < 1:
+            raise ValueError(f"ring_granularity must be >= 1, got {ring_granularity!r}")
+        self._ring_granularity = ring_granularity
         self._policy_factory = policy_factory
         self.max_active = max_active
         #: Requests a host may have handed out beyond its limit; they wait
@@ -252,7 +259,8 @@ class Frontier(Generic[T]):
             host = self._hosts[key] = _Host(key, policy)
         elif host.policy.given_up:
             return False
-        raises_head = host.queued and rank > host.head_rank()
+        granularity = self._ring_granularity
+        raises_head = host.queued and rank // granularity > host.head_rank() // granularity
         host.push(rank, item)
         self._queued += 1
         if host.state == DRAINED or (host.state == READY and raises_head):
@@ -396,7 +404,7 @@ class Frontier(Generic[T]):
             self._set_capped(host)
         else:
             host.state = READY
-            rank = host.ring_rank = host.head_rank()
+            rank = host.ring_rank = host.head_rank() // self._ring_granularity
             bucket = self._buckets.get(rank)
             if bucket is None:
                 bucket = self._buckets[rank] = deque()

@@ -46,9 +46,9 @@ class PolicyHook(Protocol):
 
 
 def request_rank(request: Request) -> int:
-    """Serving order within and across hosts: higher priority first, and among
-    equal priorities other requests before start requests, as Scrapy's own
-    scheduler does."""
+    """Serving order within a host: higher priority first, and among equal
+    priorities other requests before start requests, as Scrapy's own scheduler
+    does. Across hosts, only the priority (``rank // 2``) counts."""
     return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
 
 
@@ -104,6 +104,9 @@ class HostQueueScheduler(BaseScheduler):
             max_active=config.max_active_hosts,
             prefetch=self.prefetch,
             remember=config.remember_hosts,
+            # Across hosts only the priority counts: a host whose next request
+            # is a start request takes its turn like any other.
+            ring_granularity=2,
         )
         # The send gate (used only with prefetch): requests past it per host,
         # and the requests waiting for it.

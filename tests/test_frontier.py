@@ -161,6 +161,34 @@ def test_push_of_a_higher_rank_moves_a_ready_host_up() -> None:
     assert drain_pops(frontier) == [("a", "a-high"), ("b", "b-mid"), ("a", "a-low")]
 
 
+@pytest.mark.parametrize(
+    ("granularity", "expected"),
+    [
+        # Ranks 2 and 3 are one priority across hosts: round-robin.
+        (2, ["a", "b", "a", "b", "a", "b"]),
+        # Every rank counts across hosts: "b" waits for "a" to empty.
+        (1, ["a", "a", "a", "b", "b", "b"]),
+    ],
+)
+def test_ring_granularity_groups_ranks_across_hosts(granularity: int, expected: list[str]) -> None:
+    frontier: Frontier[str] = Frontier(
+        lambda key: HostPolicy(10), ring_granularity=granularity, clock=FakeClock()
+    )
+    for i in range(3):
+        frontier.push("a", 3, f"a{i}")
+        frontier.push("b", 2, f"b{i}")
+    assert [key for key, _ in drain_pops(frontier)] == expected
+
+
+def test_ring_granularity_keeps_rank_order_within_a_host() -> None:
+    frontier: Frontier[str] = Frontier(
+        lambda key: HostPolicy(1), ring_granularity=2, clock=FakeClock()
+    )
+    frontier.push("a", 2, "start")
+    frontier.push("a", 3, "link")
+    assert frontier.pop() == ("a", "link")
+
+
 def test_pop_with_nothing_queued() -> None:
     frontier, _ = make()
     assert frontier.pop() is None
