@@ -91,14 +91,11 @@ def child_environment() -> dict[str, str]:
 SHUTDOWN_GRACE = 45.0
 
 
-def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """``python -m bench.crawl_once @file``; its JSON result, or ``{"error": ...}``."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(config, handle)
-        path = handle.name
+def _json_from_child(command: list[str], timeout: float) -> dict[str, Any]:
+    """Run a bench child process; its last stdout line as JSON, or ``{"error": ...}``."""
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "bench.crawl_once", f"@{path}"],
+            command,
             capture_output=True,
             text=True,
             env=child_environment(),
@@ -108,14 +105,23 @@ def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
         )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
-    finally:
-        os.unlink(path)
     lines = done.stdout.strip().splitlines()
     if done.returncode or not lines:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
         return {"error": f"exit code {done.returncode}: {tail}"}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def run_child(config: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """``python -m bench.crawl_once @file``; its JSON result, or ``{"error": ...}``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(config, handle)
+        path = handle.name
+    try:
+        return _json_from_child([sys.executable, "-m", "bench.crawl_once", f"@{path}"], timeout)
+    finally:
+        os.unlink(path)
 
 
 def server_side(run: Run, stats: list[HostStats], limits: Sequence[int]) -> None:
@@ -299,21 +305,4 @@ def run_micro(host_counts: Sequence[int], rounds: int, timeout: float = 600.0) -
         "--rounds",
         str(rounds),
     ]
-    try:
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            env=child_environment(),
-            cwd=ROOT,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode or not lines:
-        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-        return {"error": f"exit code {done.returncode}: {tail}"}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    return _json_from_child(command, timeout)

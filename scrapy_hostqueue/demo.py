@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scrapy_hostqueue.testing import (
+    PROXY_VARIABLES,
     HostSpec,
     HostStats,
     LocalHosts,
@@ -41,16 +42,6 @@ PROG = "python -m scrapy_hostqueue.demo"
 PROJECT_DIR = Path(__file__).resolve().parent.parent / "example_project"
 SPIDER = "pages"
 OK_FINISH_REASONS = ("finished", "closespider_pagecount")
-PROXY_VARIABLES = (
-    "http_proxy",
-    "https_proxy",
-    "all_proxy",
-    "no_proxy",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "NO_PROXY",
-)
 
 #: The default host set: (label, spec).
 DEMO_HOSTS: list[tuple[str, HostSpec]] = [

@@ -5,25 +5,14 @@ from typing import Any
 
 import pytest
 
-from scrapy_hostqueue.testing import HostSpec, LocalHosts
-
-_PROXY_VARIABLES = (
-    "http_proxy",
-    "https_proxy",
-    "all_proxy",
-    "no_proxy",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "NO_PROXY",
-)
+from scrapy_hostqueue.testing import PROXY_VARIABLES, HostSpec, LocalHosts
 
 
 @pytest.fixture(autouse=True)
 def _no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """aiohttp and Scrapy's HttpProxyMiddleware read proxies from the environment;
     tests talk to loopback servers only."""
-    for name in _PROXY_VARIABLES:
+    for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 
 

@@ -72,7 +72,22 @@ from scrapy_hostqueue.testing._spec import (
 )
 from scrapy_hostqueue.testing._state import HostStats, host_address
 
+#: Environment variables that make HTTP clients (aiohttp, urllib, Scrapy's
+#: HttpProxyMiddleware) use a proxy; everything that talks to local hosts
+#: clears them.
+PROXY_VARIABLES = (
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+)
+
 __all__ = [
+    "PROXY_VARIABLES",
     "ControlError",
     "HostSpec",
     "HostStats",
