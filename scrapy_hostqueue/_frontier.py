@@ -9,7 +9,12 @@ Every live host (queued work or work in flight) is in exactly one state:
 * READY: queued work, in flight below its limit, not blocked, and either
   already active or the active-host cap has room. It sits in the ring bucket
   of its head rank; buckets are served highest rank first, round-robin within.
-* FULL: in flight at or above its limit. Leaves on :meth:`Frontier.finish`.
+* PREFETCH: queued work, in flight at its limit but below the limit plus
+  ``prefetch``. Sits in a FIFO served only when no host is READY, so an
+  extra request waiting downstream never takes a global slot from a host
+  that could send at once.
+* FULL: in flight at or above its limit (plus ``prefetch``). Leaves on
+  :meth:`Frontier.finish`.
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
   starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in a FIFO,
@@ -36,6 +41,7 @@ T = TypeVar("T")
 
 READY = "ready"
 FULL = "full"
+PREFETCH = "prefetch"
 BLOCKED = "blocked"
 CAPPED = "capped"
 DRAINED = "drained"
@@ -179,6 +185,7 @@ class Frontier(Generic[T]):
         self._timers: list[tuple[float, int, int, _Host[T]]] = []
         self._timer_seq = 0
         self._capped: deque[tuple[int, _Host[T]]] = deque()
+        self._prefetchable: deque[tuple[int, _Host[T]]] = deque()
         self._queued = 0
         self.active = 0  # hosts with work in flight
         self.max_active_seen = 0
@@ -298,6 +305,16 @@ class Frontier(Generic[T]):
         # slot would stay unused while other capped hosts wait: pass it on.
         if self._release_capped(now):
             return self.pop(now)
+        prefetchable = self._prefetchable
+        while prefetchable:
+            token, host = prefetchable.popleft()
+            if host.token != token:
+                continue
+            item = host.pop()
+            self._queued -= 1
+            self._start(host, now)
+            self._place(host, now)
+            return host.key, item
         return None
 
     def finish(self, key: str) -> None:
@@ -308,10 +325,10 @@ class Frontier(Generic[T]):
         host.inflight -= 1
         if host.inflight == 0:
             self.active -= 1
-            if host.state in (FULL, DRAINED):
+            if host.state in (FULL, PREFETCH, DRAINED):
                 self._place(host, self.clock())
             self._release_capped()
-        elif host.state == FULL:
+        elif host.state in (FULL, PREFETCH):
             self._place(host, self.clock())
 
     def remove_queued(self, key: str) -> list[T]:
@@ -400,6 +417,11 @@ class Frontier(Generic[T]):
                 self._compact()
         elif host.inflight >= policy.limit + self.prefetch:
             host.state = FULL
+        elif host.inflight >= policy.limit:
+            host.state = PREFETCH
+            self._prefetchable.append((host.token, host))
+            if self._crowded(len(self._prefetchable)):
+                self._compact()
         elif host.inflight == 0 and 0 < self.max_active <= self.active:
             self._set_capped(host)
         else:
@@ -457,9 +479,10 @@ class Frontier(Generic[T]):
         timers = [e for e in self._timers if e[3].token == e[2]]
         heapq.heapify(timers)
         self._timers[:] = timers
-        capped = [e for e in self._capped if e[1].token == e[0]]
-        self._capped.clear()
-        self._capped.extend(capped)
+        for fifo in (self._capped, self._prefetchable):
+            kept = [e for e in fifo if e[1].token == e[0]]
+            fifo.clear()
+            fifo.extend(kept)
         buckets = self._buckets
         for rank in list(buckets):
             bucket = buckets[rank]

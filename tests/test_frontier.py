@@ -29,6 +29,7 @@ from scrapy_hostqueue._frontier import (
     CAPPED,
     DRAINED,
     FULL,
+    PREFETCH,
     READY,
     Frontier,
     HostPolicy,
@@ -254,6 +255,22 @@ def test_lowering_the_limit_below_inflight_waits_for_enough_finishes() -> None:
     frontier.finish("a")
     assert frontier.pop() is not None
     assert frontier.pop() is None
+
+
+def test_prefetch_goes_only_when_no_host_can_send() -> None:
+    clock = FakeClock()
+    frontier: Frontier[str] = Frontier(lambda key: HostPolicy(1), prefetch=1, clock=clock)
+    for i in range(3):
+        frontier.push("a", 0, f"a{i}")
+    assert frontier.pop() == ("a", "a0")
+    frontier.push("b", 0, "b0")
+    # "a" is at its limit: its prefetch waits while "b" can send.
+    assert frontier.pop() == ("b", "b0")
+    assert frontier.pop() == ("a", "a1")
+    assert frontier.state("a") == FULL
+    assert frontier.pop() is None
+    frontier.finish("a")
+    assert frontier.state("a") == PREFETCH
 
 
 @pytest.mark.parametrize(("limit", "prefetch"), [(1, 1), (2, 1), (1, 3)])
@@ -895,8 +912,13 @@ class FrontierMachine(RuleBasedStateMachine):
         host = ready[key]
         rank, expected_item = host.head()
         assert item == expected_item, "rank order or FIFO violated within a host"
+        # A request beyond a host's limit (prefetch) goes only when no host
+        # can send at once.
+        sendable = {k: h for k, h in ready.items() if len(h.inflight) < h.limit}
+        if sendable:
+            assert key in sendable, f"prefetch for {key} went before {sorted(sendable)}"
         if self.cap == 0:
-            assert rank == max(h.head()[0] for h in ready.values())
+            assert rank == max(h.head()[0] for h in (sendable or ready).values())
         assert self.popped[item] == 0, f"item {item} popped twice"
         assert len(host.inflight) + 1 <= host.limit + self.prefetch
         if self.cap:
@@ -1022,6 +1044,10 @@ class FrontierMachine(RuleBasedStateMachine):
             elif state == FULL:
                 assert host.queue
                 assert len(host.inflight) >= full_at
+            elif state == PREFETCH:
+                assert host.queue
+                assert host.limit <= len(host.inflight) < full_at
+                assert host.ready_at() <= now
             elif state == CAPPED:
                 assert host.queue
                 assert not host.inflight
