@@ -295,11 +295,7 @@ class Frontier(Generic[T]):
             if host.inflight == 0 and 0 < self.max_active <= self.active:
                 self._set_capped(host)
                 continue
-            item = host.pop()
-            self._queued -= 1
-            self._start(host, now)
-            self._place(host, now)
-            return host.key, item
+            return self._serve(host, now)
         # finish() hands a freed slot to one capped host; if that host stopped
         # being ready before it was popped (blocked, emptied, given up), the
         # slot would stay unused while other capped hosts wait: pass it on.
@@ -308,13 +304,8 @@ class Frontier(Generic[T]):
         prefetchable = self._prefetchable
         while prefetchable:
             token, host = prefetchable.popleft()
-            if host.token != token:
-                continue
-            item = host.pop()
-            self._queued -= 1
-            self._start(host, now)
-            self._place(host, now)
-            return host.key, item
+            if host.token == token:
+                return self._serve(host, now)
         return None
 
     def finish(self, key: str) -> None:
@@ -386,6 +377,14 @@ class Frontier(Generic[T]):
         host = self._hosts.get(key)
         if host is not None and host.state != CAPPED:
             self._place(host, self.clock())
+
+    def _serve(self, host: _Host[T], now: float) -> tuple[str, T]:
+        """Hand out the next item of *host* and put the host where it now belongs."""
+        item = host.pop()
+        self._queued -= 1
+        self._start(host, now)
+        self._place(host, now)
+        return host.key, item
 
     def _start(self, host: _Host[T], now: float) -> None:
         host.inflight += 1
