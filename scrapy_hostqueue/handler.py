@@ -188,6 +188,12 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
 
     _shape_warned: ClassVar[bool] = False
 
+    @staticmethod
+    def host_busy(host: str) -> bool:
+        """Whether *host* has requests in flight (replaced by the handler with
+        the scheduler's view when there is one)."""
+        return False
+
     async def connect(
         self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
     ) -> Connection:
@@ -240,10 +246,15 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
         # placeholder). Idle sockets never outnumber `limit`, so these scans
         # stay small however many hosts the crawl meets.
         excess = len(acquired) + sum(len(pool) for pool in idle_pools.values()) - limit
+        busy = self.host_busy
         while excess > 0 and idle_pools:
             # Each pool is FIFO (oldest release first): evict the connection
-            # idle the longest across hosts.
-            key = min(idle_pools, key=lambda k: idle_pools[k][0][1])
+            # idle the longest, preferring hosts with nothing in flight. In a
+            # broad crawl the pool is full of hosts that are between two
+            # requests; evicting theirs would make each of them reconnect
+            # (and evict another's) on its next request.
+            idle = [k for k in idle_pools if not busy(k.host)] or list(idle_pools)
+            key = min(idle, key=lambda k: idle_pools[k][0][1])
             pool = idle_pools[key]
             protocol, _ = pool[0]
             del pool[0]
@@ -352,6 +363,10 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             # aiohttp annotates the TTL as int but takes any number of seconds.
             ttl_dns_cache=pool.config.dns_cache_ttl,  # type: ignore[arg-type]
         )
+        scheduler = internals.current_scheduler(self.crawler)
+        host_busy = getattr(scheduler, "host_busy", None)
+        if host_busy is not None:
+            connector.host_busy = host_busy  # type: ignore[method-assign]
         # The same session options as Scrapy's handler.
         return aiohttp.ClientSession(
             connector=connector,

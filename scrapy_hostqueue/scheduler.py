@@ -218,6 +218,10 @@ class HostQueueScheduler(BaseScheduler):
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
 
+    def host_busy(self, host: str) -> bool:
+        """Whether *host* has requests handed out and not yet done."""
+        return self.frontier.inflight(host) > 0
+
     def policy(self, host: str) -> HostPolicy:
         return self.frontier.policy(host)
 
