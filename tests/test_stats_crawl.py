@@ -184,8 +184,11 @@ async def test_timeline_under_the_stock_scheduler(
     for i, hostname in enumerate(hosts.hostnames):
         host_rows = [row for row in rows if row["host"] == hostname]
         assert sum(row["fetched"] for row in host_rows) == hosts.stats(i, arrivals=False).served
-        assert max(row["in_flight"] for row in host_rows) >= 1
         assert all(row["queued"] is None and row["limit"] is None for row in host_rows)
+    # Sampled every 0.1 s: the slow host (0.3 s a page, 12 pages) is always
+    # caught with requests in flight; the fast one may finish between samples.
+    slow_rows = [row for row in rows if row["host"] == hosts.hostnames[1]]
+    assert max(row["in_flight"] for row in slow_rows) >= 1
     assert all(row["queued"] is None for row in rows if row["host"] == OTHER_HOSTS)
 
 
