@@ -324,10 +324,16 @@ class HostStatsRecorder:
         if not self.enabled:
             return
         self._global_inc("hosts_given_up_count")
-        self._global_inc("dropped_request_count", dropped)
-        entry = self.counters(host)
-        entry.inc("given_up_count")
-        entry.inc("dropped_request_count", dropped)
+        self.counters(host).inc("given_up_count")
+        self.requests_dropped(host, dropped)
+
+    def requests_dropped(self, host: str, count: int = 1) -> None:
+        """Requests of a given-up host: its queue when it was given up, and any
+        request for it that arrives later."""
+        if not self.enabled or not count:
+            return
+        self._global_inc("dropped_request_count", count)
+        self.counters(host).inc("dropped_request_count", count)
 
 
 _recorders: weakref.WeakKeyDictionary[Crawler, HostStatsRecorder] = weakref.WeakKeyDictionary()

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import aiohttp
 import scrapy
 from scrapy.utils.asyncio import is_asyncio_available
-from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
@@ -158,16 +157,6 @@ class _Download:
 _current_download: ContextVar[_Download | None] = ContextVar(
     "scrapy_hostqueue_download", default=None
 )
-
-
-def _host_of(request: Request) -> str:
-    # "Host" is the downloader slot key (see _scrapy_internals.host_key). The
-    # downloader stores it in meta["download_slot"] before calling any handler;
-    # the fallback, for a handler called directly, is the slot key's default.
-    slot = request.meta.get("download_slot")
-    if slot is not None:
-        return str(slot)
-    return urlparse_cached(request).hostname or ""
 
 
 class _BoundedTCPConnector(aiohttp.TCPConnector):
@@ -399,7 +388,7 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         return await self._download(request)
 
     async def _download(self, request: Request) -> Response:
-        download = _Download(_host_of(request))
+        download = _Download(internals.host_key(self.crawler, request))
         token = _current_download.set(download)
         # A retried request carries the latency of its previous attempt.
         previous_latency = request.meta.get("download_latency")

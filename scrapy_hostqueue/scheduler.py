@@ -345,7 +345,7 @@ class HostQueueScheduler(BaseScheduler):
     def _push(self, request: Request) -> bool:
         host = internals.host_key(self.crawler, request)
         if not self.frontier.push(host, request_rank(request), request):
-            self.stats.inc_value("hostqueue/dropped_request_count")
+            self.recorder.requests_dropped(host)
             if self.debug:
                 logger.debug("Dropped %s: host %s was given up", request, host)
             return False
