@@ -103,6 +103,7 @@ class HostQueueConfig:
     remember_hosts: int
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
+    gc_freeze: bool  # keep the heap alive at start out of full collections
     # AIMD middleware
     aimd_start: int
     aimd_floor: int
@@ -170,6 +171,7 @@ class HostQueueConfig:
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
+            gc_freeze=_boolean(settings, "HOSTQUEUE_GC_FREEZE", True),
             aimd_start=start,
             aimd_floor=floor,
             aimd_ceiling=ceiling,

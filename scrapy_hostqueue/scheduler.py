@@ -17,6 +17,7 @@ from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.request import request_from_dict
 
+from scrapy_hostqueue import _gc
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._frontier import Frontier, HostPolicy
@@ -119,6 +120,7 @@ class HostQueueScheduler(BaseScheduler):
         self._wakeup_at = 0.0
         self._undo_hook: Any = None
         self._logged_unserializable = False
+        self._gc_held = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -146,17 +148,25 @@ class HostQueueScheduler(BaseScheduler):
             self.crawler.signals.connect(
                 self._follow_autothrottle, signal=signals.response_downloaded
             )
+        cfg = self.config
+        frozen = ""
+        if cfg.gc_freeze:
+            # Everything alive now (Scrapy, the spider, the components) lives
+            # as long as the crawl: out of full garbage collections with it.
+            # Before loading JOBDIR requests, which do not live that long.
+            frozen = f", {_gc.hold():,} start-up objects frozen out of full GC passes"
+            self._gc_held = True
         if self.jobdir:
             self._load_state()
-        cfg = self.config
         logger.info(
             "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
-            "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s",
+            "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s%s",
             cfg.default_concurrency,
             cfg.max_active_hosts or "unlimited",
             self.prefetch,
             "AutoThrottle" if self._autothrottle else "the scheduler",
             f", resumed {len(self.frontier)} requests from JOBDIR" if len(self.frontier) else "",
+            frozen,
         )
         return self.df.open()
 
@@ -172,6 +182,9 @@ class HostQueueScheduler(BaseScheduler):
             self._undo_hook = None
         if self.jobdir:
             self._save_state()
+        if self._gc_held:
+            self._gc_held = False
+            _gc.release()
         # Before spider_closed, so that Spider.closed() and extensions that
         # read the stats at the end see the per-host keys.
         self.recorder.flush()
