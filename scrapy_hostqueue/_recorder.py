@@ -269,7 +269,10 @@ class HostStatsRecorder:
         if self.enabled:
             self._global_inc("hosts_seen_count")
 
-    def request_started(self, host: str, inflight: int, active_hosts: int) -> None:
+    def request_done(self, host: str, inflight: int, active_hosts: int) -> None:
+        """A request handed out for *host* left the downloader; *inflight* and
+        *active_hosts* are the counts just before it left (every high-water
+        mark of in-flight requests is seen at the next leave)."""
         if not self.enabled:
             return
         entry = self.counters(host)

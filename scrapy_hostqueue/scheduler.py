@@ -212,7 +212,6 @@ class HostQueueScheduler(BaseScheduler):
         self._handed_out[request] = host
         self.stats.inc_value("scheduler/dequeued/memory")
         self.stats.inc_value("scheduler/dequeued")
-        self.recorder.request_started(host, self.frontier.inflight(host), self.frontier.active)
         if self.debug:
             logger.debug(
                 "Handing out %s (host %s, %d in flight)",
@@ -369,6 +368,11 @@ class HostQueueScheduler(BaseScheduler):
     def _request_left(self, request: Request) -> None:
         host = self._handed_out.pop(request, None)
         if host is not None:
+            # The per-host request stats are taken here, off the engine's
+            # next_request path: every request handed out leaves exactly once,
+            # and the in-flight counts just before a leave reach every
+            # high-water mark the hand-outs set.
+            self.recorder.request_done(host, self.frontier.inflight(host), self.frontier.active)
             if request in self._holding:
                 self._release_send_slot(host, request)
             self.frontier.finish(host)

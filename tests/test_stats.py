@@ -48,8 +48,8 @@ def test_events_become_per_host_keys() -> None:
     recorder.host_seen("a.test")
     recorder.host_seen("b.test")
     for inflight in (1, 2, 3, 2):
-        recorder.request_started("a.test", inflight, active_hosts=2)
-    recorder.request_started("b.test", 1, active_hosts=1)
+        recorder.request_done("a.test", inflight, active_hosts=2)
+    recorder.request_done("b.test", 1, active_hosts=1)
     recorder.response("a.test", 200, 0.1)
     recorder.response("a.test", 200, 0.3)
     recorder.response("a.test", 429, None)
@@ -102,7 +102,7 @@ def test_events_become_per_host_keys() -> None:
 
 def test_every_key_is_lowercase_and_counters_end_in_count() -> None:
     recorder = make_recorder()
-    recorder.request_started("h", 1, 1)
+    recorder.request_done("h", 1, 1)
     recorder.response("h", 503, 0.2)
     recorder.exception("h", "ConnectionRefusedError")
     recorder.limit_changed("h", 3)
@@ -121,7 +121,7 @@ def test_every_key_is_lowercase_and_counters_end_in_count() -> None:
 def test_disabled_recorder_writes_nothing() -> None:
     recorder = make_recorder(HOSTQUEUE_STATS_ENABLED=False)
     recorder.host_seen("a")
-    recorder.request_started("a", 1, 1)
+    recorder.request_done("a", 1, 1)
     recorder.response("a", 200, 0.1)
     recorder.limit_changed("a", 2)
     recorder.host_given_up("a", 3)
@@ -134,7 +134,7 @@ def test_hosts_beyond_the_cap_add_up_under_the_aggregate() -> None:
     recorder = make_recorder(HOSTQUEUE_STATS_MAX_HOSTS=3)
     hosts = [f"h{i}.test" for i in range(10)]
     for host in hosts:
-        recorder.request_started(host, 1, 1)
+        recorder.request_done(host, 1, 1)
         recorder.response(host, 200, 0.01)
     recorder.flush()
     stats = recorder.stats.get_stats()
@@ -167,11 +167,11 @@ def test_a_busy_host_that_shows_up_late_keeps_its_own_keys() -> None:
     for i in range(5000):
         # A stream of one-off hosts, with the two busy hosts among them (the
         # second one only from the middle of the crawl on).
-        recorder.request_started(f"once{i}.test", 1, 1)
+        recorder.request_done(f"once{i}.test", 1, 1)
         if rng.random() < 0.3:
-            recorder.request_started(busy[0], 1, 1)
+            recorder.request_done(busy[0], 1, 1)
         if i > 2500 and rng.random() < 0.3:
-            recorder.request_started(busy[1], 1, 1)
+            recorder.request_done(busy[1], 1, 1)
     named = recorder.named_hosts()
     assert busy[0] in named[:2]
     assert busy[1] in named[:2]
@@ -180,11 +180,11 @@ def test_a_busy_host_that_shows_up_late_keeps_its_own_keys() -> None:
 
 def test_flush_replaces_per_host_keys_of_evicted_hosts() -> None:
     recorder = make_recorder(HOSTQUEUE_STATS_MAX_HOSTS=1)
-    recorder.request_started("first", 1, 1)
+    recorder.request_done("first", 1, 1)
     recorder.flush()
     assert host_stat_key("first", "request_count") in recorder.stats.get_stats()
     for _ in range(3):
-        recorder.request_started("second", 1, 1)
+        recorder.request_done("second", 1, 1)
     recorder.flush()
     stats = recorder.stats.get_stats()
     assert host_stat_key("first", "request_count") not in stats
@@ -219,7 +219,7 @@ def test_100k_hosts_keep_the_stats_bounded() -> None:
     for i in range(100_000):
         host = f"host{i}.example"
         recorder.host_seen(host)
-        recorder.request_started(host, 1, 50)
+        recorder.request_done(host, 1, 50)
         recorder.response(host, statuses[i % len(statuses)], (i % 997) / 1000)
         if i % 10 == 0:
             recorder.limit_changed(host, 1 + i % 8)
@@ -279,7 +279,7 @@ def test_get_recorder_is_one_per_crawler_and_flushes_at_close() -> None:
     recorder = get_recorder(crawler)
     assert get_recorder(crawler) is recorder
     assert get_recorder(get_crawler(Spider)) is not recorder
-    recorder.request_started("a.test", 1, 1)
+    recorder.request_done("a.test", 1, 1)
     assert host_stat_key("a.test", "request_count") not in recorder.stats.get_stats()
     from scrapy import signals
 
