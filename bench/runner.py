@@ -134,8 +134,10 @@ def server_side(run: Run, stats: list[HostStats], limits: Sequence[int]) -> None
         run.in_retry_after_window += host.in_retry_after_window
 
 
-def rounds_of(config: str, repeats: int, extra_repeats: int) -> int:
-    return extra_repeats if CONFIGS[config].secondary else repeats
+def rounds_of(scenario: Scenario, config: str, repeats: int, extra_repeats: int) -> int:
+    """Crawls of *config* in *scenario*: ``repeats`` for the configurations
+    the scenario repeats, ``extra_repeats`` (at most ``repeats``) for the others."""
+    return repeats if config in scenario.repeated else min(extra_repeats, repeats)
 
 
 def run_scenario(
@@ -149,8 +151,9 @@ def run_scenario(
     progress: Callable[[str], None] = print,
 ) -> tuple[list[Run], dict[str, str]]:
     """Run every available configuration, alternating (A B C A B C ...), against
-    one set of local hosts reset between crawls: ``repeats`` times, secondary
-    configurations ``extra_repeats`` times (in the first rounds).
+    one set of local hosts reset between crawls: the scenario's repeated
+    configurations ``repeats`` times, the others ``extra_repeats`` times (in
+    the first rounds).
 
     Returns the runs and the reason each unavailable configuration was skipped.
     """
@@ -164,12 +167,14 @@ def run_scenario(
     fast_hosts = set(scenario.fast_hosts())
     longest_latency = max(spec.latency for spec in scenario.specs)
     runs: list[Run] = []
-    rounds = max((rounds_of(name, repeats, extra_repeats) for name in runnable), default=0)
+    rounds = max(
+        (rounds_of(scenario, name, repeats, extra_repeats) for name in runnable), default=0
+    )
     with LocalHosts(scenario.hosts, process=True, start_timeout=60.0) as hosts:
         netlocs = [hosts.netloc(index) for index in range(len(hosts))]
         for repeat in range(rounds):
             for name in runnable:
-                if repeat >= rounds_of(name, repeats, extra_repeats):
+                if repeat >= rounds_of(scenario, name, repeats, extra_repeats):
                     continue
                 hosts.reset()
                 child = {
@@ -211,7 +216,7 @@ def crawler_side(run: Run, result: dict[str, Any], fast_hosts: set[str]) -> None
         run.ok = True
         fast = sum(n for host, n in run.host_pages.items() if host in fast_hosts)
         run.fast_rate = fast / run.time_to_budget
-    elif run.finish_reason == "closespider_timeout":
+    elif run.finish_reason in ("time_limit", "closespider_timeout"):
         run.capped = True
         run.error = f"time limit: {run.pages} pages in {run.wall:.0f} s"
     else:
