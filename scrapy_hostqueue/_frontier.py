@@ -10,9 +10,9 @@ Every live host (queued work or work in flight) is in exactly one state:
   already active or the active-host cap has room. It sits in the ring bucket
   of its head rank; buckets are served highest rank first, round-robin within.
 * PREFETCH: queued work, in flight at its limit but below the limit plus
-  ``prefetch``. Sits in a FIFO served only when no host is READY, so an
-  extra request waiting downstream never takes a global slot from a host
-  that could send at once.
+  ``prefetch``. Sits in a heap by head rank (FIFO among equals), served
+  only when no host is READY, so an extra request waiting downstream never
+  takes a global slot from a host that could send at once.
 * FULL: in flight at or above its limit (plus ``prefetch``). Leaves on
   :meth:`Frontier.finish`.
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
@@ -185,7 +185,10 @@ class Frontier(Generic[T]):
         self._timers: list[tuple[float, int, int, _Host[T]]] = []
         self._timer_seq = 0
         self._capped: deque[tuple[int, _Host[T]]] = deque()
-        self._prefetchable: deque[tuple[int, _Host[T]]] = deque()
+        # Heap of (-head rank, seq, token, host): the highest rank first,
+        # FIFO among equals, as in the ring.
+        self._prefetchable: list[tuple[int, int, int, _Host[T]]] = []
+        self._prefetch_seq = 0
         self._queued = 0
         self.active = 0  # hosts with work in flight
         self.max_active_seen = 0
@@ -270,7 +273,7 @@ class Frontier(Generic[T]):
         raises_head = host.queued and rank // granularity > host.head_rank() // granularity
         host.push(rank, item)
         self._queued += 1
-        if host.state == DRAINED or (host.state == READY and raises_head):
+        if host.state == DRAINED or (host.state in (READY, PREFETCH) and raises_head):
             self._place(host, self.clock())
         return True
 
@@ -303,7 +306,7 @@ class Frontier(Generic[T]):
             return self.pop(now)
         prefetchable = self._prefetchable
         while prefetchable:
-            token, host = prefetchable.popleft()
+            _, _, token, host = heapq.heappop(prefetchable)
             if host.token == token:
                 return self._serve(host, now)
         return None
@@ -418,7 +421,9 @@ class Frontier(Generic[T]):
             host.state = FULL
         elif host.inflight >= policy.limit:
             host.state = PREFETCH
-            self._prefetchable.append((host.token, host))
+            self._prefetch_seq += 1
+            rank = host.head_rank() // self._ring_granularity
+            heapq.heappush(self._prefetchable, (-rank, self._prefetch_seq, host.token, host))
             if self._crowded(len(self._prefetchable)):
                 self._compact()
         elif host.inflight == 0 and 0 < self.max_active <= self.active:
@@ -471,17 +476,20 @@ class Frontier(Generic[T]):
         return size > 2 * len(self._hosts) + 64
 
     def _compact(self) -> None:
-        """Drop stale entries from the ring, the timer heap and the capped FIFO.
+        """Drop stale entries from the ring, the timer heap, the capped FIFO and
+        the prefetch heap.
 
         In place, because callers may hold references to these containers.
         """
         timers = [e for e in self._timers if e[3].token == e[2]]
         heapq.heapify(timers)
         self._timers[:] = timers
-        for fifo in (self._capped, self._prefetchable):
-            kept = [e for e in fifo if e[1].token == e[0]]
-            fifo.clear()
-            fifo.extend(kept)
+        kept = [e for e in self._capped if e[1].token == e[0]]
+        self._capped.clear()
+        self._capped.extend(kept)
+        prefetchable = [e for e in self._prefetchable if e[3].token == e[2]]
+        heapq.heapify(prefetchable)
+        self._prefetchable[:] = prefetchable
         buckets = self._buckets
         for rank in list(buckets):
             bucket = buckets[rank]

@@ -273,6 +273,25 @@ def test_prefetch_goes_only_when_no_host_can_send() -> None:
     assert frontier.state("a") == PREFETCH
 
 
+def test_prefetch_goes_to_the_highest_head_rank_first() -> None:
+    frontier: Frontier[str] = Frontier(lambda key: HostPolicy(1), prefetch=1, clock=FakeClock())
+    for key in ("a", "b", "c"):
+        frontier.push(key, 0, f"{key}0")
+        frontier.push(key, 0, f"{key}1")
+    assert sorted(frontier.pop() or ("", "") for _ in range(3)) == [
+        ("a", "a0"),
+        ("b", "b0"),
+        ("c", "c0"),
+    ]
+    # Every host is at its limit; "c" then gets a more urgent request, which
+    # moves it ahead of the hosts that waited longer.
+    frontier.push("c", 5, "c-urgent")
+    assert frontier.pop() == ("c", "c-urgent")
+    assert frontier.pop() == ("a", "a1")
+    assert frontier.pop() == ("b", "b1")
+    assert frontier.pop() is None
+
+
 @pytest.mark.parametrize(("limit", "prefetch"), [(1, 1), (2, 1), (1, 3)])
 def test_prefetch_hands_out_beyond_the_limit(limit: int, prefetch: int) -> None:
     clock = FakeClock()
