@@ -1,13 +1,14 @@
 """``python -m bench``: every scenario side by side with stock Scrapy.
 
 Each crawl runs in a fresh process against local hosts served by another process;
-configurations alternate (A B C A B C ...) within a scenario. Prints the scenarios'
+configurations alternate (A B C A B C ...) within a scenario, and S1b, which issue 3
+compares with S1, runs interleaved with S1 (S1 A, S1b A, S1 B, ...). Prints the scenarios'
 bounds, one line per crawl, the table of medians, S7's next_request costs and issue
 3's targets; writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
 
     python -m bench                          # everything, under 10 minutes on 2 cores
     python -m bench --scenarios S1,S1b --repeats 1
-    python -m bench --repeats 3 --extra-repeats 3   # more rounds (about 25 minutes)
+    python -m bench --repeats 3 --extra-repeats 3   # three rounds of all (about 18 minutes)
     python -m bench --quick                  # one round, a smaller budget
 
 Every scenario runs every configuration. Scrapy's defaults, the scheduler alone
@@ -32,7 +33,7 @@ from typing import Any
 import scrapy
 
 from bench import report
-from bench.runner import ROOT, Run, Summary, run_micro, run_scenario, summarise
+from bench.runner import ROOT, Run, Summary, run_micro, run_scenarios, summarise
 from bench.scenarios import (
     ALL_SCENARIOS,
     CONFIGS,
@@ -41,6 +42,7 @@ from bench.scenarios import (
     MIN_TIME_LIMIT,
     SCENARIOS,
     TIME_LIMIT_FACTOR,
+    Scenario,
 )
 
 DEFAULT_REPEATS = 2
@@ -167,37 +169,50 @@ def main(argv: list[str]) -> int:
     meta["budget"] = budget
     runs: list[Run] = []
     summaries: list[Summary] = []
+    # A scenario paired with another runs interleaved with it (S1b with S1).
+    groups: list[list[Scenario]] = []
     for scenario in scenarios:
+        partner = next((group for group in groups if group[0].name == scenario.paired_with), None)
+        if partner is not None:
+            partner.append(scenario)
+        else:
+            groups.append([scenario])
+    time_limits = {s.name: s.time_limit(budget, args.time_limit) for s in scenarios}
+    meta["time_limits"] = time_limits
+    for group in groups:
         configs = args.configs or list(CONFIGS)
         if not args.extra_repeats:
-            configs = [name for name in configs if name in scenario.repeated]
-        time_limit = scenario.time_limit(budget, args.time_limit)
-        meta.setdefault("time_limits", {})[scenario.name] = time_limit
-        print(
-            f"{scenario.name}: {scenario.title}; budget {budget}, "
-            f"bound {scenario.bound(budget):.2f} s, time limit {time_limit:.0f} s"
-        )
-        scenario_runs, unavailable = run_scenario(
-            scenario,
+            configs = [name for name in configs if any(name in s.repeated for s in group)]
+        for scenario in group:
+            print(
+                f"{scenario.name}: {scenario.title}; budget {budget}, "
+                f"bound {scenario.bound(budget):.2f} s, "
+                f"time limit {time_limits[scenario.name]:.0f} s"
+            )
+        if len(group) > 1:
+            print(f"  ({' and '.join(s.name for s in group)} run interleaved)")
+        group_runs, unavailable = run_scenarios(
+            group,
             configs,
             repeats=args.repeats,
             extra_repeats=args.extra_repeats,
             budget=budget,
-            time_limit=time_limit,
+            time_limits=time_limits,
         )
-        for name, reason in unavailable.items():
-            print(f"  {scenario.name:<4} {name:<20} n/a: {reason}")
-        runs.extend(scenario_runs)
-        summaries.extend(
-            summarise(
-                scenario,
-                configs,
-                scenario_runs,
-                unavailable=unavailable,
-                budget=budget,
-                time_limit=time_limit,
+        runs.extend(group_runs)
+        for scenario in group:
+            for name, reason in unavailable.items():
+                print(f"  {scenario.name:<4} {name:<20} n/a: {reason}")
+            summaries.extend(
+                summarise(
+                    scenario,
+                    configs,
+                    [run for run in group_runs if run.scenario == scenario.name],
+                    unavailable=unavailable,
+                    budget=budget,
+                    time_limit=time_limits[scenario.name],
+                )
             )
-        )
 
     micro: dict[str, Any] | None = None
     if MICRO in args.scenarios:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -140,20 +141,21 @@ def rounds_of(scenario: Scenario, config: str, repeats: int, extra_repeats: int)
     return repeats if config in scenario.repeated else min(extra_repeats, repeats)
 
 
-def run_scenario(
-    scenario: Scenario,
+def run_scenarios(
+    scenarios: Sequence[Scenario],
     configs: Sequence[str],
     *,
     repeats: int,
     extra_repeats: int,
     budget: int,
-    time_limit: float,
+    time_limits: dict[str, float],
     progress: Callable[[str], None] = print,
 ) -> tuple[list[Run], dict[str, str]]:
-    """Run every available configuration, alternating (A B C A B C ...), against
-    one set of local hosts reset between crawls: the scenario's repeated
-    configurations ``repeats`` times, the others ``extra_repeats`` times (in
-    the first rounds).
+    """Run every available configuration, alternating (A B C A B C ...), in
+    each scenario against its own set of local hosts, reset between crawls:
+    the scenario's repeated configurations ``repeats`` times, the others
+    ``extra_repeats`` times (in the first rounds). Several scenarios run
+    interleaved: each configuration in each scenario, then the next one.
 
     Returns the runs and the reason each unavailable configuration was skipped.
     """
@@ -163,43 +165,71 @@ def run_scenario(
         if (reason := unavailable_reason(CONFIGS[name])) is not None
     }
     runnable = [name for name in configs if name not in unavailable]
-    limits = scenario.limits()
-    fast_hosts = set(scenario.fast_hosts())
-    longest_latency = max(spec.latency for spec in scenario.specs)
     runs: list[Run] = []
     rounds = max(
-        (rounds_of(scenario, name, repeats, extra_repeats) for name in runnable), default=0
+        (
+            rounds_of(scenario, name, repeats, extra_repeats)
+            for scenario in scenarios
+            for name in runnable
+        ),
+        default=0,
     )
-    with LocalHosts(scenario.hosts, process=True, start_timeout=60.0) as hosts:
-        netlocs = [hosts.netloc(index) for index in range(len(hosts))]
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(LocalHosts(scenario.hosts, process=True, start_timeout=60.0))
+            for scenario in scenarios
+        ]
         for repeat in range(rounds):
             for name in runnable:
-                if repeat >= rounds_of(scenario, name, repeats, extra_repeats):
-                    continue
-                hosts.reset()
-                child = {
-                    "settings": {**scenario.settings(), **CONFIGS[name].settings},
-                    "hosts": netlocs,
-                    "start_per_host": scenario.start_per_host,
-                    "budget": budget,
-                    "time_limit": time_limit,
-                }
-                result = run_child(child, time_limit + SHUTDOWN_GRACE)
-                # Requests still in flight when the crawler exited end at the
-                # hosts a latency later; count them before reading the stats.
-                try:
-                    hosts.wait_idle(longest_latency + 10.0)
-                except TimeoutError:
-                    logger.warning("%s: hosts still busy after %s", scenario.name, name)
-                run = Run(scenario.name, name, repeat, ok=False)
-                server_side(run, hosts.all_stats(arrivals=False), limits)
-                if "error" in result:
-                    run.error = str(result["error"])
-                else:
-                    crawler_side(run, result, fast_hosts)
-                runs.append(run)
-                progress(describe(run))
+                for scenario, hosts in zip(scenarios, servers, strict=True):
+                    if repeat >= rounds_of(scenario, name, repeats, extra_repeats):
+                        continue
+                    run = _crawl(
+                        scenario,
+                        name,
+                        repeat,
+                        hosts,
+                        budget=budget,
+                        time_limit=time_limits[scenario.name],
+                    )
+                    runs.append(run)
+                    progress(describe(run))
     return runs, unavailable
+
+
+def _crawl(
+    scenario: Scenario,
+    name: str,
+    repeat: int,
+    hosts: LocalHosts,
+    *,
+    budget: int,
+    time_limit: float,
+) -> Run:
+    """One crawl of configuration *name* in *scenario*, measured on both sides."""
+    hosts.reset()
+    child = {
+        "settings": {**scenario.settings(), **CONFIGS[name].settings},
+        "hosts": [hosts.netloc(index) for index in range(len(hosts))],
+        "start_per_host": scenario.start_per_host,
+        "budget": budget,
+        "time_limit": time_limit,
+    }
+    result = run_child(child, time_limit + SHUTDOWN_GRACE)
+    # Requests still in flight when the crawler exited end at the hosts a
+    # latency later; count them before reading the stats.
+    longest_latency = max(spec.latency for spec in scenario.specs)
+    try:
+        hosts.wait_idle(longest_latency + 10.0)
+    except TimeoutError:
+        logger.warning("%s: hosts still busy after %s", scenario.name, name)
+    run = Run(scenario.name, name, repeat, ok=False)
+    server_side(run, hosts.all_stats(arrivals=False), scenario.limits())
+    if "error" in result:
+        run.error = str(result["error"])
+    else:
+        crawler_side(run, result, set(scenario.fast_hosts()))
+    return run
 
 
 def crawler_side(run: Run, result: dict[str, Any], fast_hosts: set[str]) -> None:

@@ -103,6 +103,10 @@ class Scenario:
     concurrent_requests: int = 20
     per_host_limit: int = 4
     slot_delays: tuple[tuple[int, float], ...] = ()
+    #: A scenario compared with this one runs interleaved with it (crawl by
+    #: crawl, each with its own hosts), so that a drift of the machine's speed
+    #: during the suite does not land between the two.
+    paired_with: str | None = None
 
     @property
     def specs(self) -> list[HostSpec]:
@@ -185,7 +189,12 @@ SCENARIOS: dict[str, Scenario] = {
             "10/10/10/200 ms, limit 4",
             "3x latency=10ms; latency=200ms",
         ),
-        Scenario("S1b", "S1 with a 2 s host instead of 200 ms", "3x latency=10ms; latency=2s"),
+        Scenario(
+            "S1b",
+            "S1 with a 2 s host instead of 200 ms",
+            "3x latency=10ms; latency=2s",
+            paired_with="S1",
+        ),
         Scenario(
             "S2",
             "50/50/50/1000 ms, limit 4",

@@ -145,13 +145,13 @@ def test_runs_stopped_by_the_time_limit_make_the_median_a_lower_bound() -> None:
     assert "hq-full: n/a: missing" in table
 
 
-def test_bench_runs_one_scenario(tmp_path: Path) -> None:
+def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
         "bench",
         "--scenarios",
-        "S1",
+        "S1,S1b",
         "--configs",
         "scrapy,hq-scheduler",
         "--repeats",
@@ -171,7 +171,15 @@ def test_bench_runs_one_scenario(tmp_path: Path) -> None:
     (result_file,) = tmp_path.glob("*.json")
     result = json.loads(result_file.read_text())
     assert result["budget"] == 60
-    rows = {row["config"]: row for row in result["summary"]}
+    # S1b, compared with S1, runs interleaved with it, configuration by configuration.
+    order = [(run["config"], run["scenario"]) for run in result["runs"]]
+    assert order == [
+        ("scrapy", "S1"),
+        ("scrapy", "S1b"),
+        ("hq-scheduler", "S1"),
+        ("hq-scheduler", "S1b"),
+    ]
+    rows = {row["config"]: row for row in result["summary"] if row["scenario"] == "S1"}
     assert rows["scrapy"]["status"] == "ok", rows["scrapy"]
     assert rows["scrapy"]["ratio_scrapy"] == pytest.approx(1.0)
     hq = rows["hq-scheduler"]
@@ -180,6 +188,8 @@ def test_bench_runs_one_scenario(tmp_path: Path) -> None:
     # Counted by the hosts: the scheduler holds the limit of 4.
     assert hq["worst_in_flight"] <= 4
     assert hq["violations"] == 0
-    (run,) = [run for run in result["runs"] if run["config"] == "hq-scheduler"]
+    (run,) = [
+        run for run in result["runs"] if run["config"] == "hq-scheduler" and run["scenario"] == "S1"
+    ]
     assert run["pages"] >= 60
     assert sum(run["host_pages"].values()) == 60
