@@ -6,7 +6,7 @@ to the oldest generation. Python runs a full collection whenever the promoted
 objects reach a quarter of that generation, and a full collection walks every
 tracked object: the modules, classes and functions of Scrapy, Twisted, lxml
 and the project, which stay alive for the whole crawl anyway. On a crawl of a
-few hundred pages a second that is a 50-100 ms pause several times a second.
+few hundred pages a second that is a 50-100 ms pause more than once a second.
 
 Moving the objects alive when the crawl starts into the permanent generation
 (:func:`gc.freeze`) takes them out of those walks. Reference counting still
