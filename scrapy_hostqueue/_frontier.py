@@ -183,12 +183,12 @@ class Frontier(Generic[T]):
         self._bucket_ranks: list[int] = []  # heap of -rank
         self._ring_entries = 0  # entries in all buckets, stale ones included
         self._timers: list[tuple[float, int, int, _Host[T]]] = []
-        self._timer_seq = 0
+        # FIFO tiebreak among equal keys of the timer and prefetch heaps.
+        self._seq = 0
         self._capped: deque[tuple[int, _Host[T]]] = deque()
         # Heap of (-head rank, seq, token, host): the highest rank first,
         # FIFO among equals, as in the ring.
-        self._prefetchable: list[tuple[int, int, int, _Host[T]]] = []
-        self._prefetch_seq = 0
+        self._prefetchable: list[tuple[float, int, int, _Host[T]]] = []
         self._queued = 0
         self.active = 0  # hosts with work in flight
         self.max_active_seen = 0
@@ -269,8 +269,7 @@ class Frontier(Generic[T]):
             host = self._hosts[key] = _Host(key, policy)
         elif host.policy.given_up:
             return False
-        granularity = self._ring_granularity
-        raises_head = host.queued and rank // granularity > host.head_rank() // granularity
+        raises_head = host.queued and rank // self._ring_granularity > self._ring_rank(host)
         host.push(rank, item)
         self._queued += 1
         if host.state == DRAINED or (host.state in (READY, PREFETCH) and raises_head):
@@ -413,24 +412,24 @@ class Frontier(Generic[T]):
         ready_at = policy.ready_at()
         if ready_at > now:
             host.state = BLOCKED
-            self._timer_seq += 1
-            heapq.heappush(self._timers, (ready_at, self._timer_seq, host.token, host))
+            self._seq += 1
+            heapq.heappush(self._timers, (ready_at, self._seq, host.token, host))
             if self._crowded(len(self._timers)):
                 self._compact()
         elif host.inflight >= policy.limit + self.prefetch:
             host.state = FULL
         elif host.inflight >= policy.limit:
             host.state = PREFETCH
-            self._prefetch_seq += 1
-            rank = host.head_rank() // self._ring_granularity
-            heapq.heappush(self._prefetchable, (-rank, self._prefetch_seq, host.token, host))
+            self._seq += 1
+            rank = self._ring_rank(host)
+            heapq.heappush(self._prefetchable, (-rank, self._seq, host.token, host))
             if self._crowded(len(self._prefetchable)):
                 self._compact()
         elif host.inflight == 0 and 0 < self.max_active <= self.active:
             self._set_capped(host)
         else:
             host.state = READY
-            rank = host.ring_rank = host.head_rank() // self._ring_granularity
+            rank = host.ring_rank = self._ring_rank(host)
             bucket = self._buckets.get(rank)
             if bucket is None:
                 bucket = self._buckets[rank] = deque()
@@ -439,6 +438,10 @@ class Frontier(Generic[T]):
             self._ring_entries += 1
             if self._crowded(self._ring_entries):
                 self._compact()
+
+    def _ring_rank(self, host: _Host[T]) -> int:
+        """The rank *host* competes with across hosts (see ``ring_granularity``)."""
+        return host.head_rank() // self._ring_granularity
 
     def _set_capped(self, host: _Host[T]) -> None:
         host.token += 1
@@ -481,15 +484,13 @@ class Frontier(Generic[T]):
 
         In place, because callers may hold references to these containers.
         """
-        timers = [e for e in self._timers if e[3].token == e[2]]
-        heapq.heapify(timers)
-        self._timers[:] = timers
+        for heap in (self._timers, self._prefetchable):
+            live = [e for e in heap if e[3].token == e[2]]
+            heapq.heapify(live)
+            heap[:] = live
         kept = [e for e in self._capped if e[1].token == e[0]]
         self._capped.clear()
         self._capped.extend(kept)
-        prefetchable = [e for e in self._prefetchable if e[3].token == e[2]]
-        heapq.heapify(prefetchable)
-        self._prefetchable[:] = prefetchable
         buckets = self._buckets
         for rank in list(buckets):
             bucket = buckets[rank]

@@ -257,9 +257,6 @@ class HostStatsRecorder:
         if self.enabled:
             self.counters(host).inc(name, count)
 
-    # Kept for callers written against the first version of this module.
-    _inc = inc
-
     def _global_inc(self, name: str, count: int = 1) -> None:
         self.stats.inc_value(stat_key(name), count)
 
