@@ -13,6 +13,7 @@ import contextlib
 import functools
 import gzip
 import json
+import logging
 import os
 import re
 import signal
@@ -496,6 +497,24 @@ async def test_stop_with_requests_hanging(local_hosts: Factory) -> None:
         hosts.stop()
     with pytest.raises(asyncio.IncompleteReadError):
         await pending
+
+
+@async_test
+async def test_stop_with_requests_waiting_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    # A request waiting out its latency when the hosts stop: its connection
+    # is dropped quietly, not reported by asyncio as an error in a callback.
+    hosts = LocalHosts("latency=30s")
+    hosts.start()
+    try:
+        pending = asyncio.ensure_future(fetch(hosts.page_url(0, 0), timeout=10))
+        await until(lambda: hosts.stats(0).in_flight == 1)
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            hosts.stop()
+    finally:
+        hosts.stop()
+    with pytest.raises(asyncio.IncompleteReadError):
+        await pending
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @async_test

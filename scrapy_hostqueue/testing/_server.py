@@ -134,6 +134,7 @@ class HostGroup:
         self._servers: list[asyncio.Server] = []
         self._refusing: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._spec_changed: list[asyncio.Event] = []
 
     # --- lifecycle --------------------------------------------------------
@@ -183,6 +184,7 @@ class HostGroup:
 
     async def close(self) -> None:
         """Stop listening, drop every connection (hanging ones too), free the ports."""
+        self._closing = True
         for server in self._servers:
             server.close()
         tasks = list(self._tasks)
@@ -242,6 +244,12 @@ class HostGroup:
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # close() drops the connection. Ending normally rather than as
+            # cancelled keeps Python 3.11's stream callback from logging the
+            # cancellation as an error (a traceback per request in flight).
+            if not self._closing:
+                raise
         finally:
             self._tasks.discard(task)
             writer.close()
