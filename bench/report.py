@@ -46,6 +46,7 @@ HEADER = (
     "429s",
     "in R-A window",
     "CPU s",
+    "CPU busy",
     "peak MB",
 )
 
@@ -77,6 +78,7 @@ def table_lines(summaries: Sequence[Summary]) -> list[str]:
                 _num(s.status_429, ".0f"),
                 _num(s.in_retry_after_window, ".0f"),
                 _num(s.cpu, ".1f"),
+                _num(None if s.cpu_busy is None else 100 * s.cpu_busy, ".0f", "%"),
                 _num(s.peak_mb, ".0f"),
             )
         )
@@ -103,7 +105,8 @@ LEGEND = (
     "bound; x scrapy: over Scrapy defaults in the same run; '>': stopped at the time limit.",
     "max in flight/limit: the worst host at the server (hosts over their limit in the worst",
     "run); 429s, in R-A window (requests arriving inside a Retry-After the host had sent):",
-    "counted at the hosts; CPU s, peak MB: the crawl process, start-up included.",
+    "counted at the hosts; CPU s, peak MB: the crawl process, start-up included; CPU busy:",
+    "its CPU time over the measured time (near 100 %: bound by its own CPU, not the hosts).",
 )
 
 
@@ -141,6 +144,13 @@ def _find(summaries: Sequence[Summary], scenario: str, config: str) -> Summary |
     return None
 
 
+def _busy(*summaries: Summary) -> str:
+    """The ", CPU-bound" remark for a target whose crawls kept their CPU busy for at least
+    90 % of the measured time (their speed is then their CPU cost per page), else ""."""
+    busy = [s.cpu_busy for s in summaries if s.cpu_busy is not None]
+    return f", CPU-bound ({100 * min(busy):.0f}% busy)" if busy and min(busy) >= 0.9 else ""
+
+
 def issue_targets(
     summaries: Sequence[Summary], micro: dict[str, Any] | None, budget: int
 ) -> list[Target]:
@@ -171,7 +181,7 @@ def issue_targets(
             targets.append(
                 Target(
                     name,
-                    f"{a.fast_rate:.0f} -> {b.fast_rate:.0f} pages/s ({change:+.1%})",
+                    f"{a.fast_rate:.0f} -> {b.fast_rate:.0f} pages/s ({change:+.1%})" + _busy(a, b),
                     abs(change) < 0.10,
                 )
             )
@@ -192,7 +202,7 @@ def issue_targets(
                 Target(
                     name,
                     f"{more}{base.time_to_budget:.2f} s / {s.time_to_budget:.2f} s "
-                    f"= {more}{speedup:.2f}x",
+                    f"= {more}{speedup:.2f}x" + _busy(s),
                     True if speedup >= 3 else None if base.at_least else False,
                 )
             )

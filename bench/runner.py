@@ -74,6 +74,9 @@ class Summary:
     status_429: float | None = None
     in_retry_after_window: float | None = None
     cpu: float | None = None
+    #: CPU seconds of the crawl process per second of the measured window:
+    #: near 1, the crawl was bound by its own CPU, not by the hosts.
+    cpu_busy: float | None = None
     peak_mb: float | None = None
     fast_rate: float | None = None
     times: list[float] = field(default_factory=list)
@@ -308,6 +311,13 @@ def summarise(
             status_429=_median([run.status_429 for run in measured]),
             in_retry_after_window=_median([run.in_retry_after_window for run in measured]),
             cpu=_median([run.cpu for run in measured]),
+            cpu_busy=_median(
+                [
+                    run.cpu_window / run.time_to_budget
+                    for run in good
+                    if run.cpu_window is not None and run.time_to_budget
+                ]
+            ),
             peak_mb=_median([run.peak_mb for run in measured]),
             fast_rate=_median([run.fast_rate for run in good]),
             times=times,

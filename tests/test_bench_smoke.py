@@ -145,6 +145,44 @@ def test_runs_stopped_by_the_time_limit_make_the_median_a_lower_bound() -> None:
     assert "hq-full: n/a: missing" in table
 
 
+def test_cpu_busy_is_the_cpu_share_of_the_measured_time_and_flags_cpu_bound_targets() -> None:
+    def run(config: str, repeat: int, seconds: float, cpu: float) -> Run:
+        return Run(
+            "S3",
+            config,
+            repeat,
+            ok=True,
+            time_to_budget=seconds,
+            cpu_window=cpu,
+            max_in_flight={"127.0.0.1": 4},
+        )
+
+    runs = [
+        run("scrapy", 0, 14.0, 7.0),
+        run("scrapy", 1, 12.0, 6.6),
+        run("hq-full", 0, 4.0, 3.9),
+        run("hq-full", 1, 5.0, 4.8),
+        run("hq-scheduler", 0, 4.0, 2.0),
+    ]
+    rows = summarise(
+        SCENARIOS["S3"],
+        ["scrapy", "hq-scheduler", "hq-full"],
+        runs,
+        unavailable={},
+        budget=1200,
+        time_limit=30.0,
+    )
+    busy = {s.config: s.cpu_busy for s in rows}
+    assert busy["scrapy"] == pytest.approx((0.5 + 0.55) / 2)
+    assert busy["hq-full"] == pytest.approx((0.975 + 0.96) / 2)
+    assert busy["hq-scheduler"] == pytest.approx(0.5)
+    measured = {t.target: t.measured for t in issue_targets(rows, None, 1200)}
+    assert "CPU-bound (97% busy)" in measured["S3 hq-full: >= 3x faster than Scrapy defaults"]
+    assert "CPU-bound" not in measured["S3 hq-scheduler: >= 3x faster than Scrapy defaults"]
+    table = "\n".join(table_lines(rows))
+    assert "CPU busy" in table and "97%" in table
+
+
 def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     command = [
         sys.executable,
