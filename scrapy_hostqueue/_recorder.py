@@ -193,8 +193,9 @@ class HostStatsRecorder:
 
     # -- the bounded table ---------------------------------------------------
 
-    def counters(self, host: str) -> HostCounters:
-        """The entry that events of *host* go to (its own, or the aggregate)."""
+    def counters(self, host: str, weight: int = 1) -> HostCounters:
+        """The entry that events of *host* go to (its own, or the aggregate);
+        the event adds *weight* to the host's busyness."""
         host = host or NO_HOST
         entry = self._table.get(host)
         if entry is None:
@@ -204,7 +205,7 @@ class HostStatsRecorder:
                 self._evict()
             entry = self._table[host] = HostCounters(self._floor)
             heapq.heappush(self._heap, (entry.priority, next(self._seq), host))
-        entry.weight += 1
+        entry.weight += weight
         return entry
 
     def _evict(self) -> None:
@@ -266,16 +267,30 @@ class HostStatsRecorder:
         if self.enabled:
             self._global_inc("hosts_seen_count")
 
-    def request_done(self, host: str, inflight: int, active_hosts: int) -> None:
-        """A request handed out for *host* left the downloader; *inflight* and
-        *active_hosts* are the counts just before it left (every high-water
-        mark of in-flight requests is seen at the next leave)."""
+    def request_done(
+        self, host: str, handed_out: int, active_hosts: int, *, gated: bool = False
+    ) -> None:
+        """A request handed out for *host* left the downloader; *handed_out*
+        and *active_hosts* are the counts just before it left (every
+        high-water mark is seen at the next leave). Without a send gate
+        (*gated* False), every request handed out counts as in flight; with
+        one, :meth:`send_slot_released` reports what was on the wire."""
         if not self.enabled:
             return
         entry = self.counters(host)
         entry.inc("request_count")
-        entry.high("max_inflight", inflight)
+        entry.high("max_handed_out", handed_out)
+        if not gated:
+            entry.high("max_inflight", handed_out)
         self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
+
+    def send_slot_released(self, host: str, on_wire: int) -> None:
+        """A request of *host* gave back its send slot; *on_wire* requests held
+        one just before (every high-water mark is seen at the next release)."""
+        if self.enabled:
+            # Not an event of its own for the busyness ranking: request_done
+            # counts the request.
+            self.counters(host, weight=0).high("max_inflight", on_wire)
 
     def response(self, host: str, status: int, latency: float | None) -> None:
         if not self.enabled:

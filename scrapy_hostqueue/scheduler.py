@@ -237,6 +237,11 @@ class HostQueueScheduler(BaseScheduler):
     def policy(self, host: str) -> HostPolicy:
         return self.frontier.policy(host)
 
+    def on_wire(self, host: str) -> int:
+        """Requests of *host* sent and not yet answered: with prefetch, those
+        past the send gate; without, those handed out and not yet back."""
+        return self._sending.get(host, 0) if self.prefetch else self.frontier.inflight(host)
+
     def set_limit(self, host: str, limit: int) -> None:
         self.frontier.set_limit(host, limit)
         internals.apply_to_slot(self.crawler, host, concurrency=limit + self.prefetch)
@@ -293,6 +298,7 @@ class HostQueueScheduler(BaseScheduler):
 
     def _release_send_slot(self, host: str, request: Request) -> None:
         self._holding.discard(request)
+        self.recorder.send_slot_released(host, self._sending[host])
         left = self._sending[host] - 1
         if left:
             self._sending[host] = left
@@ -372,7 +378,9 @@ class HostQueueScheduler(BaseScheduler):
             # next_request path: every request handed out leaves exactly once,
             # and the in-flight counts just before a leave reach every
             # high-water mark the hand-outs set.
-            self.recorder.request_done(host, self.frontier.inflight(host), self.frontier.active)
+            self.recorder.request_done(
+                host, self.frontier.inflight(host), self.frontier.active, gated=bool(self.prefetch)
+            )
             if request in self._holding:
                 self._release_send_slot(host, request)
             self.frontier.finish(host)

@@ -83,6 +83,8 @@ class HostQueueStats:
         self.config = config
         self.recorder = get_recorder(crawler)
         self.frontier: Frontier[Any] | None = None
+        #: The scheduler's count of a host's requests on the wire.
+        self._on_wire: Callable[[str], int] | None = None
         self.timeline: TimelineWriter | None = None
         self._tasks: list[AsyncioLoopingCall | LoopingCall] = []
         # Requests of each host between request_reached_downloader and
@@ -141,6 +143,7 @@ class HostQueueStats:
         frontier = getattr(scheduler, "frontier", None)
         if isinstance(frontier, Frontier):
             self.frontier = frontier
+            self._on_wire = getattr(scheduler, "on_wire", None)
         else:
             logger.info(
                 "HostQueueStats: the scheduler is %s, not HostQueueScheduler: host "
@@ -207,8 +210,10 @@ class HostQueueStats:
         blocked = sum(1 for *_, policy in hosts if policy.blocked_until > now)
         busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
         shown = []
+        on_wire = self._on_wire
         for key, _queued, inflight, policy in busiest:
-            text = f"{key or NO_HOST} {inflight}/{policy.limit}"
+            sent = inflight if on_wire is None else on_wire(key)
+            text = f"{key or NO_HOST} {sent}/{policy.limit}"
             if policy.blocked_until > now:
                 text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
             shown.append(text)

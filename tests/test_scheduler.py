@@ -354,5 +354,9 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     assert first.max_in_flight == 2
     assert second.max_in_flight == 4
     assert crawler.stats is not None
-    # The scheduler did hand out more than the limit: the gate is what held it.
-    assert crawler.stats.get_value(f"hostqueue/hosts/{hosts.hostnames[0]}/max_inflight") == 3
+    # The scheduler did hand out more than the limit: the gate is what held
+    # it, and the in-flight stat counts what passed the gate, as the server did.
+    for index, limit in enumerate((2, 4)):
+        key = f"hostqueue/hosts/{hosts.hostnames[index]}"
+        assert crawler.stats.get_value(f"{key}/max_handed_out") == limit + 1
+        assert crawler.stats.get_value(f"{key}/max_inflight") == limit

@@ -43,6 +43,25 @@ def test_key_helpers() -> None:
     assert host_stat_key("", "request_count") == "hostqueue/hosts/_nohost/request_count"
 
 
+def test_with_a_send_gate_in_flight_counts_what_passed_the_gate() -> None:
+    recorder = make_recorder()
+    # The first request of a host gives its send slot back before it leaves
+    # the downloader (the response is read): its host still gets the key.
+    recorder.send_slot_released("a.test", 1)
+    for on_wire in (2, 3, 1):
+        recorder.send_slot_released("a.test", on_wire)
+    for handed_out in (1, 4, 2):
+        recorder.request_done("a.test", handed_out, active_hosts=1, gated=True)
+    recorder.send_slot_released("b.test", 1)
+    recorder.flush()
+    stats = recorder.stats.get_stats()
+    assert stats[host_stat_key("a.test", "max_inflight")] == 3
+    assert stats[host_stat_key("a.test", "max_handed_out")] == 4
+    assert stats[host_stat_key("a.test", "request_count")] == 3
+    assert stats[host_stat_key("b.test", "max_inflight")] == 1
+    assert not any("_other" in key for key in stats)
+
+
 def test_events_become_per_host_keys() -> None:
     recorder = make_recorder()
     recorder.host_seen("a.test")
@@ -74,6 +93,7 @@ def test_events_become_per_host_keys() -> None:
 
     assert a("request_count") == 4
     assert a("max_inflight") == 3
+    assert a("max_handed_out") == 3
     assert a("response_count") == 3
     assert a("status_count/200") == 2
     assert a("status_count/429") == 1

@@ -4,6 +4,7 @@ against the local test hosts' own counts."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.stats import host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from scrapy_hostqueue.timeline import OTHER_HOSTS, read_timeline
-from tests.crawling import BASE_SETTINGS, SCHEDULER, PageSpider, crawl, interleave
+from tests.crawling import (
+    BASE_SETTINGS,
+    OUR_HANDLER,
+    SCHEDULER,
+    PageSpider,
+    crawl,
+    interleave,
+)
 
 HostsFactory = Callable[..., LocalHosts]
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
@@ -109,6 +117,37 @@ async def test_hosts_beyond_the_cap_share_one_key(local_hosts: HostsFactory) -> 
     # aggregate key (and may have none of its own): the sum is exact.
     responses = sum(stats.get(host_stat_key(host, "response_count"), 0) for host in per_host)
     assert responses == served
+
+
+@deferred_f_from_coro_f
+async def test_with_prefetch_the_log_line_and_stats_count_requests_on_the_wire(
+    local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With this project's handler the scheduler hands a host one request
+    # beyond its limit, which waits at the send gate: the in-flight figures
+    # users read count what was sent, as the host does.
+    hosts = local_hosts([HostSpec(latency=0.05)])
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    crawler = await crawl(
+        hosts.start_urls(0, 60),
+        **stats_settings(
+            DOWNLOAD_HANDLERS={"http": OUR_HANDLER, "https": OUR_HANDLER},
+            HOSTQUEUE_LOG_INTERVAL=0.05,
+        ),
+    )
+    assert crawler.stats is not None
+    host = hosts.hostnames[0]
+    assert hosts.stats(0, arrivals=False).max_in_flight == LIMIT
+    assert crawler.stats.get_value(host_stat_key(host, "max_inflight")) == LIMIT
+    assert crawler.stats.get_value(host_stat_key(host, "max_handed_out")) == LIMIT + 1
+    shown = [
+        int(match.group(1))
+        for r in caplog.records
+        if r.getMessage().startswith("Hosts: ")
+        for match in re.finditer(rf"{re.escape(host)} (\d+)/{LIMIT}", r.getMessage())
+    ]
+    assert shown
+    assert max(shown) <= LIMIT
 
 
 @deferred_f_from_coro_f
