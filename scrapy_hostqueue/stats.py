@@ -231,12 +231,15 @@ class HostQueueStats:
         in_downloader = self._in_downloader
         samples: dict[str, HostSample] = {}
         frontier = self.frontier
+        on_wire = self._on_wire
         if frontier is not None:
             for key, queued, _inflight, policy in frontier.hosts():
                 host = key or NO_HOST
                 samples[host] = HostSample(
                     host,
-                    in_downloader.get(host, 0),
+                    # With prefetch, a request in the downloader may still
+                    # wait at the send gate: count what was sent.
+                    in_downloader.get(host, 0) if on_wire is None else on_wire(key),
                     queued,
                     policy.limit,
                     max(0.0, policy.blocked_until - now),

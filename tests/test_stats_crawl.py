@@ -120,19 +120,22 @@ async def test_hosts_beyond_the_cap_share_one_key(local_hosts: HostsFactory) -> 
 
 
 @deferred_f_from_coro_f
-async def test_with_prefetch_the_log_line_and_stats_count_requests_on_the_wire(
-    local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+async def test_with_prefetch_the_log_line_stats_and_timeline_count_requests_on_the_wire(
+    local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # With this project's handler the scheduler hands a host one request
     # beyond its limit, which waits at the send gate: the in-flight figures
     # users read count what was sent, as the host does.
     hosts = local_hosts([HostSpec(latency=0.05)])
+    timeline = tmp_path / "timeline.jsonl"
     caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
     crawler = await crawl(
         hosts.start_urls(0, 60),
         **stats_settings(
             DOWNLOAD_HANDLERS={"http": OUR_HANDLER, "https": OUR_HANDLER},
             HOSTQUEUE_LOG_INTERVAL=0.05,
+            HOSTQUEUE_TIMELINE_FILE=str(timeline),
+            HOSTQUEUE_TIMELINE_INTERVAL=0.05,
         ),
     )
     assert crawler.stats is not None
@@ -148,6 +151,9 @@ async def test_with_prefetch_the_log_line_and_stats_count_requests_on_the_wire(
     ]
     assert shown
     assert max(shown) <= LIMIT
+    sampled = [row["in_flight"] for row in read_timeline(str(timeline)) if row["host"] == host]
+    assert sampled
+    assert max(sampled) <= LIMIT
 
 
 @deferred_f_from_coro_f
