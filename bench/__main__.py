@@ -33,7 +33,7 @@ from typing import Any
 import scrapy
 
 from bench import report
-from bench.runner import ROOT, Run, Summary, run_micro, run_scenarios, summarise
+from bench.runner import ROOT, Run, Summary, cpu_probe, run_micro, run_scenarios, summarise
 from bench.scenarios import (
     ALL_SCENARIOS,
     CONFIGS,
@@ -156,13 +156,16 @@ def main(argv: list[str]) -> int:
         # Other work on the machine skews timings: say how busy it was.
         "load_average_at_start": os.getloadavg(),
     }
+    # The machine's speed, before each scenario group and at the end.
+    probes: list[tuple[str, float]] = [("start", cpu_probe())]
+    meta["cpu_probe_ms"] = probes
     machine = meta["machine"]
     print(
         f"scrapy-hostqueue benchmark {stamp}: {machine['cores']} x {machine['cpu']}, "
         f"Python {machine['python']}, Scrapy {machine['scrapy']}, "
         f"rounds {args.repeats} (scrapy-pq, scrapy-autothrottle and outside S2 "
         f"scrapy-aiohttp: {args.extra_repeats}), "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"load average {os.getloadavg()[0]:.1f}, CPU probe {probes[0][1]:.1f} ms"
     )
 
     budget = args.budget or (QUICK_BUDGET if args.quick else DEFAULT_BUDGET)
@@ -179,7 +182,9 @@ def main(argv: list[str]) -> int:
             groups.append([scenario])
     time_limits = {s.name: s.time_limit(budget, args.time_limit) for s in scenarios}
     meta["time_limits"] = time_limits
-    for group in groups:
+    for index, group in enumerate(groups):
+        if index:
+            probes.append((group[0].name, cpu_probe()))
         configs = args.configs or list(CONFIGS)
         if not args.extra_repeats:
             configs = [name for name in configs if any(name in s.repeated for s in group)]
@@ -220,6 +225,7 @@ def main(argv: list[str]) -> int:
         print(f"{MICRO}: next_request cost at {', '.join(f'{n:,}' for n in hosts)} hosts")
         micro = run_micro(hosts, rounds=2 if args.quick else 3)
 
+    probes.append(("end", cpu_probe()))
     targets = report.issue_targets(summaries, micro, budget)
     print()
     lines: list[str] = report.scenario_lines(scenarios, budget) if scenarios else []
@@ -227,7 +233,7 @@ def main(argv: list[str]) -> int:
         lines += ["", *report.table_lines(summaries)]
     if micro is not None:
         lines += ["", *report.micro_lines(micro)]
-    lines += ["", *report.target_lines(targets)]
+    lines += ["", *report.target_lines(targets), "", *report.probe_lines(probes)]
     print("\n".join(lines))
 
     args.out.mkdir(parents=True, exist_ok=True)

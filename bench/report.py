@@ -287,6 +287,22 @@ def target_lines(targets: Sequence[Target]) -> list[str]:
     return lines
 
 
+def probe_lines(probes: Sequence[tuple[str, float]]) -> list[str]:
+    """The machine's speed through the run, and a warning when it drifted."""
+    times = [ms for _, ms in probes]
+    lines = [
+        "CPU probe (ms for a fixed piece of interpreter work; before each scenario): "
+        + ", ".join(f"{label} {ms:.1f}" for label, ms in probes)
+    ]
+    if times and max(times) > 1.2 * min(times):
+        lines.append(
+            f"  The machine's speed changed by up to {max(times) / min(times):.2f}x during the "
+            "run: CPU-bound crawls (CPU busy near 100 %) slowed or sped up with it, waiting "
+            "ones did not, and ratios between the two moved."
+        )
+    return lines
+
+
 def write_json(
     path: Path,
     *,

@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,21 @@ class Summary:
     peak_mb: float | None = None
     fast_rate: float | None = None
     times: list[float] = field(default_factory=list)
+
+
+def cpu_probe(rounds: int = 5) -> float:
+    """Milliseconds a fixed piece of interpreter work takes (the fastest of
+    *rounds*): a yardstick of the machine's speed at this moment, since the
+    speed of a shared machine drifts and CPU-bound crawls drift with it."""
+    best = math.inf
+    for _ in range(rounds):
+        started = time.perf_counter()
+        table: dict[str, int] = {}
+        for index in range(100_000):
+            key = f"host-{index % 512}"
+            table[key] = table.get(key, 0) + index
+        best = min(best, time.perf_counter() - started)
+    return best * 1000
 
 
 def child_environment() -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import issue_targets, table_lines
+from bench.report import issue_targets, probe_lines, table_lines
 from bench.runner import Run, Summary, rounds_of, run_child, summarise
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
 from scrapy_hostqueue.testing import LocalHosts
@@ -183,6 +183,17 @@ def test_cpu_busy_is_the_cpu_share_of_the_measured_time_and_flags_cpu_bound_targ
     assert "CPU busy" in table and "97%" in table
 
 
+def test_cpu_probe_lines_warn_when_the_machine_speed_drifted() -> None:
+    steady = probe_lines([("start", 10.0), ("S2", 11.0), ("end", 10.5)])
+    assert steady == [
+        "CPU probe (ms for a fixed piece of interpreter work; before each scenario): "
+        "start 10.0, S2 11.0, end 10.5"
+    ]
+    drifted = probe_lines([("start", 10.0), ("S2", 13.0), ("end", 10.5)])
+    assert len(drifted) == 2
+    assert "changed by up to 1.30x" in drifted[1]
+
+
 def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     command = [
         sys.executable,
@@ -206,9 +217,13 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "hq-scheduler" in done.stdout
     assert "Issue 3 targets:" in done.stdout
+    assert "CPU probe (ms" in done.stdout
     (result_file,) = tmp_path.glob("*.json")
     result = json.loads(result_file.read_text())
     assert result["budget"] == 60
+    # One group (S1 with S1b): probed at the start and at the end.
+    assert [label for label, _ in result["cpu_probe_ms"]] == ["start", "end"]
+    assert all(ms > 0 for _, ms in result["cpu_probe_ms"])
     # S1b, compared with S1, runs interleaved with it, configuration by configuration.
     order = [(run["config"], run["scenario"]) for run in result["runs"]]
     assert order == [
