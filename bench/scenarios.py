@@ -65,7 +65,7 @@ CONFIGS: dict[str, Config] = {
 DEFAULT_BUDGET = 1200
 #: Every scenario runs every configuration. These run in every round (``--repeats``);
 #: the others, which give context rather than being terms of issue 3's targets,
-#: in the first rounds only (``--extra-repeats``), to keep the suite under 10 minutes.
+#: in the first rounds only (``--extra-repeats``), to keep the suite near 10 minutes.
 REPEATED_CONFIGS = ("scrapy", "hq-scheduler", "hq-full")
 #: A crawl stops at this many times its scenario's bound (but not before
 #: MIN_TIME_LIMIT seconds, nor after ``--time-limit``): slower than that, a
