@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import html
 import math
+import os
 import statistics
 import sys
 from typing import TYPE_CHECKING
@@ -239,7 +240,7 @@ def plot(source: str, out: str, *, max_lines: int = 10) -> None:
     """Draw the timeline *source* into *out* (``.html``: SVG page, else PNG).
     Raises :class:`~scrapy_hostqueue.timeline.TimelineError` or :class:`PlotError`."""
     series = load(source, max_lines)
-    title = f"Hosts over time: {source}"
+    title = f"Hosts over time: {os.path.basename(source)}"
     try:
         if out.lower().endswith((".html", ".htm")):
             render_html(series, out, title)
