@@ -101,7 +101,6 @@ class _Host(Generic[T]):
         "queued",
         "queues",
         "ranks",
-        "ring_rank",
         "state",
         "token",
     )
@@ -115,7 +114,6 @@ class _Host(Generic[T]):
         self.inflight = 0
         self.state = DRAINED
         self.token = 0
-        self.ring_rank = 0
 
     def head_rank(self) -> int:
         ranks, queues = self.ranks, self.queues
@@ -429,7 +427,7 @@ class Frontier(Generic[T]):
             self._set_capped(host)
         else:
             host.state = READY
-            rank = host.ring_rank = self._ring_rank(host)
+            rank = self._ring_rank(host)
             bucket = self._buckets.get(rank)
             if bucket is None:
                 bucket = self._buckets[rank] = deque()
