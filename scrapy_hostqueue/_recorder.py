@@ -267,26 +267,21 @@ class HostStatsRecorder:
         if self.enabled:
             self._global_inc("hosts_seen_count")
 
-    def request_done(
-        self, host: str, handed_out: int, active_hosts: int, *, gated: bool = False
-    ) -> None:
+    def request_done(self, host: str, handed_out: int, active_hosts: int) -> None:
         """A request handed out for *host* left the downloader; *handed_out*
         and *active_hosts* are the counts just before it left (every
-        high-water mark is seen at the next leave). Without a send gate
-        (*gated* False), every request handed out counts as in flight; with
-        one, :meth:`send_slot_released` reports what was on the wire."""
+        high-water mark is seen at the next leave)."""
         if not self.enabled:
             return
         entry = self.counters(host)
         entry.inc("request_count")
         entry.high("max_handed_out", handed_out)
-        if not gated:
-            entry.high("max_inflight", handed_out)
         self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
 
-    def send_slot_released(self, host: str, on_wire: int) -> None:
-        """A request of *host* gave back its send slot; *on_wire* requests held
-        one just before (every high-water mark is seen at the next release)."""
+    def in_flight_seen(self, host: str, on_wire: int) -> None:
+        """*on_wire* requests of *host* were sent and not yet answered, just
+        before one of them stopped counting (every high-water mark is seen
+        then)."""
         if self.enabled:
             # Not an event of its own for the busyness ranking: request_done
             # counts the request.

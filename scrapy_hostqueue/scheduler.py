@@ -298,7 +298,7 @@ class HostQueueScheduler(BaseScheduler):
 
     def _release_send_slot(self, host: str, request: Request) -> None:
         self._holding.discard(request)
-        self.recorder.send_slot_released(host, self._sending[host])
+        self.recorder.in_flight_seen(host, self.on_wire(host))
         left = self._sending[host] - 1
         if left:
             self._sending[host] = left
@@ -378,11 +378,13 @@ class HostQueueScheduler(BaseScheduler):
             # next_request path: every request handed out leaves exactly once,
             # and the in-flight counts just before a leave reach every
             # high-water mark the hand-outs set.
-            self.recorder.request_done(
-                host, self.frontier.inflight(host), self.frontier.active, gated=bool(self.prefetch)
-            )
+            self.recorder.request_done(host, self.frontier.inflight(host), self.frontier.active)
             if request in self._holding:
                 self._release_send_slot(host, request)
+            elif not self.prefetch:
+                # A request stops being on the wire when it gives back its
+                # send slot, or, without the send gate, when it leaves.
+                self.recorder.in_flight_seen(host, self.on_wire(host))
             self.frontier.finish(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:

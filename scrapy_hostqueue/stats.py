@@ -83,7 +83,8 @@ class HostQueueStats:
         self.config = config
         self.recorder = get_recorder(crawler)
         self.frontier: Frontier[Any] | None = None
-        #: The scheduler's count of a host's requests on the wire.
+        #: The scheduler's count of a host's requests on the wire (set with
+        #: ``frontier``).
         self._on_wire: Callable[[str], int] | None = None
         self.timeline: TimelineWriter | None = None
         self._tasks: list[AsyncioLoopingCall | LoopingCall] = []
@@ -143,7 +144,7 @@ class HostQueueStats:
         frontier = getattr(scheduler, "frontier", None)
         if isinstance(frontier, Frontier):
             self.frontier = frontier
-            self._on_wire = getattr(scheduler, "on_wire", None)
+            self._on_wire = scheduler.on_wire
         else:
             logger.info(
                 "HostQueueStats: the scheduler is %s, not HostQueueScheduler: host "
@@ -211,9 +212,9 @@ class HostQueueStats:
         busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
         shown = []
         on_wire = self._on_wire
-        for key, _queued, inflight, policy in busiest:
-            sent = inflight if on_wire is None else on_wire(key)
-            text = f"{key or NO_HOST} {sent}/{policy.limit}"
+        assert on_wire is not None
+        for key, _queued, _inflight, policy in busiest:
+            text = f"{key or NO_HOST} {on_wire(key)}/{policy.limit}"
             if policy.blocked_until > now:
                 text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
             shown.append(text)
@@ -231,15 +232,16 @@ class HostQueueStats:
         in_downloader = self._in_downloader
         samples: dict[str, HostSample] = {}
         frontier = self.frontier
-        on_wire = self._on_wire
         if frontier is not None:
+            on_wire = self._on_wire
+            assert on_wire is not None
             for key, queued, _inflight, policy in frontier.hosts():
                 host = key or NO_HOST
                 samples[host] = HostSample(
                     host,
                     # With prefetch, a request in the downloader may still
                     # wait at the send gate: count what was sent.
-                    in_downloader.get(host, 0) if on_wire is None else on_wire(key),
+                    on_wire(key),
                     queued,
                     policy.limit,
                     max(0.0, policy.blocked_until - now),

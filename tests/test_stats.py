@@ -47,12 +47,12 @@ def test_with_a_send_gate_in_flight_counts_what_passed_the_gate() -> None:
     recorder = make_recorder()
     # The first request of a host gives its send slot back before it leaves
     # the downloader (the response is read): its host still gets the key.
-    recorder.send_slot_released("a.test", 1)
+    recorder.in_flight_seen("a.test", 1)
     for on_wire in (2, 3, 1):
-        recorder.send_slot_released("a.test", on_wire)
+        recorder.in_flight_seen("a.test", on_wire)
     for handed_out in (1, 4, 2):
-        recorder.request_done("a.test", handed_out, active_hosts=1, gated=True)
-    recorder.send_slot_released("b.test", 1)
+        recorder.request_done("a.test", handed_out, active_hosts=1)
+    recorder.in_flight_seen("b.test", 1)
     recorder.flush()
     stats = recorder.stats.get_stats()
     assert stats[host_stat_key("a.test", "max_inflight")] == 3
@@ -68,6 +68,7 @@ def test_events_become_per_host_keys() -> None:
     recorder.host_seen("b.test")
     for inflight in (1, 2, 3, 2):
         recorder.request_done("a.test", inflight, active_hosts=2)
+        recorder.in_flight_seen("a.test", inflight)
     recorder.request_done("b.test", 1, active_hosts=1)
     recorder.response("a.test", 200, 0.1)
     recorder.response("a.test", 200, 0.3)
