@@ -8,7 +8,6 @@ add-on; the test hosts run in this process and count what they serve.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,18 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from bench.runner import child_environment
+from scrapy_hostqueue.demo import PROJECT_DIR
 from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 
-ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ROOT / "example_project"
 PAGES = 60
 HOSTS = 3
 
 
 def _crawl(hosts: LocalHosts, jobdir: Path, items: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     command = [
         sys.executable,
         "-m",
@@ -51,7 +48,9 @@ def _crawl(hosts: LocalHosts, jobdir: Path, items: Path, log: Path) -> subproces
         f"{items}:jsonlines",
     ]
     with log.open("wb") as out:
-        return subprocess.Popen(command, cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, cwd=PROJECT_DIR, env=child_environment(), stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def _wait(process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
