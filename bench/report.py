@@ -45,6 +45,7 @@ HEADER = (
     "max in flight/limit (hosts over)",
     "429s",
     "in R-A window",
+    "conns/100",
     "CPU s",
     "CPU busy",
     "peak MB",
@@ -77,6 +78,7 @@ def table_lines(summaries: Sequence[Summary]) -> list[str]:
                 f"{s.worst_in_flight}/{s.limit} ({s.violations})",
                 _num(s.status_429, ".0f"),
                 _num(s.in_retry_after_window, ".0f"),
+                _num(s.connections_per_100, ".0f"),
                 _num(s.cpu, ".1f"),
                 _num(None if s.cpu_busy is None else 100 * s.cpu_busy, ".0f", "%"),
                 _num(s.peak_mb, ".0f"),
@@ -105,8 +107,10 @@ LEGEND = (
     "bound; x scrapy: over Scrapy defaults in the same run; '>': stopped at the time limit.",
     "max in flight/limit: the worst host at the server (hosts over their limit in the worst",
     "run); 429s, in R-A window (requests arriving inside a Retry-After the host had sent):",
-    "counted at the hosts; CPU s, peak MB: the crawl process, start-up included; CPU busy:",
-    "its CPU time over the measured time (near 100 %: bound by its own CPU, not the hosts).",
+    "counted at the hosts; conns/100: connections the hosts accepted per 100 requests",
+    "(near 0: keep-alive connections reused; 100: one per request); CPU s, peak MB: the",
+    "crawl process, start-up included; CPU busy: its CPU time over the measured time (near",
+    "100 %: bound by its own CPU, not the hosts).",
 )
 
 

@@ -47,6 +47,8 @@ class Run:
     max_in_flight: dict[str, int] = field(default_factory=dict)
     violations: int = 0
     requests: int = 0
+    #: TCP connections the hosts accepted during the crawl.
+    connections: int = 0
     status_429: int = 0
     in_retry_after_window: int = 0
     fast_rate: float | None = None
@@ -74,6 +76,9 @@ class Summary:
     violations: int | None = None
     status_429: float | None = None
     in_retry_after_window: float | None = None
+    #: Connections the hosts accepted per 100 requests they received: near 0,
+    #: keep-alive connections were reused; 100, every request opened one.
+    connections_per_100: float | None = None
     cpu: float | None = None
     #: CPU seconds of the crawl process per second of the measured window:
     #: near 1, the crawl was bound by its own CPU, not by the hosts.
@@ -150,6 +155,7 @@ def server_side(run: Run, stats: list[HostStats], limits: Sequence[int]) -> None
         run.max_in_flight[host.hostname] = host.max_in_flight
         run.violations += host.max_in_flight > limit
         run.requests += host.requests
+        run.connections += host.connections
         run.status_429 += host.statuses.get(429, 0)
         run.in_retry_after_window += host.in_retry_after_window
 
@@ -326,6 +332,9 @@ def summarise(
             violations=max(run.violations for run in measured),
             status_429=_median([run.status_429 for run in measured]),
             in_retry_after_window=_median([run.in_retry_after_window for run in measured]),
+            connections_per_100=_median(
+                [100 * run.connections / run.requests for run in measured if run.requests]
+            ),
             cpu=_median([run.cpu for run in measured]),
             cpu_busy=_median(
                 [

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from bench.report import issue_targets, probe_lines, table_lines
-from bench.runner import Run, Summary, rounds_of, run_child, summarise
+from bench.runner import Run, Summary, rounds_of, run_child, server_side, summarise
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
-from scrapy_hostqueue.testing import LocalHosts
+from scrapy_hostqueue.testing import HostStats, LocalHosts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,6 +183,41 @@ def test_cpu_busy_is_the_cpu_share_of_the_measured_time_and_flags_cpu_bound_targ
     assert "CPU busy" in table and "97%" in table
 
 
+def test_connections_per_100_requests_come_from_the_hosts_counts() -> None:
+    def run(config: str, repeat: int, connections: list[int]) -> Run:
+        measured = Run("S6", config, repeat, ok=True, time_to_budget=8.0)
+        stats = [
+            HostStats(f"127.0.0.{index + 1}", 80, requests=50, connections=count)
+            for index, count in enumerate(connections)
+        ]
+        server_side(measured, stats, [4] * len(stats))
+        return measured
+
+    runs = [
+        run("scrapy", 0, [1, 1]),
+        run("hq-full", 0, [50, 40]),
+        run("hq-full", 1, [30, 30]),
+        run("hq-full", 2, [2, 2]),
+    ]
+    assert [r.connections for r in runs] == [2, 90, 60, 4]
+    rows = {
+        s.config: s
+        for s in summarise(
+            SCENARIOS["S6"],
+            ["scrapy", "hq-full"],
+            runs,
+            unavailable={},
+            budget=1200,
+            time_limit=30.0,
+        )
+    }
+    assert rows["scrapy"].connections_per_100 == pytest.approx(2.0)
+    assert rows["hq-full"].connections_per_100 == pytest.approx(60.0)  # median of 90, 60, 4
+    table = table_lines(list(rows.values()))
+    assert "conns/100" in table[0]
+    assert table[3].split()[-4] == "60"
+
+
 def test_cpu_probe_lines_warn_when_the_machine_speed_drifted() -> None:
     steady = probe_lines([("start", 10.0), ("S2", 11.0), ("end", 10.5)])
     assert steady == [
@@ -246,3 +281,7 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     ]
     assert run["pages"] >= 60
     assert sum(run["host_pages"].values()) == 60
+    # Counted by the hosts: HTTP11 keeps its connections alive, at most the
+    # limit of 4 to each of the 4 hosts.
+    assert 4 <= run["connections"] <= 16
+    assert hq["connections_per_100"] == pytest.approx(100 * run["connections"] / run["requests"])
