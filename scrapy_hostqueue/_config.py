@@ -99,6 +99,7 @@ class HostQueueConfig:
 
     # Scheduler
     max_active_hosts: int  # 0 = no cap
+    turn_requests: int  # requests a host is handed in one turn at an active-host place
     prefetch: int  # requests per host handed out beyond the limit (own handler only)
     remember_hosts: int
     default_concurrency: int  # per-host limit without the AIMD middleware
@@ -167,6 +168,7 @@ class HostQueueConfig:
             )
         return cls(
             max_active_hosts=max_active,
+            turn_requests=_integer(settings, "HOSTQUEUE_TURN_REQUESTS", 100, minimum=1),
             prefetch=_integer(settings, "HOSTQUEUE_PREFETCH", 1, minimum=0),
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
             default_concurrency=per_domain,

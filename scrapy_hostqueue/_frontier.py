@@ -7,7 +7,7 @@ slot key).
 Every live host (queued work or work in flight) is in exactly one state:
 
 * READY: queued work, in flight below its limit, not blocked, and either
-  already active or the active-host cap has room. It sits in the ring bucket
+  holding an active place or the active-host cap has room. It sits in the ring bucket
   of its head rank; buckets are served highest rank first, round-robin within.
 * PREFETCH: queued work, in flight at its limit but below the limit plus
   ``prefetch``. Sits in a heap by head rank (FIFO among equals), served
@@ -18,7 +18,14 @@ Every live host (queued work or work in flight) is in exactly one state:
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
   starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in a FIFO,
-  released when an active host goes idle.
+  released when an active host gives its place up.
+
+A host takes an active place when it is first served and keeps it, across
+moments with nothing in flight, while it has work it may start at once, for
+a turn of ``turn`` requests: with nothing in flight it gives the place up when
+it has nothing queued, must wait for a time (BLOCKED), or has had its turn
+(then it goes to the back of the CAPPED FIFO). Kept places let the hosts being
+crawled keep their keep-alive connections.
 * DRAINED: work in flight, nothing queued. Leaves on enqueue or finish.
 
 Structures hold ``(token, host)`` entries and skip stale ones lazily: every
@@ -97,10 +104,12 @@ class _Host(Generic[T]):
     __slots__ = (
         "inflight",
         "key",
+        "leased",
         "policy",
         "queued",
         "queues",
         "ranks",
+        "served",
         "state",
         "token",
     )
@@ -112,6 +121,10 @@ class _Host(Generic[T]):
         self.ranks: list[int] = []  # heap of -rank, stale ranks skipped lazily
         self.queued = 0
         self.inflight = 0
+        #: Whether the host holds one of the active-host places, and how many
+        #: requests it was handed since it took it.
+        self.leased = False
+        self.served = 0
         self.state = DRAINED
         self.token = 0
 
@@ -145,7 +158,8 @@ class Frontier(Generic[T]):
     """Per-host queues plus the ring of ready hosts.
 
     *policy_factory* makes the policy of a host seen for the first time.
-    *max_active* caps the hosts with work in flight (0: no cap).
+    *max_active* caps the hosts holding an active place (0: no cap); *turn*
+    is how many requests a host is handed in one turn at a place.
     *remember* bounds the policies kept for hosts that went idle, so that a
     crawl meeting a million hosts does not keep a million idle entries.
     Hosts compete in the ring by ``head rank // ring_granularity``: with 2,
@@ -158,6 +172,7 @@ class Frontier(Generic[T]):
         policy_factory: Callable[[str], HostPolicy],
         *,
         max_active: int = 0,
+        turn: int = 1,
         prefetch: int = 0,
         remember: int = 10_000,
         ring_granularity: int = 1,
@@ -166,7 +181,10 @@ class Frontier(Generic[T]):
     ) -> None:
         if ring_granularity < 1:
             raise ValueError(f"ring_granularity must be >= 1, got {ring_granularity!r}")
+        if turn < 1:
+            raise ValueError(f"turn must be >= 1, got {turn!r}")
         self._ring_granularity = ring_granularity
+        self.turn = turn
         self._policy_factory = policy_factory
         self.max_active = max_active
         #: Requests a host may have handed out beyond its limit; they wait
@@ -188,7 +206,7 @@ class Frontier(Generic[T]):
         # FIFO among equals, as in the ring.
         self._prefetchable: list[tuple[float, int, int, _Host[T]]] = []
         self._queued = 0
-        self.active = 0  # hosts with work in flight
+        self.active = 0  # hosts holding an active-host place
         self.max_active_seen = 0
 
     # -- queries ---------------------------------------------------------
@@ -292,7 +310,7 @@ class Frontier(Generic[T]):
             self._ring_entries -= 1
             if host.token != token:
                 continue
-            if host.inflight == 0 and 0 < self.max_active <= self.active:
+            if not host.leased and 0 < self.max_active <= self.active:
                 self._set_capped(host)
                 continue
             return self._serve(host, now)
@@ -314,12 +332,8 @@ class Frontier(Generic[T]):
         if host is None or host.inflight <= 0:
             raise KeyError(f"no request in flight for host {key!r}")
         host.inflight -= 1
-        if host.inflight == 0:
-            self.active -= 1
-            if host.state in (FULL, PREFETCH, DRAINED):
-                self._place(host, self.clock())
-            self._release_capped()
-        elif host.state in (FULL, PREFETCH):
+        if host.inflight == 0 or host.state in (FULL, PREFETCH):
+            # With nothing in flight the host may give its active place up.
             self._place(host, self.clock())
 
     def remove_queued(self, key: str) -> list[T]:
@@ -388,9 +402,12 @@ class Frontier(Generic[T]):
 
     def _start(self, host: _Host[T], now: float) -> None:
         host.inflight += 1
-        if host.inflight == 1:
+        if not host.leased:
+            host.leased = True
+            host.served = 0
             self.active += 1
             self.max_active_seen = max(self.max_active_seen, self.active)
+        host.served += 1
         policy = host.policy
         policy.last_start = now
         gap = policy.interval
@@ -405,6 +422,7 @@ class Frontier(Generic[T]):
                 host.state = DRAINED
             else:
                 self._retire(host)
+                self._leave(host, now)
             return
         policy = host.policy
         ready_at = policy.ready_at()
@@ -414,6 +432,11 @@ class Frontier(Generic[T]):
             heapq.heappush(self._timers, (ready_at, self._seq, host.token, host))
             if self._crowded(len(self._timers)):
                 self._compact()
+            if not host.inflight:
+                self._leave(host, now)
+        elif host.leased and not host.inflight and host.served >= self.turn:
+            # Its turn is over: behind the hosts waiting for a place.
+            self._leave(host, now, requeue=True)
         elif host.inflight >= policy.limit + self.prefetch:
             host.state = FULL
         elif host.inflight >= policy.limit:
@@ -423,7 +446,7 @@ class Frontier(Generic[T]):
             heapq.heappush(self._prefetchable, (-rank, self._seq, host.token, host))
             if self._crowded(len(self._prefetchable)):
                 self._compact()
-        elif host.inflight == 0 and 0 < self.max_active <= self.active:
+        elif not host.leased and 0 < self.max_active <= self.active:
             self._set_capped(host)
         else:
             host.state = READY
@@ -436,6 +459,21 @@ class Frontier(Generic[T]):
             self._ring_entries += 1
             if self._crowded(self._ring_entries):
                 self._compact()
+
+    def _leave(self, host: _Host[T], now: float, requeue: bool = False) -> None:
+        """*host*, with nothing in flight, gives its active place up (if it
+        holds one) to the first host waiting for one; with *requeue*, it waits
+        behind them for its next turn."""
+        if not host.leased:
+            return
+        host.leased = False
+        self.active -= 1
+        if requeue:
+            if self.max_active > 0:
+                self._set_capped(host)
+            else:
+                self._place(host, now)
+        self._release_capped(now)
 
     def _ring_rank(self, host: _Host[T]) -> int:
         """The rank *host* competes with across hosts (see ``ring_granularity``)."""

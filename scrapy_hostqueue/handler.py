@@ -11,8 +11,8 @@
   loop");
 * the pool is sized from this project's settings, so that it backstops
   politeness: per host the AIMD ceiling, in total the active-host cap times the
-  ceiling (bounded by ``CONCURRENT_REQUESTS``), and the total also bounds idle
-  keep-alive sockets;
+  ceiling, so the hosts the scheduler is working on keep their keep-alive
+  connections; the total also bounds idle sockets;
 * a DNS cache with ``HOSTQUEUE_DNS_CACHE_TTL``;
 * per-host stats of connections opened and reused;
 * ``download_latency`` leaves out the time a request waited for a free
@@ -120,14 +120,15 @@ def _pool_limits(config: HostQueueConfig) -> tuple[int, int]:
 
     Per host: the AIMD ceiling (``CONCURRENT_REQUESTS_PER_DOMAIN`` unless
     ``HOSTQUEUE_AIMD_CEILING`` is set), the most the scheduler ever gives one
-    host. Total: ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` x that ceiling, bounded by
-    ``CONCURRENT_REQUESTS`` when it is set.
+    host. Total: ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` x that ceiling, so that every
+    host holding one of the scheduler's active places keeps its keep-alive
+    connections between two of its requests (``CONCURRENT_REQUESTS`` bounds
+    the requests in flight, not the idle sockets); without that cap,
+    ``CONCURRENT_REQUESTS``.
     """
     per_host = config.aimd_ceiling
     if config.max_active_hosts:
         total = config.max_active_hosts * per_host
-        if config.global_concurrency > 0:
-            total = min(total, config.global_concurrency)
     else:
         total = max(config.global_concurrency, 0)
     return total, per_host

@@ -75,7 +75,8 @@ class HostQueueScheduler(BaseScheduler):
     only for a host that is ready: it has queued work, fewer requests in flight
     than its limit, and is not blocked (Retry-After, back-off, download delay,
     Crawl-delay). Ready hosts take turns round-robin; at most
-    ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` hosts have requests in flight at once.
+    ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` hosts are worked on at once, each for a turn
+    of up to ``HOSTQUEUE_TURN_REQUESTS`` requests.
 
     A request counts for its host from the moment :meth:`next_request` hands it
     out until it leaves the downloader, whatever its outcome, which holds the
@@ -103,6 +104,7 @@ class HostQueueScheduler(BaseScheduler):
         self.frontier: Frontier[Request] = Frontier(
             self._new_policy,
             max_active=config.max_active_hosts,
+            turn=config.turn_requests,
             prefetch=self.prefetch,
             remember=config.remember_hosts,
             # Across hosts only the priority counts: a host whose next request

@@ -53,6 +53,7 @@ def make(
     *,
     limit: int = 1,
     max_active: int = 0,
+    turn: int = 1,
     remember: int = 10_000,
     interval: float = 0.0,
     jitter: float = 0.0,
@@ -63,6 +64,7 @@ def make(
     frontier: Frontier[str] = Frontier(
         lambda key: HostPolicy(limit, interval, jitter),
         max_active=max_active,
+        turn=turn,
         remember=remember,
         clock=clock,
         rng=rng or random.Random(0),
@@ -545,6 +547,55 @@ def test_active_host_keeps_its_slot_while_it_has_work(max_active: int) -> None:
         assert frontier.active <= max_active
 
 
+def serve_one_at_a_time(frontier: Frontier[str], rounds: int) -> list[str]:
+    """Pop one request, finish it, *rounds* times: the hosts served, in order."""
+    order = []
+    for _ in range(rounds):
+        got = frontier.pop()
+        assert got is not None
+        order.append(got[0])
+        assert frontier.pop() is None  # the cap of 1 host, at a limit of 1
+        frontier.finish(got[0])
+    return order
+
+
+@pytest.mark.parametrize(("turn", "expected"), [(1, "abab" * 3), (3, "aaabbb" * 2)])
+def test_an_active_host_keeps_its_place_between_requests_for_its_turn(
+    turn: int, expected: str
+) -> None:
+    # A host that takes one of the places keeps it while it has ready work,
+    # so its keep-alive connections stay in use, until it has been handed
+    # `turn` requests; then it waits behind the hosts waiting for a place.
+    frontier, _ = make(limit=1, max_active=1, turn=turn)
+    for host in "ab":
+        for i in range(10):
+            frontier.push(host, 0, f"{host}{i}")
+    assert "".join(serve_one_at_a_time(frontier, 12)) == expected
+    assert frontier.max_active_seen == 1
+
+
+def test_a_host_that_must_wait_gives_its_place_up_during_its_turn() -> None:
+    frontier, clock = make(limit=1, max_active=1, turn=100)
+    frontier.set_interval("a", 1.0)
+    for host in "ab":
+        for i in range(3):
+            frontier.push(host, 0, f"{host}{i}")
+    assert frontier.pop() == ("a", "a0")
+    frontier.finish("a")
+    # a may not start again for 1 s: b takes the place and keeps it.
+    assert serve_one_at_a_time(frontier, 3) == ["b", "b", "b"]
+    for _ in range(2):
+        clock.advance(1.0)
+        assert serve_one_at_a_time(frontier, 1) == ["a"]
+    assert frontier.active == 0
+    assert len(frontier) == 0
+
+
+def test_a_turn_is_at_least_one_request() -> None:
+    with pytest.raises(ValueError, match="turn"):
+        Frontier(lambda key: HostPolicy(1), max_active=1, turn=0)
+
+
 @pytest.mark.parametrize("how", ["block", "remove_queued", "give_up"])
 def test_freed_slot_is_not_lost_when_the_released_host_stops_being_ready(
     how: str,
@@ -780,6 +831,9 @@ class ModelHost:
     given_up: bool = False
     queue: list[tuple[int, int]] = field(default_factory=list)  # (rank, item)
     inflight: list[int] = field(default_factory=list)
+    #: Holds an active-host place, and requests handed out since it took it.
+    leased: bool = False
+    served: int = 0
 
     def ready_at(self) -> float:
         return max(self.blocked_until, self.last_start + self.interval)
@@ -803,6 +857,7 @@ class FrontierMachine(RuleBasedStateMachine):
         self.clock = FakeClock(0.0)
         self.frontier: Frontier[int] = Frontier(lambda key: HostPolicy(DEFAULT_LIMIT))
         self.cap = 0
+        self.turn = 1
         self.remember = 0
         self.prefetch = 0
         self.default_limit = DEFAULT_LIMIT
@@ -815,18 +870,21 @@ class FrontierMachine(RuleBasedStateMachine):
 
     @initialize(
         cap=st.integers(0, 3),
+        turn=st.integers(1, 3),
         remember=st.sampled_from([1, 3, 100]),
         prefetch=st.integers(0, 1),
         default_limit=st.integers(1, 2),
     )
-    def setup(self, cap: int, remember: int, prefetch: int, default_limit: int) -> None:
+    def setup(self, cap: int, turn: int, remember: int, prefetch: int, default_limit: int) -> None:
         self.cap = cap
+        self.turn = turn
         self.remember = remember
         self.prefetch = prefetch
         self.default_limit = default_limit
         self.frontier = Frontier(
             lambda key: HostPolicy(default_limit),
             max_active=cap,
+            turn=turn,
             prefetch=prefetch,
             remember=remember,
             clock=self.clock,
@@ -860,8 +918,24 @@ class FrontierMachine(RuleBasedStateMachine):
         if host is not None and not host.live() and key not in self.retired:
             self._remember(key)
 
+    def _settle(self) -> None:
+        """A host with nothing in flight gives its active place up when it has
+        nothing queued, must wait for its next start, or has had its turn.
+        Nothing else changes these while the clock stands still, so checking
+        after each step (and before the clock moves) is what the frontier does
+        as each step happens."""
+        now = self.clock.now
+        for h in self.hosts.values():
+            if (
+                h.leased
+                and not h.inflight
+                and (not h.queue or h.ready_at() > now or h.served >= self.turn)
+            ):
+                h.leased = False
+
     def _active(self) -> int:
-        return sum(1 for h in self.hosts.values() if h.inflight)
+        self._settle()
+        return sum(1 for h in self.hosts.values() if h.leased)
 
     def _ready(self) -> dict[str, ModelHost]:
         now, active = self.clock.now, self._active()
@@ -871,7 +945,7 @@ class FrontierMachine(RuleBasedStateMachine):
             if h.queue
             and len(h.inflight) < h.limit + self.prefetch
             and now >= h.ready_at()
-            and (h.inflight or self.cap == 0 or active < self.cap)
+            and (h.leased or self.cap == 0 or active < self.cap)
         }
 
     # -- rules -----------------------------------------------------------
@@ -920,7 +994,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 for h in self.hosts.values()
                 if h.queue
                 and len(h.inflight) < h.limit + self.prefetch
-                and (h.inflight or self.cap == 0 or self._active() < self.cap)
+                and (h.leased or self.cap == 0 or self._active() < self.cap)
             ]
             if waiting:
                 assert wake is not None
@@ -941,7 +1015,7 @@ class FrontierMachine(RuleBasedStateMachine):
         assert self.popped[item] == 0, f"item {item} popped twice"
         assert len(host.inflight) + 1 <= host.limit + self.prefetch
         if self.cap:
-            assert self._active() + (0 if host.inflight else 1) <= self.cap
+            assert self._active() + (0 if host.leased else 1) <= self.cap
         return key, rank, item
 
     def _pop(self) -> tuple[str, int] | None:
@@ -954,6 +1028,10 @@ class FrontierMachine(RuleBasedStateMachine):
         host.queue.remove((rank, item))
         host.inflight.append(item)
         host.last_start = self.clock.now
+        if not host.leased:
+            host.leased = True
+            host.served = 0
+        host.served += 1
         return key, item
 
     @rule()
@@ -1000,6 +1078,7 @@ class FrontierMachine(RuleBasedStateMachine):
 
     @rule(dt=st.sampled_from([0.25, 1.0, 3.0, 10.0]))
     def advance(self, dt: float) -> None:
+        self._settle()
         self.clock.advance(dt)
 
     @precondition(lambda self: sum(h.given_up for h in self.hosts.values()) < 2)
@@ -1094,6 +1173,7 @@ class FrontierMachine(RuleBasedStateMachine):
         # Drain: every accepted item is popped or dropped exactly once.
         if not hasattr(self, "frontier"):
             return
+        self._settle()
         self.clock.advance(1_000.0)
         for _ in range(4 * len(self.accepted) + 20):
             if self._pop() is not None:
@@ -1105,6 +1185,7 @@ class FrontierMachine(RuleBasedStateMachine):
                     self.hosts[key].inflight.remove(item)
                     self._maybe_retire(key)
             elif len(self.frontier):
+                self._settle()
                 self.clock.advance(3.0)
             else:
                 break

@@ -418,15 +418,18 @@ async def _crawl(
 @pytest.mark.parametrize(
     ("settings", "expected"),
     [
-        ({}, (16, 8)),  # Scrapy defaults: total = CONCURRENT_REQUESTS
-        ({"CONCURRENT_REQUESTS": 32, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}, (32, 4)),
+        # Scrapy defaults: 16 active hosts (CONCURRENT_REQUESTS) x 8 per host.
+        ({}, (128, 8)),
+        ({"CONCURRENT_REQUESTS": 32, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}, (128, 4)),
         ({"CONCURRENT_REQUESTS": 100, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 5}, (40, 8)),
+        ({"CONCURRENT_REQUESTS": 4, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10}, (80, 8)),
         ({"CONCURRENT_REQUESTS": 0, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10}, (80, 8)),
+        # No active-host cap: CONCURRENT_REQUESTS (0: no limit).
         ({"CONCURRENT_REQUESTS": 24, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 0}, (24, 8)),
         ({"CONCURRENT_REQUESTS": 0, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 0}, (0, 8)),
         (
             {"CONCURRENT_REQUESTS": 64, "HOSTQUEUE_AIMD_CEILING": 3, "HOSTQUEUE_AIMD_START": 2},
-            (64, 3),
+            (192, 3),
         ),
     ],
 )
@@ -452,7 +455,8 @@ async def test_connector_is_sized_from_settings(
         await _download(handler, Request(hosts.url("127.0.0.2")))
         connector = handler._session.connector
         assert connector is not None
-        assert (connector.limit, connector.limit_per_host) == (20, 3)
+        # 20 active hosts (CONCURRENT_REQUESTS) x 3 per host.
+        assert (connector.limit, connector.limit_per_host) == (60, 3)
         assert isinstance(connector, aiohttp.TCPConnector)
         assert connector.use_dns_cache is dns_cache
     assert "experimental" not in caplog.text
@@ -768,14 +772,20 @@ async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
 @deferred_f_from_coro_f
 async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
     addresses = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(500)]
-    settings = {"CONCURRENT_REQUESTS": 32, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}
+    settings = {
+        "CONCURRENT_REQUESTS": 32,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10,
+    }
     async with serving(addresses) as hosts:
         urls = [hosts.url(a, f"/{n}") for n in range(2) for a in addresses]
         crawler, spider = await _crawl(settings, urls)
     assert len(spider.responses) == 1000
     assert len(hosts.accepted) == 500
-    # Without closing idle keep-alive sockets, one per host met would stay open.
-    assert hosts.max_open_connections <= 32
+    # The pool's total is 10 active hosts x 4. Without closing idle
+    # keep-alive sockets, one per host met would stay open.
+    assert _pool_limits(HostQueueConfig.from_settings(crawler.settings))[0] == 40
+    assert hosts.max_open_connections <= 40
     # Per-host stats stay bounded (HOSTQUEUE_STATS_MAX_HOSTS=100 named hosts).
     stats = _connection_stats(crawler)
     assert "_other" in stats and len(stats) <= 101

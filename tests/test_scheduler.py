@@ -163,6 +163,40 @@ async def test_active_host_cap(local_hosts: HostsFactory) -> None:
     assert crawler.stats.get_value("hostqueue/max_active_hosts") == 2
 
 
+@deferred_f_from_coro_f
+async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
+    local_hosts: HostsFactory,
+) -> None:
+    # 40 sites of 8 pages, 8 worked on at once. With turns, a host keeps its
+    # place between its requests, and with the add-on's pool (8 places x 2
+    # per host) its connections; with a turn of 1 request the crawl spreads
+    # over every host and most requests need a new connection. Counted by the
+    # hosts.
+    hosts = local_hosts("40x latency=20ms,pages=8,links=3")
+    connections = {}
+    for turn in (100, 1):
+        hosts.reset()
+        crawler = await crawl(
+            [hosts.url(i) for i in range(40)],
+            follow=True,
+            ADDONS={"scrapy_hostqueue.Addon": 0},
+            DOWNLOAD_HANDLERS={},
+            CONCURRENT_REQUESTS=8,
+            CONCURRENT_REQUESTS_PER_DOMAIN=2,
+            HOSTQUEUE_TURN_REQUESTS=turn,
+            HOSTQUEUE_TIMELINE_FILE=None,
+        )
+        stats = hosts.all_stats(arrivals=False)
+        assert [host.served for host in stats] == [8] * 40
+        assert max(host.max_in_flight for host in stats) <= 2
+        assert crawler.stats is not None
+        assert crawler.stats.get_value("hostqueue/max_active_hosts") <= 8
+        connections[turn] = sum(host.connections for host in stats)
+    # Seen here: 110-117 connections with turns of 100, 311-315 with 1 (320 pages).
+    assert connections[100] <= 160, connections
+    assert connections[1] >= 240, connections
+
+
 class _ShortCircuit:
     """Answers some requests itself and refuses others, as a cache or a
     robots.txt middleware would."""
@@ -267,6 +301,8 @@ async def test_urls_without_a_host_are_crawled() -> None:
     [
         ("HOSTQUEUE_MAX_ACTIVE_HOSTS", -1),
         ("HOSTQUEUE_MAX_ACTIVE_HOSTS", "many"),
+        ("HOSTQUEUE_TURN_REQUESTS", 0),
+        ("HOSTQUEUE_TURN_REQUESTS", "long"),
         ("HOSTQUEUE_REMEMBER_HOSTS", 1.5),
         ("CONCURRENT_REQUESTS_PER_DOMAIN", 0),
     ],
