@@ -6,7 +6,7 @@ compares with S1, runs interleaved with S1 (S1 A, S1b A, S1 B, ...). Prints the 
 bounds, one line per crawl, the table of medians, S7's next_request costs and issue
 3's targets; writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
 
-    python -m bench                          # everything, 8.5-11.5 minutes on 2 cores
+    python -m bench                          # everything, 8.5-12.5 minutes on 2 cores
     python -m bench --scenarios S1,S1b --repeats 1
     python -m bench --repeats 3 --extra-repeats 3   # three rounds of all (about 25 minutes)
     python -m bench --quick                  # one round, a smaller budget
