@@ -486,11 +486,9 @@ class Frontier(Generic[T]):
         if self._crowded(len(self._capped)):
             self._compact()
 
-    def _release_capped(self, now: float | None = None) -> bool:
+    def _release_capped(self, now: float) -> bool:
         """Place capped hosts until one is READY; True if one is."""
         capped = self._capped
-        if now is None:
-            now = self.clock()
         while capped and (self.max_active <= 0 or self.active < self.max_active):
             token, host = capped.popleft()
             if host.token == token:
