@@ -7,8 +7,9 @@ slot key).
 Every live host (queued work or work in flight) is in exactly one state:
 
 * READY: queued work, in flight below its limit, not blocked, and either
-  holding an active place or the active-host cap has room. It sits in the ring bucket
-  of its head rank; buckets are served highest rank first, round-robin within.
+  holding an active place or the active-host cap has room. It sits in the
+  ring bucket of its head rank; buckets are served highest rank first,
+  round-robin within.
 * PREFETCH: queued work, in flight at its limit but below the limit plus
   ``prefetch``. Sits in a heap by head rank (FIFO among equals), served
   only when no host is READY, so an extra request waiting downstream never
@@ -19,6 +20,7 @@ Every live host (queued work or work in flight) is in exactly one state:
   starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in a FIFO,
   released when an active host gives its place up.
+* DRAINED: work in flight, nothing queued. Leaves on enqueue or finish.
 
 A host takes an active place when it is first served and keeps it, across
 moments with nothing in flight, while it has work it may start at once, for
@@ -26,7 +28,6 @@ a turn of ``turn`` requests: with nothing in flight it gives the place up when
 it has nothing queued, must wait for a time (BLOCKED), or has had its turn
 (then it goes to the back of the CAPPED FIFO). Kept places let the hosts being
 crawled keep their keep-alive connections.
-* DRAINED: work in flight, nothing queued. Leaves on enqueue or finish.
 
 Structures hold ``(token, host)`` entries and skip stale ones lazily: every
 placement bumps the host's token, so moving a host is O(1) and no structure is
@@ -469,10 +470,7 @@ class Frontier(Generic[T]):
         host.leased = False
         self.active -= 1
         if requeue:
-            if self.max_active > 0:
-                self._set_capped(host)
-            else:
-                self._place(host, now)
+            self._set_capped(host)
         self._release_capped(now)
 
     def _ring_rank(self, host: _Host[T]) -> int:
