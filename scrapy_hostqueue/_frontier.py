@@ -21,13 +21,17 @@ Every live host (queued work or work in flight) is in exactly one state:
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in a FIFO,
   released when an active host gives its place up.
 * DRAINED: work in flight, nothing queued. Leaves on enqueue or finish.
+* ENDING: queued work and work in flight, but its turn is over while hosts
+  wait for a place: it is handed nothing more. Leaves on finish.
 
 A host takes an active place when it is first served and keeps it, across
 moments with nothing in flight, while it has work it may start at once, for
 a turn of ``turn`` requests: with nothing in flight it gives the place up when
 it has nothing queued, must wait for a time (BLOCKED), or has had its turn
-(then it goes to the back of the CAPPED FIFO). Kept places let the hosts being
-crawled keep their keep-alive connections.
+(then it goes to the back of the CAPPED FIFO). A host whose turn is over while
+hosts wait in the CAPPED FIFO gets no new request (ENDING), so a host that
+always has requests in flight does not keep its place for ever. Kept places
+let the hosts being crawled keep their keep-alive connections.
 
 Structures hold ``(token, host)`` entries and skip stale ones lazily: every
 placement bumps the host's token, so moving a host is O(1) and no structure is
@@ -53,6 +57,7 @@ PREFETCH = "prefetch"
 BLOCKED = "blocked"
 CAPPED = "capped"
 DRAINED = "drained"
+ENDING = "ending"
 
 
 class HostPolicy:
@@ -203,6 +208,7 @@ class Frontier(Generic[T]):
         # FIFO tiebreak among equal keys of the timer and prefetch heaps.
         self._seq = 0
         self._capped: deque[tuple[int, _Host[T]]] = deque()
+        self._waiting = 0  # hosts in the CAPPED state
         # Heap of (-head rank, seq, token, host): the highest rank first,
         # FIFO among equals, as in the ring.
         self._prefetchable: list[tuple[float, int, int, _Host[T]]] = []
@@ -314,6 +320,9 @@ class Frontier(Generic[T]):
             if not host.leased and 0 < self.max_active <= self.active:
                 self._set_capped(host)
                 continue
+            if self._turn_over(host):
+                self._place(host, now)  # ENDING
+                continue
             return self._serve(host, now)
         # finish() hands a freed slot to one capped host; if that host stopped
         # being ready before it was popped (blocked, emptied, given up), the
@@ -324,6 +333,9 @@ class Frontier(Generic[T]):
         while prefetchable:
             _, _, token, host = heapq.heappop(prefetchable)
             if host.token == token:
+                if self._turn_over(host):
+                    self._place(host, now)  # ENDING
+                    continue
                 return self._serve(host, now)
         return None
 
@@ -417,6 +429,8 @@ class Frontier(Generic[T]):
         policy.next_gap = gap
 
     def _place(self, host: _Host[T], now: float) -> None:
+        if host.state == CAPPED:
+            self._waiting -= 1
         host.token += 1
         if not host.queued:
             if host.inflight:
@@ -435,9 +449,13 @@ class Frontier(Generic[T]):
                 self._compact()
             if not host.inflight:
                 self._leave(host, now)
-        elif host.leased and not host.inflight and host.served >= self.turn:
-            # Its turn is over: behind the hosts waiting for a place.
-            self._leave(host, now, requeue=True)
+        elif host.leased and host.served >= self.turn and (self._waiting or not host.inflight):
+            if host.inflight:
+                # Its turn is over and hosts wait: it starts nothing more, and
+                # goes behind them when its last request finishes.
+                host.state = ENDING
+            else:
+                self._leave(host, now, requeue=True)
         elif host.inflight >= policy.limit + self.prefetch:
             host.state = FULL
         elif host.inflight >= policy.limit:
@@ -461,6 +479,10 @@ class Frontier(Generic[T]):
             if self._crowded(self._ring_entries):
                 self._compact()
 
+    def _turn_over(self, host: _Host[T]) -> bool:
+        """Whether *host* has had its turn at its place while hosts wait for one."""
+        return bool(self._waiting) and host.leased and host.served >= self.turn
+
     def _leave(self, host: _Host[T], now: float, requeue: bool = False) -> None:
         """*host*, with nothing in flight, gives its active place up (if it
         holds one) to the first host waiting for one; with *requeue*, it waits
@@ -478,6 +500,8 @@ class Frontier(Generic[T]):
         return host.head_rank() // self._ring_granularity
 
     def _set_capped(self, host: _Host[T]) -> None:
+        if host.state != CAPPED:
+            self._waiting += 1
         host.token += 1
         host.state = CAPPED
         self._capped.append((host.token, host))

@@ -28,6 +28,7 @@ from scrapy_hostqueue._frontier import (
     BLOCKED,
     CAPPED,
     DRAINED,
+    ENDING,
     FULL,
     PREFETCH,
     READY,
@@ -530,7 +531,8 @@ def test_active_cap_serves_capped_hosts_in_arrival_order(max_active: int) -> Non
 
 @pytest.mark.parametrize("max_active", [1, 2])
 def test_active_host_keeps_its_slot_while_it_has_work(max_active: int) -> None:
-    frontier, _ = make(limit=2, max_active=max_active)
+    # Within its turn (see the tests of turns below).
+    frontier, _ = make(limit=2, max_active=max_active, turn=100)
     for host in ("a", "b", "c"):
         for i in range(20):
             frontier.push(host, 0, f"{host}{i}")
@@ -589,6 +591,50 @@ def test_a_host_that_must_wait_gives_its_place_up_during_its_turn() -> None:
         assert serve_one_at_a_time(frontier, 1) == ["a"]
     assert frontier.active == 0
     assert len(frontier) == 0
+
+
+def serve_keeping_requests_in_flight(frontier: Frontier[str], rounds: int) -> str:
+    """Pop all that is ready, then finish the oldest request, *rounds* times: the
+    hosts served, in order. A busy host's requests overlap, so it has nothing
+    in flight only when the frontier stops handing it requests."""
+    order = []
+    inflight: list[str] = []
+    for _ in range(rounds):
+        while (got := frontier.pop()) is not None:
+            order.append(got[0])
+            inflight.append(got[0])
+        frontier.finish(inflight.pop(0))
+    return "".join(order)
+
+
+def test_a_busy_host_lets_a_waiting_host_in_after_its_turn() -> None:
+    # "a" always has a request in flight. After its turn of 3 it is handed
+    # nothing more while "b" waits; it gives its place up when its last
+    # request finishes, and then waits its own turn behind "b".
+    frontier, _ = make(limit=2, max_active=1, turn=3)
+    for host in "ab":
+        for i in range(6):
+            frontier.push(host, 0, f"{host}{i}")
+    order = serve_keeping_requests_in_flight(frontier, 12)
+    assert order == "aaabbbaaabbb"
+    assert frontier.max_active_seen == 1
+
+
+def test_a_busy_host_keeps_its_place_past_its_turn_while_nobody_waits() -> None:
+    frontier, _ = make(limit=2, max_active=1, turn=3)
+    for i in range(8):
+        frontier.push("a", 0, f"a{i}")
+    assert serve_keeping_requests_in_flight(frontier, 5) == "aaaaaa"
+    # Nothing left it: every request after the turn was handed out with
+    # others in flight, without waiting for the host to drain.
+    assert frontier.inflight("a") == 1
+    frontier.push("b", 0, "b0")  # b waits now: a ends its turn
+    assert frontier.state("b") == CAPPED
+    assert frontier.pop() is None
+    assert frontier.state("a") == ENDING
+    frontier.finish("a")
+    assert frontier.pop() == ("b", "b0")
+    assert frontier.state("a") == CAPPED
 
 
 def test_a_turn_is_at_least_one_request() -> None:
@@ -937,7 +983,13 @@ class FrontierMachine(RuleBasedStateMachine):
         self._settle()
         return sum(1 for h in self.hosts.values() if h.leased)
 
-    def _ready(self) -> dict[str, ModelHost]:
+    def _may_end(self, h: ModelHost) -> bool:
+        """Whether *h* has had its turn and may be withheld while other hosts
+        wait for a place (it still holds its place: it has work in flight)."""
+        return bool(self.cap and h.leased and h.served >= self.turn and h.inflight)
+
+    def _servable(self) -> dict[str, ModelHost]:
+        """Hosts the frontier may serve now."""
         now, active = self.clock.now, self._active()
         return {
             key: h
@@ -947,6 +999,10 @@ class FrontierMachine(RuleBasedStateMachine):
             and now >= h.ready_at()
             and (h.leased or self.cap == 0 or active < self.cap)
         }
+
+    def _ready(self) -> dict[str, ModelHost]:
+        """Hosts the frontier must serve now (if it returns None, none may be)."""
+        return {key: h for key, h in self._servable().items() if not self._may_end(h)}
 
     # -- rules -----------------------------------------------------------
 
@@ -978,11 +1034,10 @@ class FrontierMachine(RuleBasedStateMachine):
     def push_busy_host(self, key: str, rank: int) -> None:
         self._push(key, rank)
 
-    def _check_pop(
-        self, frontier: Frontier[int], ready: dict[str, ModelHost]
-    ) -> tuple[str, int, int] | None:
+    def _check_pop(self, frontier: Frontier[int]) -> tuple[str, int, int] | None:
         """Pop from *frontier* and check the answer against the model (which
         it leaves alone): ``(key, rank, item)`` or None."""
+        ready, servable = self._ready(), self._servable()
         got = frontier.pop()
         wake = frontier.next_wakeup()
         assert wake is None or wake > self.clock.now
@@ -995,21 +1050,22 @@ class FrontierMachine(RuleBasedStateMachine):
                 if h.queue
                 and len(h.inflight) < h.limit + self.prefetch
                 and (h.leased or self.cap == 0 or self._active() < self.cap)
+                and h.ready_at() > self.clock.now
             ]
             if waiting:
                 assert wake is not None
                 assert wake <= min(waiting)
             return None
         key, item = got
-        assert key in ready, f"{key} served but not ready"
-        host = ready[key]
+        assert key in servable, f"{key} served but not ready"
+        host = servable[key]
         rank, expected_item = host.head()
         assert item == expected_item, "rank order or FIFO violated within a host"
         # A request beyond a host's limit (prefetch) goes only when no host
         # can send at once.
         sendable = {k: h for k, h in ready.items() if len(h.inflight) < h.limit}
-        if sendable:
-            assert key in sendable, f"prefetch for {key} went before {sorted(sendable)}"
+        if len(host.inflight) >= host.limit:
+            assert not sendable, f"prefetch for {key} went before {sorted(sendable)}"
         if self.cap == 0:
             assert rank == max(h.head()[0] for h in (sendable or ready).values())
         assert self.popped[item] == 0, f"item {item} popped twice"
@@ -1019,7 +1075,7 @@ class FrontierMachine(RuleBasedStateMachine):
         return key, rank, item
 
     def _pop(self) -> tuple[str, int] | None:
-        checked = self._check_pop(self.frontier, self._ready())
+        checked = self._check_pop(self.frontier)
         if checked is None:
             return None
         key, rank, item = checked
@@ -1124,7 +1180,7 @@ class FrontierMachine(RuleBasedStateMachine):
     def pop_now_would_agree_with_model(self) -> None:
         # Ask a copy, so that every step (not only the pop rules) checks that
         # no ready host is overlooked and no host is served too early.
-        self._check_pop(copy.deepcopy(self.frontier), self._ready())
+        self._check_pop(copy.deepcopy(self.frontier))
 
     @invariant()
     def states_agree_with_model(self) -> None:
@@ -1152,6 +1208,10 @@ class FrontierMachine(RuleBasedStateMachine):
             elif state == DRAINED:
                 assert not host.queue
                 assert host.inflight
+            elif state == ENDING:
+                assert host.queue
+                assert host.inflight
+                assert self._may_end(host)
             else:
                 assert state == BLOCKED
                 assert host.queue

@@ -164,6 +164,27 @@ async def test_active_host_cap(local_hosts: HostsFactory) -> None:
 
 
 @deferred_f_from_coro_f
+async def test_busy_hosts_take_turns_at_the_active_places(local_hosts: HostsFactory) -> None:
+    # Two sites, one place, turns of 10 requests. Each site always has
+    # requests in flight while it works (limit 4), so only its turn ending
+    # lets the other in. Read at the server: the order the requests arrived.
+    hosts = local_hosts([HostSpec(latency=0.02)] * 2)
+    await crawl(
+        interleave(*(hosts.start_urls(i, 40) for i in range(2))),
+        SCHEDULER=SCHEDULER,
+        CONCURRENT_REQUESTS_PER_DOMAIN=4,
+        HOSTQUEUE_MAX_ACTIVE_HOSTS=1,
+        HOSTQUEUE_TURN_REQUESTS=10,
+    )
+    stats = hosts.all_stats()
+    assert [host.served for host in stats] == [40, 40]
+    assert max(host.max_in_flight for host in stats) <= 4
+    arrivals = sorted((when, index) for index, host in enumerate(stats) for when in host.arrivals)
+    runs = [len(list(group)) for _, group in itertools.groupby(index for _, index in arrivals)]
+    assert runs == [10] * 8, runs
+
+
+@deferred_f_from_coro_f
 async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
     local_hosts: HostsFactory,
 ) -> None:
