@@ -50,7 +50,8 @@ CONFIGS: dict[str, Config] = {
         ),
         Config(
             "hq-full",
-            "scrapy_hostqueue.Addon: scheduler + AIMD middleware + aiohttp handler",
+            "scrapy_hostqueue.Addon: scheduler + AIMD middleware + aiohttp handler"
+            " + CONCURRENT_ITEMS 16",
             {"ADDONS": {"scrapy_hostqueue.Addon": 0}},
             (
                 "scrapy_hostqueue.Addon",

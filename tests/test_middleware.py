@@ -529,6 +529,16 @@ def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
 # -- the add-on wiring, end to end --------------------------------------------------
 
 
+@pytest.mark.parametrize(("user_value", "expected"), [(None, 16), (100, 100), (4, 4)])
+def test_the_addon_lowers_concurrent_items_unless_the_user_set_it(
+    user_value: int | None, expected: int
+) -> None:
+    values = {} if user_value is None else {"CONCURRENT_ITEMS": user_value}
+    crawler = get_crawler(PageSpider, settings(ADDONS={"scrapy_hostqueue.Addon": 0}, **values))
+    crawler._apply_settings()
+    assert crawler.settings.getint("CONCURRENT_ITEMS") == expected
+
+
 @deferred_f_from_coro_f
 async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> None:
     hosts: LocalHosts = local_hosts([HostSpec(latency=0.01, pages=20)])
