@@ -100,6 +100,7 @@ class HostQueueConfig:
     # Scheduler
     max_active_hosts: int  # 0 = no cap
     turn_requests: int  # requests a host is handed in one turn at an active-host place
+    idle_grace: float  # seconds a host with nothing left to do keeps its place
     prefetch: int  # requests per host handed out beyond the limit (own handler only)
     remember_hosts: int
     default_concurrency: int  # per-host limit without the AIMD middleware
@@ -161,6 +162,13 @@ class HostQueueConfig:
                 f"got {backoff_base:g} > {backoff_max:g}"
             )
         max_active = _integer(settings, "HOSTQUEUE_MAX_ACTIVE_HOSTS", global_concurrency, minimum=0)
+        idle_grace = _number(settings, "HOSTQUEUE_IDLE_GRACE", 0.1)
+        if math.isinf(idle_grace):
+            # A host would keep its place for ever: the hosts waiting for one, too.
+            raise HostQueueSettingsError(
+                f"HOSTQUEUE_IDLE_GRACE must be a finite number of seconds, "
+                f"got {_raw(settings, 'HOSTQUEUE_IDLE_GRACE')!r}"
+            )
         timeline = _raw(settings, "HOSTQUEUE_TIMELINE_FILE")
         if timeline is not None and not isinstance(timeline, str):
             raise HostQueueSettingsError(
@@ -169,6 +177,7 @@ class HostQueueConfig:
         return cls(
             max_active_hosts=max_active,
             turn_requests=_integer(settings, "HOSTQUEUE_TURN_REQUESTS", 100, minimum=1),
+            idle_grace=idle_grace,
             prefetch=_integer(settings, "HOSTQUEUE_PREFETCH", 1, minimum=0),
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
             default_concurrency=per_domain,

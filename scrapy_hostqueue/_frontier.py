@@ -4,7 +4,8 @@ Pure logic: no Scrapy or Twisted import, an injectable clock, opaque items.
 "Host" is whatever key the caller gives (the scheduler passes the downloader
 slot key).
 
-Every live host (queued work or work in flight) is in exactly one state:
+Every live host (queued work, work in flight, or an IDLE place) is in
+exactly one state:
 
 * READY: queued work, in flight below its limit, not blocked, and either
   holding an active place or the active-host cap has room. It sits in the
@@ -23,15 +24,20 @@ Every live host (queued work or work in flight) is in exactly one state:
 * DRAINED: work in flight, nothing queued. Leaves on enqueue or finish.
 * ENDING: queued work and work in flight, but its turn is over while hosts
   wait for a place: it is handed nothing more. Leaves on finish.
+* IDLE: holds an active place (under a cap) with nothing queued and nothing
+  in flight, for ``grace`` seconds, in the timer heap: a spider's links come a moment after
+  the response left the downloader. Leaves on enqueue, or retires when the
+  grace is over (released by :meth:`Frontier.pop`).
 
 A host takes an active place when it is first served and keeps it, across
 moments with nothing in flight, while it has work it may start at once, for
 a turn of ``turn`` requests: with nothing in flight it gives the place up when
-it has nothing queued, must wait for a time (BLOCKED), or has had its turn
-(then it goes to the back of the CAPPED FIFO). A host whose turn is over while
-hosts wait in the CAPPED FIFO gets no new request (ENDING), so a host that
-always has requests in flight does not keep its place for ever. Kept places
-let the hosts being crawled keep their keep-alive connections.
+it has nothing queued (after the ``grace``, IDLE), must wait for a time
+(BLOCKED), or has had its turn (then it goes to the back of the CAPPED FIFO).
+A host whose turn is over while hosts wait in the CAPPED FIFO gets no new
+request (ENDING), so a host that always has requests in flight does not keep
+its place for ever. Kept places let the hosts being crawled keep their
+keep-alive connections.
 
 Structures hold ``(token, host)`` entries and skip stale ones lazily: every
 placement bumps the host's token, so moving a host is O(1) and no structure is
@@ -58,6 +64,7 @@ BLOCKED = "blocked"
 CAPPED = "capped"
 DRAINED = "drained"
 ENDING = "ending"
+IDLE = "idle"
 
 
 class HostPolicy:
@@ -108,6 +115,7 @@ class HostPolicy:
 
 class _Host(Generic[T]):
     __slots__ = (
+        "idle_until",
         "inflight",
         "key",
         "leased",
@@ -131,6 +139,8 @@ class _Host(Generic[T]):
         #: requests it was handed since it took it.
         self.leased = False
         self.served = 0
+        #: When an IDLE host gives its place up.
+        self.idle_until = 0.0
         self.state = DRAINED
         self.token = 0
 
@@ -165,7 +175,8 @@ class Frontier(Generic[T]):
 
     *policy_factory* makes the policy of a host seen for the first time.
     *max_active* caps the hosts holding an active place (0: no cap); *turn*
-    is how many requests a host is handed in one turn at a place.
+    is how many requests a host is handed in one turn at a place; *grace* is
+    how long (seconds) a host with nothing left to do keeps its place.
     *remember* bounds the policies kept for hosts that went idle, so that a
     crawl meeting a million hosts does not keep a million idle entries.
     Hosts compete in the ring by ``head rank // ring_granularity``: with 2,
@@ -179,6 +190,7 @@ class Frontier(Generic[T]):
         *,
         max_active: int = 0,
         turn: int = 1,
+        grace: float = 0.0,
         prefetch: int = 0,
         remember: int = 10_000,
         ring_granularity: int = 1,
@@ -189,6 +201,9 @@ class Frontier(Generic[T]):
             raise ValueError(f"ring_granularity must be >= 1, got {ring_granularity!r}")
         if turn < 1:
             raise ValueError(f"turn must be >= 1, got {turn!r}")
+        if not grace >= 0:
+            raise ValueError(f"grace must be >= 0, got {grace!r}")
+        self.grace = grace
         self._ring_granularity = ring_granularity
         self.turn = turn
         self._policy_factory = policy_factory
@@ -269,11 +284,12 @@ class Frontier(Generic[T]):
                     yield host.key, rank, item
 
     def next_wakeup(self) -> float | None:
-        """When the earliest blocked host becomes ready, if any is blocked."""
+        """When the earliest blocked host becomes ready or idle host gives its
+        place up, if any."""
         timers = self._timers
         while timers:
             when, _, token, host = timers[0]
-            if host.token == token and host.state == BLOCKED:
+            if host.token == token and host.state in (BLOCKED, IDLE):
                 return when
             heapq.heappop(timers)
         return None
@@ -295,7 +311,7 @@ class Frontier(Generic[T]):
         raises_head = host.queued and rank // self._ring_granularity > self._ring_rank(host)
         host.push(rank, item)
         self._queued += 1
-        if host.state == DRAINED or (host.state in (READY, PREFETCH) and raises_head):
+        if host.state in (DRAINED, IDLE) or (host.state in (READY, PREFETCH) and raises_head):
             self._place(host, self.clock())
         return True
 
@@ -401,8 +417,10 @@ class Frontier(Generic[T]):
     # -- internals -------------------------------------------------------
 
     def _refresh(self, key: str) -> None:
+        # A CAPPED host is placed when released; an IDLE one, with nothing
+        # queued, when it gets work or its grace ends.
         host = self._hosts.get(key)
-        if host is not None and host.state != CAPPED:
+        if host is not None and host.state not in (CAPPED, IDLE):
             self._place(host, self.clock())
 
     def _serve(self, host: _Host[T], now: float) -> tuple[str, T]:
@@ -431,22 +449,27 @@ class Frontier(Generic[T]):
     def _place(self, host: _Host[T], now: float) -> None:
         if host.state == CAPPED:
             self._waiting -= 1
+        was_idle = host.state == IDLE
         host.token += 1
         if not host.queued:
             if host.inflight:
                 host.state = DRAINED
-            else:
-                self._retire(host)
-                self._leave(host, now)
+                return
+            if host.leased and self.grace and self.max_active:
+                if not was_idle:
+                    host.idle_until = now + self.grace
+                if now < host.idle_until:
+                    host.state = IDLE
+                    self._push_timer(host, host.idle_until)
+                    return
+            self._retire(host)
+            self._leave(host, now)
             return
         policy = host.policy
         ready_at = policy.ready_at()
         if ready_at > now:
             host.state = BLOCKED
-            self._seq += 1
-            heapq.heappush(self._timers, (ready_at, self._seq, host.token, host))
-            if self._crowded(len(self._timers)):
-                self._compact()
+            self._push_timer(host, ready_at)
             if not host.inflight:
                 self._leave(host, now)
         elif host.leased and host.served >= self.turn and (self._waiting or not host.inflight):
@@ -478,6 +501,12 @@ class Frontier(Generic[T]):
             self._ring_entries += 1
             if self._crowded(self._ring_entries):
                 self._compact()
+
+    def _push_timer(self, host: _Host[T], when: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._timers, (when, self._seq, host.token, host))
+        if self._crowded(len(self._timers)):
+            self._compact()
 
     def _turn_over(self, host: _Host[T]) -> bool:
         """Whether *host* has had its turn at its place while hosts wait for one."""
@@ -523,7 +552,7 @@ class Frontier(Generic[T]):
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, token, host = heapq.heappop(timers)
-            if host.token == token and host.state == BLOCKED:
+            if host.token == token and host.state in (BLOCKED, IDLE):
                 self._place(host, now)
 
     def _crowded(self, size: int) -> bool:

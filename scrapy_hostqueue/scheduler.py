@@ -105,6 +105,7 @@ class HostQueueScheduler(BaseScheduler):
             self._new_policy,
             max_active=config.max_active_hosts,
             turn=config.turn_requests,
+            grace=config.idle_grace,
             prefetch=self.prefetch,
             remember=config.remember_hosts,
             # Across hosts only the priority counts: a host whose next request

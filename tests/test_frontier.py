@@ -30,6 +30,7 @@ from scrapy_hostqueue._frontier import (
     DRAINED,
     ENDING,
     FULL,
+    IDLE,
     PREFETCH,
     READY,
     Frontier,
@@ -55,6 +56,7 @@ def make(
     limit: int = 1,
     max_active: int = 0,
     turn: int = 1,
+    grace: float = 0.0,
     remember: int = 10_000,
     interval: float = 0.0,
     jitter: float = 0.0,
@@ -66,6 +68,7 @@ def make(
         lambda key: HostPolicy(limit, interval, jitter),
         max_active=max_active,
         turn=turn,
+        grace=grace,
         remember=remember,
         clock=clock,
         rng=rng or random.Random(0),
@@ -637,6 +640,51 @@ def test_a_busy_host_keeps_its_place_past_its_turn_while_nobody_waits() -> None:
     assert frontier.state("a") == CAPPED
 
 
+def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None:
+    # The links of a's last response come a moment after it finished: a keeps
+    # its place meanwhile, b waits; when the grace ends b gets the place.
+    frontier, clock = make(limit=1, max_active=1, turn=100, grace=0.5)
+    start = clock.now
+    frontier.push("a", 0, "a0")
+    frontier.push("b", 0, "b0")
+    assert frontier.pop() == ("a", "a0")
+    frontier.finish("a")
+    assert frontier.state("a") == IDLE
+    assert frontier.active == 1
+    assert frontier.pop() is None
+    assert frontier.next_wakeup() == start + 0.5  # b is woken when the grace ends
+    clock.advance(0.3)
+    frontier.push("a", 0, "a1")  # a link of a0
+    assert frontier.pop() == ("a", "a1")
+    frontier.finish("a")
+    clock.advance(0.4)  # the grace runs from the last finish, at start + 0.3
+    assert frontier.pop() is None
+    assert frontier.next_wakeup() == pytest.approx(start + 0.8)
+    clock.advance(0.1)
+    assert frontier.pop() == ("b", "b0")
+    assert frontier.state("a") is None  # retired
+    frontier.finish("b")
+    assert frontier.active == 1  # b, idle in its grace
+    clock.advance(0.5)
+    assert frontier.pop() is None
+    assert frontier.active == 0
+    assert frontier.live_hosts == 0
+
+
+def test_without_a_cap_an_idle_host_retires_at_once() -> None:
+    frontier, _ = make(limit=1, max_active=0, turn=100, grace=0.5)
+    frontier.push("a", 0, "a0")
+    assert frontier.pop() == ("a", "a0")
+    frontier.finish("a")
+    assert frontier.live_hosts == 0
+    assert frontier.next_wakeup() is None
+
+
+def test_a_grace_is_not_negative() -> None:
+    with pytest.raises(ValueError, match="grace"):
+        Frontier(lambda key: HostPolicy(1), max_active=1, grace=-1.0)
+
+
 def test_a_turn_is_at_least_one_request() -> None:
     with pytest.raises(ValueError, match="turn"):
         Frontier(lambda key: HostPolicy(1), max_active=1, turn=0)
@@ -880,12 +928,16 @@ class ModelHost:
     #: Holds an active-host place, and requests handed out since it took it.
     leased: bool = False
     served: int = 0
+    #: Holding its place with nothing to do until then (the grace), and the
+    #: order in which hosts became idle (the frontier's timer order).
+    idle_until: float | None = None
+    idle_seq: int = 0
 
     def ready_at(self) -> float:
         return max(self.blocked_until, self.last_start + self.interval)
 
     def live(self) -> bool:
-        return bool(self.queue or self.inflight)
+        return bool(self.queue or self.inflight or self.idle_until is not None)
 
     def head(self) -> tuple[int, int]:
         # max() keeps the first of equal ranks: FIFO among equals.
@@ -904,6 +956,8 @@ class FrontierMachine(RuleBasedStateMachine):
         self.frontier: Frontier[int] = Frontier(lambda key: HostPolicy(DEFAULT_LIMIT))
         self.cap = 0
         self.turn = 1
+        self.grace = 0.0
+        self.idle_seq = 0
         self.remember = 0
         self.prefetch = 0
         self.default_limit = DEFAULT_LIMIT
@@ -917,13 +971,24 @@ class FrontierMachine(RuleBasedStateMachine):
     @initialize(
         cap=st.integers(0, 3),
         turn=st.integers(1, 3),
+        grace=st.sampled_from([0.0, 0.5, 2.0]),
         remember=st.sampled_from([1, 3, 100]),
         prefetch=st.integers(0, 1),
         default_limit=st.integers(1, 2),
     )
-    def setup(self, cap: int, turn: int, remember: int, prefetch: int, default_limit: int) -> None:
+    def setup(
+        self,
+        *,
+        cap: int,
+        turn: int,
+        grace: float,
+        remember: int,
+        prefetch: int,
+        default_limit: int,
+    ) -> None:
         self.cap = cap
         self.turn = turn
+        self.grace = grace
         self.remember = remember
         self.prefetch = prefetch
         self.default_limit = default_limit
@@ -931,6 +996,7 @@ class FrontierMachine(RuleBasedStateMachine):
             lambda key: HostPolicy(default_limit),
             max_active=cap,
             turn=turn,
+            grace=grace,
             prefetch=prefetch,
             remember=remember,
             clock=self.clock,
@@ -960,6 +1026,7 @@ class FrontierMachine(RuleBasedStateMachine):
         return host
 
     def _maybe_retire(self, key: str) -> None:
+        self._settle()
         host = self.hosts.get(key)
         if host is not None and not host.live() and key not in self.retired:
             self._remember(key)
@@ -972,16 +1039,45 @@ class FrontierMachine(RuleBasedStateMachine):
         as each step happens."""
         now = self.clock.now
         for h in self.hosts.values():
-            if (
-                h.leased
-                and not h.inflight
-                and (not h.queue or h.ready_at() > now or h.served >= self.turn)
-            ):
+            if not h.leased or h.inflight:
+                continue
+            if not h.queue:
+                if self.grace and self.cap:
+                    # It keeps its place for the grace (until a pop after it).
+                    if h.idle_until is None:
+                        self.idle_seq += 1
+                        h.idle_until, h.idle_seq = now + self.grace, self.idle_seq
+                    continue
                 h.leased = False
+            elif h.ready_at() > now or h.served >= self.turn:
+                h.leased = False
+
+    def _expire_idle(self) -> None:
+        """What pop() does first: idle hosts whose grace is over give their
+        places up and retire, in the order of their timers."""
+        now = self.clock.now
+        expired = sorted(
+            (h.idle_until, h.idle_seq, key)
+            for key, h in self.hosts.items()
+            if h.idle_until is not None and h.idle_until <= now
+        )
+        for _, _, key in expired:
+            host = self.hosts[key]
+            host.idle_until = None
+            host.leased = False
+            self._maybe_retire(key)
 
     def _active(self) -> int:
         self._settle()
         return sum(1 for h in self.hosts.values() if h.leased)
+
+    def _active_at_pop(self) -> int:
+        """The places held once pop() has ended the graces that are over."""
+        now = self.clock.now
+        expired = sum(
+            1 for h in self.hosts.values() if h.idle_until is not None and h.idle_until <= now
+        )
+        return self._active() - expired
 
     def _may_end(self, h: ModelHost) -> bool:
         """Whether *h* has had its turn and may be withheld while other hosts
@@ -990,7 +1086,7 @@ class FrontierMachine(RuleBasedStateMachine):
 
     def _servable(self) -> dict[str, ModelHost]:
         """Hosts the frontier may serve now."""
-        now, active = self.clock.now, self._active()
+        now, active = self.clock.now, self._active_at_pop()
         return {
             key: h
             for key, h in self.hosts.items()
@@ -1012,6 +1108,8 @@ class FrontierMachine(RuleBasedStateMachine):
         host = self.hosts.get(key)
         if host is not None and host.live():
             expected = not host.given_up
+            if expected:
+                host.idle_until = None
         else:
             if key in self.retired:
                 del self.retired[key]
@@ -1043,14 +1141,20 @@ class FrontierMachine(RuleBasedStateMachine):
         assert wake is None or wake > self.clock.now
         if got is None:
             assert not ready, f"pop() returned None while {sorted(ready)} are ready"
-            # Nothing is ready: whoever waits only for time must be woken.
+            # Nothing is ready: whoever waits only for time must be woken, and
+            # so must the hosts waiting for a place when a grace ends.
             waiting = [
                 h.ready_at()
                 for h in self.hosts.values()
                 if h.queue
                 and len(h.inflight) < h.limit + self.prefetch
-                and (h.leased or self.cap == 0 or self._active() < self.cap)
+                and (h.leased or self.cap == 0 or self._active_at_pop() < self.cap)
                 and h.ready_at() > self.clock.now
+            ]
+            waiting += [
+                h.idle_until
+                for h in self.hosts.values()
+                if h.idle_until is not None and h.idle_until > self.clock.now
             ]
             if waiting:
                 assert wake is not None
@@ -1071,11 +1175,12 @@ class FrontierMachine(RuleBasedStateMachine):
         assert self.popped[item] == 0, f"item {item} popped twice"
         assert len(host.inflight) + 1 <= host.limit + self.prefetch
         if self.cap:
-            assert self._active() + (0 if host.leased else 1) <= self.cap
+            assert self._active_at_pop() + (0 if host.leased else 1) <= self.cap
         return key, rank, item
 
     def _pop(self) -> tuple[str, int] | None:
         checked = self._check_pop(self.frontier)
+        self._expire_idle()
         if checked is None:
             return None
         key, rank, item = checked
@@ -1208,6 +1313,11 @@ class FrontierMachine(RuleBasedStateMachine):
             elif state == DRAINED:
                 assert not host.queue
                 assert host.inflight
+            elif state == IDLE:
+                assert not host.queue
+                assert not host.inflight
+                assert host.leased
+                assert host.idle_until is not None
             elif state == ENDING:
                 assert host.queue
                 assert host.inflight
@@ -1249,6 +1359,10 @@ class FrontierMachine(RuleBasedStateMachine):
                 self.clock.advance(3.0)
             else:
                 break
+        # Idle hosts give their places up at the first pop after their grace.
+        self._settle()
+        self.clock.advance(self.grace + 1.0)
+        assert self._pop() is None
         assert len(self.frontier) == 0
         assert self.frontier.live_hosts == 0
         assert self.frontier.active == 0

@@ -18,6 +18,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
+from scrapy_hostqueue._frontier import IDLE
 from scrapy_hostqueue.scheduler import request_rank
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
@@ -190,13 +191,16 @@ async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
 ) -> None:
     # 40 sites of 8 pages, 8 worked on at once. With turns, a host keeps its
     # place between its requests, and with the add-on's pool (8 places x 2
-    # per host) its connections; with a turn of 1 request the crawl spreads
+    # per host) its connections; the grace keeps it while the spider parses
+    # the links of its last response. Without the grace a site reconnects
+    # after each wave of links; with a turn of 1 request the crawl spreads
     # over every host and most requests need a new connection. Counted by the
     # hosts.
     hosts = local_hosts("40x latency=20ms,pages=8,links=3")
     connections = {}
-    for turn in (100, 1):
+    for turn, grace in ((100, None), (100, 0.0), (1, None)):
         hosts.reset()
+        grace_setting = {} if grace is None else {"HOSTQUEUE_IDLE_GRACE": grace}
         crawler = await crawl(
             [hosts.url(i) for i in range(40)],
             follow=True,
@@ -206,16 +210,19 @@ async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
             CONCURRENT_REQUESTS_PER_DOMAIN=2,
             HOSTQUEUE_TURN_REQUESTS=turn,
             HOSTQUEUE_TIMELINE_FILE=None,
+            **grace_setting,
         )
         stats = hosts.all_stats(arrivals=False)
         assert [host.served for host in stats] == [8] * 40
         assert max(host.max_in_flight for host in stats) <= 2
         assert crawler.stats is not None
         assert crawler.stats.get_value("hostqueue/max_active_hosts") <= 8
-        connections[turn] = sum(host.connections for host in stats)
-    # Seen here: 110-117 connections with turns of 100, 311-315 with 1 (320 pages).
-    assert connections[100] <= 160, connections
-    assert connections[1] >= 240, connections
+        connections[turn, grace] = sum(host.connections for host in stats)
+    # Seen here (320 pages): 80 with the default grace (2 per site), 105-117
+    # without it, 311-315 with turns of 1 request.
+    assert connections[100, None] <= 88, connections
+    assert connections[100, 0.0] >= 96, connections
+    assert connections[1, None] >= 240, connections
 
 
 class _ShortCircuit:
@@ -256,7 +263,10 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
     )
     assert scheduler, "no response reached the spider"
     frontier = scheduler[-1].frontier
-    assert frontier.active == 0
+    # Nothing is left in flight; a host may still hold its place in its grace.
+    assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
+    assert all(frontier.state(key) == IDLE for key, *_ in frontier.hosts())
+    assert frontier.active == frontier.live_hosts
     assert len(frontier) == 0
     assert hosts.stats(0).served == 8
     assert hosts.stats(0).max_in_flight == 1
@@ -324,6 +334,9 @@ async def test_urls_without_a_host_are_crawled() -> None:
         ("HOSTQUEUE_MAX_ACTIVE_HOSTS", "many"),
         ("HOSTQUEUE_TURN_REQUESTS", 0),
         ("HOSTQUEUE_TURN_REQUESTS", "long"),
+        ("HOSTQUEUE_IDLE_GRACE", -0.1),
+        ("HOSTQUEUE_IDLE_GRACE", "inf"),
+        ("HOSTQUEUE_IDLE_GRACE", "soon"),
         ("HOSTQUEUE_REMEMBER_HOSTS", 1.5),
         ("CONCURRENT_REQUESTS_PER_DOMAIN", 0),
     ],
