@@ -25,9 +25,9 @@ exactly one state:
 * ENDING: queued work and work in flight, but its turn is over while hosts
   wait for a place: it is handed nothing more. Leaves on finish.
 * IDLE: holds an active place (under a cap) with nothing queued and nothing
-  in flight, for ``grace`` seconds, in the timer heap: a spider's links come a moment after
-  the response left the downloader. Leaves on enqueue, or retires when the
-  grace is over (released by :meth:`Frontier.pop`).
+  in flight, for ``grace`` seconds, in the timer heap: a spider's links come
+  a moment after the response left the downloader. Leaves on enqueue, or
+  retires when the grace is over (released by :meth:`Frontier.pop`).
 
 A host takes an active place when it is first served and keeps it, across
 moments with nothing in flight, while it has work it may start at once, for
