@@ -1033,10 +1033,11 @@ class FrontierMachine(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         """A host with nothing in flight gives its active place up when it has
-        nothing queued, must wait for its next start, or has had its turn.
-        Nothing else changes these while the clock stands still, so checking
-        after each step (and before the clock moves) is what the frontier does
-        as each step happens."""
+        nothing queued (with a grace and a cap: it goes idle, and pop() ends
+        its place when the grace is over), must wait for its next start, or
+        has had its turn. Nothing else changes these while the clock stands
+        still, so checking after each step (and before the clock moves) is
+        what the frontier does as each step happens."""
         now = self.clock.now
         for h in self.hosts.values():
             if not h.leased or h.inflight:
