@@ -2,7 +2,8 @@
 
 Each crawl runs in a fresh process against local hosts served by another process;
 configurations alternate (A B C A B C ...) within a scenario, and S1b, which issue 3
-compares with S1, runs interleaved with S1 (S1 A, S1b A, S1 B, ...). Prints the scenarios'
+compares with S1, runs interleaved with S1 (S1 A, S1b A, S1 B, S1b B, ..., then S1b
+first in the next round: S1b A, S1 A, ...). Prints the scenarios'
 bounds, one line per crawl, the table of medians, S7's next_request costs and issue
 3's targets; writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
 

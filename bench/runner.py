@@ -166,6 +166,32 @@ def rounds_of(scenario: Scenario, config: str, repeats: int, extra_repeats: int)
     return repeats if config in scenario.repeated else min(extra_repeats, repeats)
 
 
+def crawl_order(
+    scenarios: Sequence[Scenario], configs: Sequence[str], *, repeats: int, extra_repeats: int
+) -> list[tuple[int, str, int]]:
+    """The crawls of :func:`run_scenarios`, in order: ``(round, configuration,
+    index of the scenario)``. Configurations alternate (A B C A B C ...); in
+    each, the scenarios run back to back, in reverse order every other round,
+    so that a machine speeding up or slowing down through the run favours
+    neither scenario of a pair (S1 and S1b)."""
+    rounds = max(
+        (
+            rounds_of(scenario, name, repeats, extra_repeats)
+            for scenario in scenarios
+            for name in configs
+        ),
+        default=0,
+    )
+    order = []
+    for repeat in range(rounds):
+        indexes = range(len(scenarios))
+        for name in configs:
+            for index in reversed(indexes) if repeat % 2 else indexes:
+                if repeat < rounds_of(scenarios[index], name, repeats, extra_repeats):
+                    order.append((repeat, name, index))
+    return order
+
+
 def run_scenarios(
     scenarios: Sequence[Scenario],
     configs: Sequence[str],
@@ -180,7 +206,8 @@ def run_scenarios(
     each scenario against its own set of local hosts, reset between crawls:
     the scenario's repeated configurations ``repeats`` times, the others
     ``extra_repeats`` times (in the first rounds). Several scenarios run
-    interleaved: each configuration in each scenario, then the next one.
+    interleaved: each configuration in each scenario, then the next one (see
+    :func:`crawl_order`).
 
     Returns the runs and the reason each unavailable configuration was skipped.
     """
@@ -191,34 +218,24 @@ def run_scenarios(
     }
     runnable = [name for name in configs if name not in unavailable]
     runs: list[Run] = []
-    rounds = max(
-        (
-            rounds_of(scenario, name, repeats, extra_repeats)
-            for scenario in scenarios
-            for name in runnable
-        ),
-        default=0,
-    )
     with contextlib.ExitStack() as stack:
         servers = [
             stack.enter_context(LocalHosts(scenario.hosts, process=True, start_timeout=60.0))
             for scenario in scenarios
         ]
-        for repeat in range(rounds):
-            for name in runnable:
-                for scenario, hosts in zip(scenarios, servers, strict=True):
-                    if repeat >= rounds_of(scenario, name, repeats, extra_repeats):
-                        continue
-                    run = _crawl(
-                        scenario,
-                        name,
-                        repeat,
-                        hosts,
-                        budget=budget,
-                        time_limit=time_limits[scenario.name],
-                    )
-                    runs.append(run)
-                    progress(describe(run))
+        order = crawl_order(scenarios, runnable, repeats=repeats, extra_repeats=extra_repeats)
+        for repeat, name, index in order:
+            scenario = scenarios[index]
+            run = _crawl(
+                scenario,
+                name,
+                repeat,
+                servers[index],
+                budget=budget,
+                time_limit=time_limits[scenario.name],
+            )
+            runs.append(run)
+            progress(describe(run))
     return runs, unavailable
 
 

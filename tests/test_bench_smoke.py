@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from bench.report import issue_targets, probe_lines, table_lines
-from bench.runner import Run, Summary, rounds_of, run_child, server_side, summarise
+from bench.runner import (
+    Run,
+    Summary,
+    crawl_order,
+    rounds_of,
+    run_child,
+    server_side,
+    summarise,
+)
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
 from scrapy_hostqueue.testing import HostStats, LocalHosts
 
@@ -70,6 +78,25 @@ def test_a_crawl_reports_and_exits_at_its_time_limit(
     assert result["pages"] == 0
     # It exited at the limit instead of waiting for the request in flight.
     assert result["wall"] < 5.5
+
+
+def test_paired_scenarios_swap_their_order_every_other_round() -> None:
+    # A machine that speeds up through the run would otherwise always favour
+    # S1b, which ran right after S1.
+    scenarios = [SCENARIOS["S1"], SCENARIOS["S1b"]]
+    order = crawl_order(scenarios, ["scrapy", "scrapy-pq", "hq-full"], repeats=2, extra_repeats=1)
+    assert [(repeat, name, scenarios[index].name) for repeat, name, index in order] == [
+        (0, "scrapy", "S1"),
+        (0, "scrapy", "S1b"),
+        (0, "scrapy-pq", "S1"),
+        (0, "scrapy-pq", "S1b"),
+        (0, "hq-full", "S1"),
+        (0, "hq-full", "S1b"),
+        (1, "scrapy", "S1b"),
+        (1, "scrapy", "S1"),
+        (1, "hq-full", "S1b"),
+        (1, "hq-full", "S1"),
+    ]
 
 
 def test_a_configuration_whose_component_is_missing_is_unavailable() -> None:
