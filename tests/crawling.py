@@ -23,6 +23,9 @@ BASE_SETTINGS: dict[str, Any] = {
     "LOG_LEVEL": "INFO",
     "RETRY_ENABLED": True,
     "DOWNLOAD_TIMEOUT": 20,
+    # A backstop: a crawl that stalls ends (and fails its test's assertions)
+    # instead of hanging the suite.
+    "CLOSESPIDER_TIMEOUT": 60,
     # The stock handler is explicit so that tests do not depend on what an
     # add-on may wire.
     "DOWNLOAD_HANDLERS": {"http": SCRAPY_HTTP11, "https": SCRAPY_HTTP11},

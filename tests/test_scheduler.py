@@ -136,6 +136,27 @@ async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
 
 
 @deferred_f_from_coro_f
+async def test_the_engine_is_woken_when_an_idle_host_gives_its_place_up(
+    local_hosts: HostsFactory,
+) -> None:
+    # One place: the first site keeps it for the grace after its last page;
+    # the second site, waiting, is served as soon as the grace ends (the
+    # engine's own heartbeat would leave it waiting up to 5 s).
+    hosts = local_hosts([HostSpec(latency=0.001)] * 2)
+    await crawl(
+        interleave(hosts.start_urls(0, 3), hosts.start_urls(1, 3)),
+        SCHEDULER=SCHEDULER,
+        HOSTQUEUE_MAX_ACTIVE_HOSTS=1,
+        HOSTQUEUE_IDLE_GRACE=0.6,
+    )
+    arrivals = [host.arrivals for host in hosts.all_stats()]
+    assert [len(times) for times in arrivals] == [3, 3]
+    first, second = sorted(arrivals, key=min)
+    gap = min(second) - max(first)
+    assert 0.58 <= gap < 1.5, gap
+
+
+@deferred_f_from_coro_f
 async def test_active_host_cap(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.02)] * 5)
     busy_hosts: list[int] = []
