@@ -417,11 +417,17 @@ class Frontier(Generic[T]):
     # -- internals -------------------------------------------------------
 
     def _refresh(self, key: str) -> None:
-        # A CAPPED host is placed when released; an IDLE one, with nothing
-        # queued, when it gets work or its grace ends.
+        # An IDLE host, with nothing queued, is placed when it gets work or
+        # its grace ends. A CAPPED one keeps its place in the FIFO unless it
+        # must now wait for a time: then it waits BLOCKED, not counted among
+        # the hosts waiting for a place (which end busy hosts' turns).
         host = self._hosts.get(key)
-        if host is not None and host.state not in (CAPPED, IDLE):
-            self._place(host, self.clock())
+        if host is None or host.state == IDLE:
+            return
+        now = self.clock()
+        if host.state == CAPPED and host.policy.ready_at() <= now:
+            return
+        self._place(host, now)
 
     def _serve(self, host: _Host[T], now: float) -> tuple[str, T]:
         """Hand out the next item of *host* and put the host where it now belongs."""

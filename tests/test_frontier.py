@@ -640,6 +640,28 @@ def test_a_busy_host_keeps_its_place_past_its_turn_while_nobody_waits() -> None:
     assert frontier.state("a") == CAPPED
 
 
+def test_a_waiting_host_that_gets_blocked_no_longer_ends_a_busy_hosts_turn() -> None:
+    frontier, clock = make(limit=2, max_active=1, turn=3)
+    for i in range(8):
+        frontier.push("a", 0, f"a{i}")
+    frontier.push("b", 0, "b0")
+    assert [frontier.pop(), frontier.pop()] == [("a", "a0"), ("a", "a1")]
+    frontier.finish("a")
+    assert frontier.state("b") == CAPPED
+    frontier.block_until("b", clock.now + 10.0)  # a Retry-After, say
+    assert frontier.state("b") == BLOCKED
+    # Nobody can use the place: a goes on past its turn of 3 without
+    # draining, one request in flight while the next is handed out.
+    for i in range(2, 6):
+        assert frontier.pop() == ("a", f"a{i}")
+        assert frontier.pop() is None
+        frontier.finish("a")
+    clock.advance(10.0)
+    assert frontier.pop() is None  # b waits again: a ends its turn
+    assert frontier.state("b") == CAPPED
+    assert frontier.state("a") == ENDING
+
+
 def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None:
     # The links of a's last response come a moment after it finished: a keeps
     # its place meanwhile, b waits; when the grace ends b gets the place.
