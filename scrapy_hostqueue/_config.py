@@ -34,6 +34,7 @@ def _number(
     *,
     minimum: float = 0.0,
     strict: bool = False,
+    finite: bool = False,
 ) -> float:
     value = _raw(settings, name)
     if value is None:
@@ -45,6 +46,8 @@ def _number(
     if math.isnan(number) or (strict and number <= minimum) or number < minimum:
         relation = ">" if strict else ">="
         raise HostQueueSettingsError(f"{name} must be {relation} {minimum:g}, got {value!r}")
+    if finite and math.isinf(number):
+        raise HostQueueSettingsError(f"{name} must be a finite number, got {value!r}")
     return number
 
 
@@ -162,13 +165,9 @@ class HostQueueConfig:
                 f"got {backoff_base:g} > {backoff_max:g}"
             )
         max_active = _integer(settings, "HOSTQUEUE_MAX_ACTIVE_HOSTS", global_concurrency, minimum=0)
-        idle_grace = _number(settings, "HOSTQUEUE_IDLE_GRACE", 0.1)
-        if math.isinf(idle_grace):
-            # A host would keep its place for ever: the hosts waiting for one, too.
-            raise HostQueueSettingsError(
-                f"HOSTQUEUE_IDLE_GRACE must be a finite number of seconds, "
-                f"got {_raw(settings, 'HOSTQUEUE_IDLE_GRACE')!r}"
-            )
+        # Infinite: an idle host would keep its place, and the hosts waiting
+        # for one would wait, for ever.
+        idle_grace = _number(settings, "HOSTQUEUE_IDLE_GRACE", 0.1, finite=True)
         timeline = _raw(settings, "HOSTQUEUE_TIMELINE_FILE")
         if timeline is not None and not isinstance(timeline, str):
             raise HostQueueSettingsError(

@@ -115,7 +115,6 @@ class HostPolicy:
 
 class _Host(Generic[T]):
     __slots__ = (
-        "idle_until",
         "inflight",
         "key",
         "leased",
@@ -139,8 +138,6 @@ class _Host(Generic[T]):
         #: requests it was handed since it took it.
         self.leased = False
         self.served = 0
-        #: When an IDLE host gives its place up.
-        self.idle_until = 0.0
         self.state = DRAINED
         self.token = 0
 
@@ -455,19 +452,18 @@ class Frontier(Generic[T]):
     def _place(self, host: _Host[T], now: float) -> None:
         if host.state == CAPPED:
             self._waiting -= 1
+        # An IDLE host with nothing queued is placed only when its grace is
+        # over (its timer): then it retires.
         was_idle = host.state == IDLE
         host.token += 1
         if not host.queued:
             if host.inflight:
                 host.state = DRAINED
                 return
-            if host.leased and self.grace and self.max_active:
-                if not was_idle:
-                    host.idle_until = now + self.grace
-                if now < host.idle_until:
-                    host.state = IDLE
-                    self._push_timer(host, host.idle_until)
-                    return
+            if host.leased and self.grace and self.max_active and not was_idle:
+                host.state = IDLE
+                self._push_timer(host, now + self.grace)
+                return
             self._retire(host)
             self._leave(host, now)
             return
@@ -478,13 +474,13 @@ class Frontier(Generic[T]):
             self._push_timer(host, ready_at)
             if not host.inflight:
                 self._leave(host, now)
-        elif host.leased and host.served >= self.turn and (self._waiting or not host.inflight):
-            if host.inflight:
-                # Its turn is over and hosts wait: it starts nothing more, and
-                # goes behind them when its last request finishes.
-                host.state = ENDING
-            else:
-                self._leave(host, now, requeue=True)
+        elif host.leased and host.served >= self.turn and not host.inflight:
+            # Its turn is over: behind the hosts waiting for a place.
+            self._leave(host, now, requeue=True)
+        elif self._turn_over(host):
+            # Hosts wait: it starts nothing more, and goes behind them when
+            # its last request finishes.
+            host.state = ENDING
         elif host.inflight >= policy.limit + self.prefetch:
             host.state = FULL
         elif host.inflight >= policy.limit:
