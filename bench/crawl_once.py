@@ -26,6 +26,8 @@ longer. Times come from ``time.monotonic()`` in this process:
   429s are not counted, a 429 handed to the spider after the last retry is);
   ``null`` if the crawl ended before the budget (``finish_reason`` says why:
   ``time_limit`` when it ran out of time; it then exits at once too).
+* ``first_response``: from the same first request to the first response reaching
+  the engine (``null`` without a response).
 * ``wall``: from the start of the crawl (before the spider opens) to the exit.
 * ``cpu``, ``peak_rss_mb``: ``resource.getrusage(RUSAGE_SELF)`` of this process
   at the same moment (user + system seconds, ``ru_maxrss``), imports included.
@@ -61,6 +63,7 @@ class Marks:
         self.on_budget = on_budget
         self.first_request: float | None = None
         self.first_request_cpu = 0.0
+        self.first_response: float | None = None
         self.budget_reached: float | None = None
         self.budget_cpu = 0.0
         self.responses = 0
@@ -76,6 +79,8 @@ class Marks:
         self, response: Response, request: scrapy.Request, spider: scrapy.Spider
     ) -> None:
         self.responses += 1
+        if self.first_response is None:
+            self.first_response = time.monotonic()
         if self.responses > self.budget:
             return
         self.host_pages[urlsplit(response.url).hostname or ""] += 1
@@ -145,6 +150,11 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             "time_to_budget": (
                 marks.budget_reached - marks.first_request  # type: ignore[operator]
                 if reached
+                else None
+            ),
+            "first_response": (
+                marks.first_response - marks.first_request
+                if marks.first_response is not None and marks.first_request is not None
                 else None
             ),
             "wall": time.monotonic() - started,

@@ -14,6 +14,7 @@ __all__ = [
     "AiohttpDownloadHandler",
     "HostQueueScheduler",
     "HostQueueSettingsError",
+    "StartRequestsMiddleware",
     "__version__",
 ]
 
@@ -25,6 +26,7 @@ _LAZY = {
     "AiohttpDownloadHandler": "scrapy_hostqueue.handler",
     "HostQueueScheduler": "scrapy_hostqueue.scheduler",
     "HostQueueSettingsError": "scrapy_hostqueue._config",
+    "StartRequestsMiddleware": "scrapy_hostqueue.start",
 }
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from scrapy_hostqueue.handler import AiohttpDownloadHandler
     from scrapy_hostqueue.middleware import AIMDMiddleware
     from scrapy_hostqueue.scheduler import HostQueueScheduler
+    from scrapy_hostqueue.start import StartRequestsMiddleware
 
 
 def __getattr__(name: str) -> Any:

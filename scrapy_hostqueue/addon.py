@@ -17,6 +17,10 @@ SCHEDULER = "scrapy_hostqueue.HostQueueScheduler"
 MIDDLEWARE = "scrapy_hostqueue.AIMDMiddleware"
 HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
+START_MIDDLEWARE = "scrapy_hostqueue.StartRequestsMiddleware"
+#: Nearest the engine of Scrapy's spider middlewares (StartSpiderMiddleware is
+#: at 25), so that its time slice covers the whole start chain.
+START_MIDDLEWARE_ORDER = 10
 #: Above RetryMiddleware (550): process_response and process_exception run
 #: from high to low orders, so the middleware sees 429/503 and connection
 #: errors before they are turned into retries.
@@ -44,10 +48,11 @@ def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
 class Addon:
     """Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
     :class:`~scrapy_hostqueue.AIMDMiddleware`,
-    :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``)
-    and the ``HostQueueStats`` extension (periodic log line, timeline), and
-    sets ``CONCURRENT_ITEMS`` to 16, at add-on priority. A value the user set
-    (another ``SCHEDULER``, the middleware disabled with ``None``, another
+    :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``),
+    :class:`~scrapy_hostqueue.StartRequestsMiddleware` and the
+    ``HostQueueStats`` extension (periodic log line, timeline), and sets
+    ``CONCURRENT_ITEMS`` to 16, at add-on priority. A value the user set
+    (another ``SCHEDULER``, a middleware disabled with ``None``, another
     handler for a scheme, ``CONCURRENT_ITEMS``) is kept. Refuses to run
     without the asyncio reactor.
 
@@ -73,6 +78,13 @@ class Addon:
             and "scrapy_hostqueue.middleware.AIMDMiddleware" not in middlewares
         ):
             middlewares.set(MIDDLEWARE, MIDDLEWARE_ORDER, priority="addon")
+
+        spider_middlewares = settings["SPIDER_MIDDLEWARES"]
+        if (
+            START_MIDDLEWARE not in spider_middlewares
+            and "scrapy_hostqueue.start.StartRequestsMiddleware" not in spider_middlewares
+        ):
+            spider_middlewares.set(START_MIDDLEWARE, START_MIDDLEWARE_ORDER, priority="addon")
 
         extensions = settings["EXTENSIONS"]
         if EXTENSION not in extensions:

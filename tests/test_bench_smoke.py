@@ -5,6 +5,7 @@ asserted here."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -75,6 +76,7 @@ def test_a_crawl_reports_and_exits_at_its_time_limit(
     result = run_child(child, timeout=60)
     assert result["finish_reason"] == "time_limit", result
     assert result["time_to_budget"] is None
+    assert result["first_response"] is None
     assert result["pages"] == 0
     # It exited at the limit instead of waiting for the request in flight.
     assert result["wall"] < 5.5
@@ -312,3 +314,16 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     # limit of 4 to each of the 4 hosts.
     assert 4 <= run["connections"] <= 16
     assert hq["connections_per_100"] == pytest.approx(100 * run["connections"] / run["requests"])
+
+
+def test_the_start_stall_bench_compares_both_variants(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import start_stall
+
+    assert start_stall.main(["--rounds", "1", "--per-host", "2", "--budget", "100"]) == 0
+    out = capsys.readouterr().out
+    for name in ("with", "without"):
+        pattern = rf"median +{name}: first response ([0-9.]+) s, 100 pages ([0-9.]+) s"
+        median = re.search(pattern, out)
+        assert median is not None, out
+        assert 0 < float(median[1]) < float(median[2])
+    assert re.search(r"without / with: median [0-9.]+x", out), out
