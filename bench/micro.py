@@ -16,6 +16,16 @@ JSON line: nanoseconds per pop, the median over rounds, for
 Every host holds two queued requests. Each round repeats: pop (timed alone), mark
 the request finished so its host is ready again, push it back; so the number of
 hosts stays constant. The garbage collector is off inside a timed loop.
+
+Then the memory a queued request costs, in bytes (``bytes_per_queued``), for
+``scheduler`` and ``scrapy-scheduler`` (Scrapy's ``Scheduler`` with its default
+memory queues: ``DownloaderAwarePriorityQueue`` over ``LifoMemoryQueue``):
+100,000 requests spread over each number of hosts are enqueued, and
+:mod:`tracemalloc` counts what stays allocated (the queues, the per-host state
+and the scheduler's bookkeeping) over the number of requests. The requests are
+made before: their parsed URL and their ``meta`` dict, which both schedulers'
+host lookups create and a crawl's spider middlewares have created by then
+anyway, are not counted.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import json
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +49,8 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from scrapy.utils.test import get_crawler
 
 HOST_COUNTS = (1, 1_000, 10_000, 100_000)
+MEMORY_REQUESTS = 100_000
+MEMORY_IMPLEMENTATIONS = ("scheduler", "scrapy-scheduler")
 IMPLEMENTATIONS = ("frontier", "scheduler", "dapq", "scrapy-scheduler")
 QUEUED_PER_HOST = 2
 SETTINGS: dict[str, Any] = {
@@ -184,9 +197,60 @@ MEASURES: dict[str, Callable[[int, list[Request], int], list[float]]] = {
 }
 
 
+def memory_requests(hosts: int, total: int = MEMORY_REQUESTS) -> list[Request]:
+    """*total* requests (at least one per host) over *hosts* hosts, ready to be
+    measured by :func:`bytes_per_queued`."""
+    per_host = max(1, total // hosts)
+    requests = [
+        Request(f"http://h{host}.example/{n}", dont_filter=True)
+        for n in range(per_host)
+        for host in range(hosts)
+    ]
+    for request in requests:
+        urlparse_cached(request)
+        request.meta  # noqa: B018 - created here, not counted below
+    return requests
+
+
+def _scheduler_push() -> Callable[[Request], Any]:
+    from scrapy_hostqueue.scheduler import HostQueueScheduler
+
+    scheduler = HostQueueScheduler.from_crawler(get_crawler(_Spider, SETTINGS))
+    return scheduler.enqueue_request
+
+
+def _scrapy_scheduler_push() -> Callable[[Request], Any]:
+    scheduler = Scheduler.from_crawler(_idle_crawler())
+    scheduler.open(_Spider())
+    return scheduler.enqueue_request
+
+
+PUSHES: dict[str, Callable[[], Callable[[Request], Any]]] = {
+    "scheduler": _scheduler_push,
+    "scrapy-scheduler": _scrapy_scheduler_push,
+}
+
+
+def bytes_per_queued(name: str, requests: list[Request]) -> float:
+    """Bytes still allocated after enqueueing *requests*, per request."""
+    push = PUSHES[name]()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for request in requests:
+            push(request)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return (after - before) / len(requests)
+
+
 def run(host_counts: list[int], rounds: int) -> dict[str, Any]:
-    """``{"ns_per_pop": {impl: {hosts: median}}, "rounds": {...}}``; an
-    implementation that cannot run is reported under ``"unavailable"``."""
+    """``{"ns_per_pop": {impl: {hosts: median}}, "rounds": {...},
+    "bytes_per_queued": {impl: {hosts: bytes}}}``; an implementation that cannot
+    run is reported under ``"unavailable"``."""
     medians: dict[str, dict[str, float]] = {}
     raw: dict[str, dict[str, list[float]]] = {}
     unavailable: dict[str, str] = {}
@@ -205,7 +269,19 @@ def run(host_counts: list[int], rounds: int) -> dict[str, Any]:
                 gc.collect()
             raw.setdefault(name, {})[str(hosts)] = means
             medians.setdefault(name, {})[str(hosts)] = statistics.median(means)
-    return {"ns_per_pop": medians, "rounds": raw, "unavailable": unavailable}
+    memory: dict[str, dict[str, float]] = {}
+    for hosts in host_counts:
+        requests = memory_requests(hosts)
+        for name in MEMORY_IMPLEMENTATIONS:
+            memory.setdefault(name, {})[str(hosts)] = bytes_per_queued(name, requests)
+        del requests
+        gc.collect()
+    return {
+        "ns_per_pop": medians,
+        "rounds": raw,
+        "unavailable": unavailable,
+        "bytes_per_queued": memory,
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -129,6 +129,16 @@ def micro_lines(micro: dict[str, Any]) -> list[str]:
         lines.append(f"  {name:<{width}}{cells}")
     for name, reason in micro.get("unavailable", {}).items():
         lines.append(f"  {name}: n/a: {reason}")
+    memory: dict[str, dict[str, float]] = micro.get("bytes_per_queued", {})
+    if memory:
+        counts = sorted({int(hosts) for series in memory.values() for hosts in series})
+        lines.append("Memory per queued request, bytes (100,000 requests over the hosts):")
+        lines.append("  " + "hosts".ljust(width) + "".join(f"{n:>12,}" for n in counts))
+        for name, series in memory.items():
+            cells = "".join(
+                f"{series[str(n)]:>12.1f}" if str(n) in series else f"{'-':>12}" for n in counts
+            )
+            lines.append(f"  {name:<{width}}{cells}")
     return lines
 
 
@@ -274,6 +284,22 @@ def issue_targets(
                 name,
                 f"{dapq[at] / 1000:.1f} µs / {scheduler[at] / 1000:.1f} µs = {factor:.0f}x",
                 factor >= 50,
+            )
+        )
+    else:
+        targets.append(Target(name, "not run", None))
+
+    memory: dict[str, dict[str, float]] = (micro or {}).get("bytes_per_queued", {})
+    ours, stock = memory.get("scheduler", {}), memory.get("scrapy-scheduler", {})
+    name = "Memory per queued request <= Scrapy's memory queue, 1 to 100,000 hosts"
+    shared = [hosts for hosts in ours if hosts in stock]
+    if shared:
+        ratios = [ours[hosts] / stock[hosts] for hosts in shared]
+        targets.append(
+            Target(
+                name,
+                f"{min(ratios):.2f}-{max(ratios):.2f}x Scrapy's",
+                max(ratios) <= 1,
             )
         )
     else:

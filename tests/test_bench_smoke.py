@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import micro
 from bench.report import issue_targets, probe_lines, table_lines
 from bench.runner import (
     Run,
@@ -127,6 +128,35 @@ def test_targets_pass_and_fail_on_the_numbers() -> None:
     assert targets["S7 scheduler next_request: flat within 2x from 1 to 100,000 hosts"] is False
     # Not measured: neither pass nor fail.
     assert targets["S2 hq-full: no slower than scrapy-aiohttp"] is None
+    assert targets[MEMORY_TARGET] is None
+
+
+MEMORY_TARGET = "Memory per queued request <= Scrapy's memory queue, 1 to 100,000 hosts"
+
+
+@pytest.mark.parametrize(("ours_at_1000", "passed"), [(20.0, True), (30.0, False)])
+def test_the_memory_target_fails_if_any_host_count_is_above_scrapy(
+    ours_at_1000: float, passed: bool
+) -> None:
+    micro = {
+        "bytes_per_queued": {
+            "scheduler": {"1": 8.0, "1000": ours_at_1000},
+            "scrapy-scheduler": {"1": 8.3, "1000": 25.5},
+        }
+    }
+    (target,) = [t for t in issue_targets([], micro, 1200) if t.target == MEMORY_TARGET]
+    assert target.passed is passed
+
+
+@pytest.mark.parametrize("hosts", [1_000, 10_000])
+def test_a_queued_request_costs_less_memory_than_in_scrapys_queue(hosts: int) -> None:
+    """Measured with tracemalloc: the queues, the per-host state and the
+    bookkeeping of 20,000 queued requests, ours against Scrapy's Scheduler
+    with its default memory queues."""
+    requests = micro.memory_requests(hosts, total=20_000)
+    ours = micro.bytes_per_queued("scheduler", requests)
+    stock = micro.bytes_per_queued("scrapy-scheduler", requests)
+    assert 0 < ours < 0.85 * stock
 
 
 def test_runs_stopped_by_the_time_limit_make_the_median_a_lower_bound() -> None:

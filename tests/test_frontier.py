@@ -9,12 +9,12 @@ import copy
 import itertools
 import math
 import random
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -35,6 +35,7 @@ from scrapy_hostqueue._frontier import (
     READY,
     Frontier,
     HostPolicy,
+    _Fifo,
 )
 
 
@@ -138,6 +139,29 @@ def test_higher_rank_first_fifo_among_equals_within_a_host(ranks: list[int]) -> 
         frontier.push("a", rank, f"{rank}:{i}")
     expected = [f"{r}:{i}" for i, r in sorted(enumerate(ranks), key=lambda e: -e[1])]
     assert [item for _, item in drain_pops(frontier)] == expected
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)), max_size=30))
+def test_a_host_queue_is_first_in_first_out_and_drops_popped_slots(
+    runs: list[tuple[int, int]],
+) -> None:
+    """Runs of pushes then pops (as many as are queued)."""
+    fifo: _Fifo[int] = _Fifo()
+    model: deque[int] = deque()
+    pushed = itertools.count()
+    for pushes, pops in runs:
+        for _ in range(pushes):
+            item = next(pushed)
+            fifo.append(item)
+            model.append(item)
+        for _ in range(min(pops, len(model))):
+            assert fifo.popleft() == model.popleft()
+            # Popped slots are released: never more of them than items
+            # queued, beyond the first 16.
+            assert len(fifo.slots) <= max(2 * len(model), len(model) + 16)
+            assert all(slot is None for slot in fifo.slots[: fifo.head])
+        assert len(fifo) == len(model)
+        assert list(fifo) == list(model)
 
 
 @pytest.mark.parametrize(
