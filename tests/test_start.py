@@ -134,3 +134,27 @@ async def test_responses_are_handled_while_start_requests_are_read(
     hosts.wait_idle()
     assert hosts.stats(0).served == 40
     assert hosts.stats(0).max_in_flight <= 2
+
+
+@deferred_f_from_coro_f
+async def test_a_crawl_closed_while_start_requests_are_read_stops_reading_them(
+    local_hosts: HostsFactory,
+) -> None:
+    """CLOSESPIDER_PAGECOUNT is reached while Scrapy reads start requests (it
+    could not be before, since no response was handled meanwhile): the crawl
+    closes cleanly and the rest of start() is never read."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=100)])
+    pages = [hosts.url(0, f"/page/{i}") for i in range(40)]
+    urls = pages + [pages[i % 40] for i in range(200_000)]
+    crawler = get_crawler(
+        StartWatchingSpider,
+        settings(CONCURRENT_REQUESTS=2, CLOSESPIDER_PAGECOUNT=5, ADDONS=ADDON),
+    )
+    await crawler.crawl_async(start_urls=urls)
+    spider = crawler.spider
+    assert isinstance(spider, StartWatchingSpider)
+    assert spider.parsed_when_start_ended is None
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("finish_reason") == "closespider_pagecount"
+    assert crawler.stats.get_value("log_count/ERROR", 0) == 0
+    assert 5 <= len(spider.seen) < 40
