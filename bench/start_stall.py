@@ -1,15 +1,15 @@
 """Many start URLs: the add-on with and without ``StartRequestsMiddleware``.
 
 S6's hosts (500 local hosts answering in 100 ms, limit 4) with ``--per-host``
-start URLs each (40 by default: 20,000), a budget of ``--budget`` pages
-(1,200). The add-on's
-configuration runs with its start middleware and with it disabled
-(``SPIDER_MIDDLEWARES = {...: None}``), in alternating order, ``--rounds``
-times, each crawl in a fresh process. Prints per crawl the seconds from the
-first request to the first response and to the budget-th response, then the
-medians and the median of the per-round ratios (without / with).
+start URLs each (40 by default: 20,000) and a budget of ``--budget`` pages
+(1,200). The add-on's configuration runs with its start middleware and with
+it disabled (``SPIDER_MIDDLEWARES = {...: None}``), in alternating order,
+``--rounds`` times, each crawl in a fresh process. Prints per crawl the
+seconds from the first request to the first response and to the budget-th
+response, then the medians and the median of the per-round ratios
+(without / with).
 
-    python -m bench.start_stall             # about 2 minutes
+    python -m bench.start_stall             # about a minute
     python -m bench.start_stall --rounds 5 --per-host 100
 """
 

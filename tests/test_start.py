@@ -68,9 +68,8 @@ async def test_everything_passes_in_order_without_a_turn_inside_the_slice(
 
 @deferred_f_from_coro_f
 async def test_the_event_loop_gets_a_turn_every_slice(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The clock is read once when the middleware starts and once per item:
-    # with a step of a third of the slice, the third item ends the first slice
-    # and every third item after it ends another.
+    # The clock moves by a third of the slice at each read (at the start, after
+    # each item and after each turn): every third item ends a slice.
     middleware = StartRequestsMiddleware(clock=StepClock(start_module.SLICE / 3))
     out, sleeps = await run(middleware, list(range(10)), monkeypatch)
     assert out == list(range(10))
