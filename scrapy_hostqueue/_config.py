@@ -20,6 +20,10 @@ class HostQueueSettingsError(ValueError):
 
 
 _MISSING = object()
+#: Python's default is 700 (2,000 from 3.13). In crawls of 1,200 pages on 2
+#: cores, 7,000 cut the time spent in garbage collection by 55-70 %; 20,000
+#: gained little more.
+GC_YOUNG_THRESHOLD = 7_000
 
 
 def _raw(settings: BaseSettings, name: str) -> Any:
@@ -109,6 +113,7 @@ class HostQueueConfig:
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
     gc_freeze: bool  # keep the heap alive at start out of full collections
+    gc_young_threshold: int  # 0 = Python's own
     # AIMD middleware
     aimd_start: int
     aimd_floor: int
@@ -182,6 +187,9 @@ class HostQueueConfig:
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
             gc_freeze=_boolean(settings, "HOSTQUEUE_GC_FREEZE", True),
+            gc_young_threshold=_integer(
+                settings, "HOSTQUEUE_GC_YOUNG_THRESHOLD", GC_YOUNG_THRESHOLD, minimum=0
+            ),
             aimd_start=start,
             aimd_floor=floor,
             aimd_ceiling=ceiling,

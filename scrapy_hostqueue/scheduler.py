@@ -124,6 +124,7 @@ class HostQueueScheduler(BaseScheduler):
         self._undo_hook: Any = None
         self._logged_unserializable = False
         self._gc_held = False
+        self._gc_threshold_raised = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -159,6 +160,10 @@ class HostQueueScheduler(BaseScheduler):
             # Before loading JOBDIR requests, which do not live that long.
             frozen = f", {_gc.hold():,} start-up objects frozen out of full GC passes"
             self._gc_held = True
+        if cfg.gc_young_threshold:
+            young = _gc.raise_young_threshold(cfg.gc_young_threshold)
+            self._gc_threshold_raised = True
+            frozen += f", young GC generation collected every {young:,} allocations"
         if self.jobdir:
             self._load_state()
         logger.info(
@@ -188,6 +193,9 @@ class HostQueueScheduler(BaseScheduler):
         if self._gc_held:
             self._gc_held = False
             _gc.release()
+        if self._gc_threshold_raised:
+            self._gc_threshold_raised = False
+            _gc.restore_young_threshold()
         # Before spider_closed, so that Spider.closed() and extensions that
         # read the stats at the end see the per-host keys.
         self.recorder.flush()
