@@ -153,17 +153,18 @@ class HostQueueScheduler(BaseScheduler):
                 self._follow_autothrottle, signal=signals.response_downloaded
             )
         cfg = self.config
-        frozen = ""
+        gc_note = ""
         if cfg.gc_freeze:
             # Everything alive now (Scrapy, the spider, the components) lives
             # as long as the crawl: out of full garbage collections with it.
             # Before loading JOBDIR requests, which do not live that long.
-            frozen = f", {_gc.hold():,} start-up objects frozen out of full GC passes"
+            gc_note = f", {_gc.hold():,} start-up objects frozen out of full GC passes"
             self._gc_held = True
         if cfg.gc_young_threshold:
             young = _gc.raise_young_threshold(cfg.gc_young_threshold)
             self._gc_threshold_raised = True
-            frozen += f", young GC generation collected every {young:,} allocations"
+            if young:  # 0: automatic collection was off, and stays off
+                gc_note += f", young GC generation collected every {young:,} allocations"
         if self.jobdir:
             self._load_state()
         logger.info(
@@ -174,7 +175,7 @@ class HostQueueScheduler(BaseScheduler):
             self.prefetch,
             "AutoThrottle" if self._autothrottle else "the scheduler",
             f", resumed {len(self.frontier)} requests from JOBDIR" if len(self.frontier) else "",
-            frozen,
+            gc_note,
         )
         return self.df.open()
 
