@@ -65,10 +65,10 @@ class _Spider(Spider):
     name = "micro"
 
 
-def _requests(hosts: int) -> list[Request]:
+def _requests(hosts: int, per_host: int = QUEUED_PER_HOST) -> list[Request]:
     return [
         Request(f"http://h{host}.example/{n}", dont_filter=True)
-        for n in range(QUEUED_PER_HOST)
+        for n in range(per_host)
         for host in range(hosts)
     ]
 
@@ -120,11 +120,15 @@ def measure_frontier(hosts: int, requests: list[Request], rounds: int) -> list[f
     return _timed_rounds(frontier.pop, recycle, pops_for("frontier", hosts), rounds)
 
 
-def measure_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+def _new_scheduler() -> Any:
+    """A HostQueueScheduler for a crawler made by get_crawler (no crawl)."""
     from scrapy_hostqueue.scheduler import HostQueueScheduler
 
-    crawler = get_crawler(_Spider, SETTINGS)
-    scheduler = HostQueueScheduler.from_crawler(crawler)
+    return HostQueueScheduler.from_crawler(get_crawler(_Spider, SETTINGS))
+
+
+def measure_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+    scheduler = _new_scheduler()
     for request in requests:
         scheduler.enqueue_request(request)
 
@@ -173,10 +177,15 @@ def measure_dapq(hosts: int, requests: list[Request], rounds: int) -> list[float
     return _timed_rounds(queue.pop, recycle, pops_for("dapq", hosts), rounds)
 
 
-def measure_scrapy_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
-    crawler = _idle_crawler()
-    scheduler = Scheduler.from_crawler(crawler)
+def _new_scrapy_scheduler() -> Scheduler:
+    """Scrapy's Scheduler, opened, over the stand-in downloader."""
+    scheduler = Scheduler.from_crawler(_idle_crawler())
     scheduler.open(_Spider())
+    return scheduler
+
+
+def measure_scrapy_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+    scheduler = _new_scrapy_scheduler()
     for request in requests:
         scheduler.enqueue_request(request)
 
@@ -200,40 +209,22 @@ MEASURES: dict[str, Callable[[int, list[Request], int], list[float]]] = {
 def memory_requests(hosts: int, total: int = MEMORY_REQUESTS) -> list[Request]:
     """*total* requests (at least one per host) over *hosts* hosts, ready to be
     measured by :func:`bytes_per_queued`."""
-    per_host = max(1, total // hosts)
-    requests = [
-        Request(f"http://h{host}.example/{n}", dont_filter=True)
-        for n in range(per_host)
-        for host in range(hosts)
-    ]
+    requests = _requests(hosts, max(1, total // hosts))
     for request in requests:
         urlparse_cached(request)
         request.meta  # noqa: B018 - created here, not counted below
     return requests
 
 
-def _scheduler_push() -> Callable[[Request], Any]:
-    from scrapy_hostqueue.scheduler import HostQueueScheduler
-
-    scheduler = HostQueueScheduler.from_crawler(get_crawler(_Spider, SETTINGS))
-    return scheduler.enqueue_request
-
-
-def _scrapy_scheduler_push() -> Callable[[Request], Any]:
-    scheduler = Scheduler.from_crawler(_idle_crawler())
-    scheduler.open(_Spider())
-    return scheduler.enqueue_request
-
-
-PUSHES: dict[str, Callable[[], Callable[[Request], Any]]] = {
-    "scheduler": _scheduler_push,
-    "scrapy-scheduler": _scrapy_scheduler_push,
+SCHEDULERS: dict[str, Callable[[], Any]] = {
+    "scheduler": _new_scheduler,
+    "scrapy-scheduler": _new_scrapy_scheduler,
 }
 
 
 def bytes_per_queued(name: str, requests: list[Request]) -> float:
     """Bytes still allocated after enqueueing *requests*, per request."""
-    push = PUSHES[name]()
+    push = SCHEDULERS[name]().enqueue_request
     gc.collect()
     tracemalloc.start()
     try:

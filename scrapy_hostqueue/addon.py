@@ -45,6 +45,13 @@ def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
         )
 
 
+def _enable(components: BaseSettings, order: int, path: str, module_path: str) -> None:
+    """Add *path* to a component dict at add-on priority unless the user placed
+    it (or disabled it with ``None``) under either of its import paths."""
+    if path not in components and module_path not in components:
+        components.set(path, order, priority="addon")
+
+
 class Addon:
     """Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
     :class:`~scrapy_hostqueue.AIMDMiddleware`,
@@ -72,19 +79,18 @@ class Addon:
                 settings["SCHEDULER"],
             )
 
-        middlewares = settings["DOWNLOADER_MIDDLEWARES"]
-        if (
-            MIDDLEWARE not in middlewares
-            and "scrapy_hostqueue.middleware.AIMDMiddleware" not in middlewares
-        ):
-            middlewares.set(MIDDLEWARE, MIDDLEWARE_ORDER, priority="addon")
-
-        spider_middlewares = settings["SPIDER_MIDDLEWARES"]
-        if (
-            START_MIDDLEWARE not in spider_middlewares
-            and "scrapy_hostqueue.start.StartRequestsMiddleware" not in spider_middlewares
-        ):
-            spider_middlewares.set(START_MIDDLEWARE, START_MIDDLEWARE_ORDER, priority="addon")
+        _enable(
+            settings["DOWNLOADER_MIDDLEWARES"],
+            MIDDLEWARE_ORDER,
+            MIDDLEWARE,
+            "scrapy_hostqueue.middleware.AIMDMiddleware",
+        )
+        _enable(
+            settings["SPIDER_MIDDLEWARES"],
+            START_MIDDLEWARE_ORDER,
+            START_MIDDLEWARE,
+            "scrapy_hostqueue.start.StartRequestsMiddleware",
+        )
 
         extensions = settings["EXTENSIONS"]
         if EXTENSION not in extensions:
