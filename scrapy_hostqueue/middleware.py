@@ -75,9 +75,6 @@ META_START = "hostqueue_start"
 #: ``request.meta`` key: how many times the request was sent back to the
 #: scheduler because its host had become blocked or too recent.
 META_REQUEUED = "hostqueue_requeued"
-#: ``request.meta`` key set on requests that came through the scheduler (only
-#: those may be sent back to it; ``engine.download_async`` would loop).
-META_SCHEDULED = "hostqueue_scheduled"
 #: A request is sent back to the scheduler at most this many times.
 MAX_REQUEUES = 3
 #: Seconds added to a Crawl-delay: the time from the scheduler's hand-out to
@@ -176,7 +173,6 @@ class AIMDMiddleware:
             )
         middleware = cls(crawler, config)
         crawler.signals.connect(middleware.spider_opened, signal=signals.spider_opened)
-        crawler.signals.connect(middleware._request_scheduled, signal=signals.request_scheduled)
         if config.crawl_delay_enabled and settings.getbool("ROBOTSTXT_OBEY"):
             crawler.signals.connect(middleware._robots_parsed, signal=signals.robots_parsed)
         return middleware
@@ -247,10 +243,11 @@ class AIMDMiddleware:
         host = scheduler.host_of(request)
         now = self.clock()
         crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
-        if request.meta.get(META_SCHEDULED) and request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES:
+        if request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES and scheduler.handed_out(request):
             # Requests handed out before the host got blocked (a 429 that
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
             # waited for robots.txt) go back to the scheduler, which holds them.
+            # Only those: one from engine.download_async would loop.
             policy = scheduler.policy(host)
             if policy.blocked_until > now:
                 return self._requeue(request, host, policy.block_reason)
@@ -381,9 +378,6 @@ class AIMDMiddleware:
         return request.replace(meta=meta, dont_filter=True)
 
     # -- signals -------------------------------------------------------------
-
-    def _request_scheduled(self, request: Request, spider: Spider) -> None:
-        request.meta[META_SCHEDULED] = True
 
     def _robots_parsed(self, robotparser: RobotParser, request: Request) -> None:
         user_agent: str | bytes | None = self._robots_user_agent

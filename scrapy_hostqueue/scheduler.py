@@ -242,6 +242,11 @@ class HostQueueScheduler(BaseScheduler):
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
 
+    def handed_out(self, request: Request) -> bool:
+        """Whether *request* was handed out by :meth:`next_request` and has not
+        left the downloader yet."""
+        return request in self._handed_out
+
     def host_busy(self, host: str) -> bool:
         """Whether *host* has requests handed out and not yet done."""
         return self.frontier.inflight(host) > 0

@@ -40,7 +40,6 @@ from scrapy_hostqueue.middleware import (
     CRAWL_DELAY_MARGIN,
     MAX_REQUEUES,
     META_REQUEUED,
-    META_SCHEDULED,
     META_START,
     AIMDMiddleware,
 )
@@ -72,6 +71,12 @@ class StandInScheduler(HostQueueScheduler):
         self.blocks: list[tuple[str, float, str]] = []
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
+        self._handed_out: dict[Request, str] = {}
+
+    def hand_out(self, request: Request) -> Request:
+        """Count *request* as handed out by next_request()."""
+        self._handed_out[request] = self.host_of(request)
+        return request
 
     def _make_policy(self, host: str) -> HostPolicy:
         limit = self._configured
@@ -118,7 +123,7 @@ def sent(mw: AIMDMiddleware, url: str = URL, *, scheduled: bool = True) -> Reque
     """A request that went through process_request (and so was sent)."""
     request = Request(url)
     if scheduled:
-        request.meta[META_SCHEDULED] = True
+        mw._scheduler().hand_out(request)  # type: ignore[attr-defined]
     assert mw.process_request(request) is None
     return request
 
@@ -239,7 +244,7 @@ def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
 ) -> None:
     mw, scheduler, clock = middleware(monkeypatch)
     scheduler.block_until(HOST, clock.now + 2, "retry-after")
-    request = Request(URL, meta={META_SCHEDULED: True})
+    request = scheduler.hand_out(Request(URL))
     back = mw.process_request(request)
     assert isinstance(back, Request)
     assert back.url == URL
@@ -247,10 +252,11 @@ def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
     assert back.meta[META_REQUEUED] == 1
     assert META_START not in back.meta
     # Not forever: after MAX_REQUEUES it goes through.
+    # A requeued request comes back through the scheduler.
     for _ in range(MAX_REQUEUES - 1):
-        back = mw.process_request(back)
+        back = mw.process_request(scheduler.hand_out(back))
         assert isinstance(back, Request)
-    assert mw.process_request(back) is None
+    assert mw.process_request(scheduler.hand_out(back)) is None
     # Requests that did not come from the scheduler (engine.download_async,
     # which would loop on a returned request) go through.
     assert mw.process_request(Request(URL)) is None
@@ -499,7 +505,7 @@ def test_robots_crawl_delay_holds_requests_already_handed_out(
     # The robots.txt fetch counts as the previous request: the host is blocked
     # for one delay, and the waiting requests go back to the scheduler.
     assert scheduler.blocks == [(HOST, clock.now + 1 + CRAWL_DELAY_MARGIN, "crawl-delay")]
-    waiting = [Request(f"{URL}/{i}", meta={META_SCHEDULED: True}) for i in range(3)]
+    waiting = [scheduler.hand_out(Request(f"{URL}/{i}")) for i in range(3)]
     assert all(isinstance(mw.process_request(request), Request) for request in waiting)
     clock.now += 1 + CRAWL_DELAY_MARGIN
     first = sent(mw)
@@ -507,12 +513,12 @@ def test_robots_crawl_delay_holds_requests_already_handed_out(
     # One that comes too soon after goes back too, without blocking the host
     # (which would also hold ``first`` if it is not on the wire yet).
     clock.now += 0.2
-    back = mw.process_request(Request(URL + "/2", meta={META_SCHEDULED: True}))
+    back = mw.process_request(scheduler.hand_out(Request(URL + "/2")))
     assert isinstance(back, Request)
     assert back.meta[META_REQUEUED] == 1
     assert len(scheduler.blocks) == 1
     clock.now += 1
-    assert mw.process_request(back) is None
+    assert mw.process_request(scheduler.hand_out(back)) is None
 
 
 def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
