@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydispatch import dispatcher
+from scrapy import signals
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.stats import host_stat_key, stat_key
+from scrapy_hostqueue.stats import HostQueueStats, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from scrapy_hostqueue.timeline import OTHER_HOSTS, read_timeline
 from tests.crawling import (
@@ -258,3 +260,66 @@ async def test_per_host_stats_are_in_place_when_the_spider_closes(
     crawler = await crawl(hosts.start_urls(0, 3), spider_cls=ClosingSpider, **stats_settings())
     assert isinstance(crawler.spider, ClosingSpider)
     assert crawler.spider.at_close.get(host_stat_key(hosts.hostnames[0], "response_count")) == 3
+
+
+class ReceiverSpider(PageSpider):
+    """Notes, when it closes, which per-request signals reach the extension."""
+
+    receivers: set[str]
+
+    def closed(self, reason: str) -> None:
+        extension = {
+            method: getattr(HostQueueStats, method)
+            for method in (
+                "request_reached_downloader",
+                "request_left_downloader",
+                "response_downloaded",
+            )
+        }
+        self.receivers = set()
+        for signal in (
+            signals.request_reached_downloader,
+            signals.request_left_downloader,
+            signals.response_downloaded,
+        ):
+            live = dispatcher.liveReceivers(
+                dispatcher.getAllReceivers(self.crawler.signals.sender, signal)
+            )
+            for receiver in live:
+                for name, function in extension.items():
+                    if getattr(receiver, "__func__", None) is function:
+                        self.receivers.add(name)
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "timeline", "expected"),
+    [
+        # The scheduler's frontier knows every host's requests: no count needed.
+        (SCHEDULER, False, set()),
+        (
+            SCHEDULER,
+            True,
+            {"request_reached_downloader", "request_left_downloader", "response_downloaded"},
+        ),
+        # The stock scheduler's log line counts requests in the downloader.
+        (None, False, {"request_reached_downloader", "request_left_downloader"}),
+    ],
+)
+@deferred_f_from_coro_f
+async def test_per_request_receivers_only_where_their_counts_are_read(
+    local_hosts: HostsFactory,
+    tmp_path: Path,
+    scheduler: str | None,
+    timeline: bool,
+    expected: set[str],
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.005, links=0)])
+    settings = stats_settings(HOSTQUEUE_LOG_INTERVAL=60)
+    if timeline:
+        settings["HOSTQUEUE_TIMELINE_FILE"] = str(tmp_path / "timeline.jsonl")
+    if scheduler is None:
+        del settings["SCHEDULER"]
+    crawler = await crawl(hosts.start_urls(0, 3), spider_cls=ReceiverSpider, **settings)
+    assert isinstance(crawler.spider, ReceiverSpider)
+    assert crawler.spider.receivers == expected
+    assert hosts.stats(0, arrivals=False).served == 3
