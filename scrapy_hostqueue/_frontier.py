@@ -12,11 +12,12 @@ exactly one state:
   ring bucket of its head rank; buckets are served highest rank first,
   round-robin within.
 * PREFETCH: queued work, in flight at its limit but below the limit plus
-  ``prefetch``. Sits in a heap by head rank (FIFO among equals), served
-  only when no host is READY, so an extra request waiting downstream never
-  takes a global slot from a host that could send at once.
-* FULL: in flight at or above its limit (plus ``prefetch``). Leaves on
-  :meth:`Frontier.finish`.
+  ``prefetch``, and no interval between starts. Sits in a heap by head rank
+  (FIFO among equals), served only when no host is READY, so an extra
+  request waiting downstream never takes a global slot from a host that
+  could send at once.
+* FULL: in flight at or above its limit (plus ``prefetch`` if it has no
+  interval). Leaves on :meth:`Frontier.finish`.
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
   starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in a FIFO,
@@ -80,6 +81,7 @@ class HostPolicy:
         "given_up",
         "interval",
         "jitter",
+        "last_sent",
         "last_start",
         "limit",
         "next_gap",
@@ -97,6 +99,9 @@ class HostPolicy:
         #: drawn at that start) before the next one may.
         self.last_start = float("-inf")
         self.next_gap = 0.0
+        #: When the caller last put one of the host's requests on the wire (the
+        #: scheduler's send gate; hand-out and send differ with prefetch).
+        self.last_sent = float("-inf")
         #: No request starts before this time (Retry-After, back-off).
         self.blocked_until = 0.0
         self.block_reason: str | None = None
@@ -307,6 +312,16 @@ class Frontier(Generic[T]):
     def state(self, key: str) -> str | None:
         host = self._hosts.get(key)
         return host.state if host is not None else None
+
+    def blocked(self, now: float) -> Iterator[tuple[str, HostPolicy]]:
+        """``(key, policy)`` of every host blocked beyond *now*, idle hosts
+        that are still remembered included (O(hosts): for a crawl's close)."""
+        for host in self._hosts.values():
+            if host.policy.blocked_until > now:
+                yield host.key, host.policy
+        for key, policy in self._retired.items():
+            if policy.blocked_until > now:
+                yield key, policy
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostPolicy]]:
         """``(key, queued, inflight, policy)`` of every live host (O(hosts): for
@@ -522,7 +537,10 @@ class Frontier(Generic[T]):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
             host.state = ENDING
-        elif host.inflight >= policy.limit + self.prefetch:
+        elif host.inflight >= policy.limit + (0 if policy.interval else self.prefetch):
+            # A host with a delay between request starts gets no prefetch: its
+            # next request may not go before the delay anyway, and it would
+            # hold download budget meanwhile.
             host.state = FULL
         elif host.inflight >= policy.limit:
             host.state = PREFETCH

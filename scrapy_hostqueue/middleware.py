@@ -32,7 +32,12 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._aimd import Adjustment, AimdSettings, AimdTable
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
 from scrapy_hostqueue._retry_after import parse_retry_after
-from scrapy_hostqueue.scheduler import HostQueueScheduler
+from scrapy_hostqueue.scheduler import (
+    MAX_REQUEUES,
+    META_REQUEUED,
+    HostBlocked,
+    HostQueueScheduler,
+)
 from scrapy_hostqueue.stats import get_recorder, stat_key
 
 if TYPE_CHECKING:
@@ -72,11 +77,6 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 #: ``request.meta`` key: ``time.monotonic()`` when the request passed this
 #: middleware on its way to the download handler.
 META_START = "hostqueue_start"
-#: ``request.meta`` key: how many times the request was sent back to the
-#: scheduler because its host had become blocked or too recent.
-META_REQUEUED = "hostqueue_requeued"
-#: A request is sent back to the scheduler at most this many times.
-MAX_REQUEUES = 3
 #: Seconds added to a Crawl-delay: the time from the scheduler's hand-out to
 #: the wire varies by a few tens of milliseconds on a busy event loop, and a
 #: Crawl-delay is a minimum at the server.
@@ -288,19 +288,24 @@ class AIMDMiddleware:
             self._apply(scheduler, adjustment, now, latency, detail)
         return response
 
-    def process_exception(self, request: Request, exception: Exception) -> None:
+    def process_exception(self, request: Request, exception: Exception) -> Request | None:
+        if isinstance(exception, HostBlocked):
+            # Held at the send gate when its host got blocked: not a failure
+            # of the host.
+            return self._requeue(request, exception.host, exception.reason)
         started = request.meta.get(META_START)
         if started is None:
-            return
+            return None
         scheduler = self._scheduler()
         host = scheduler.host_of(request)
         self.recorder.exception(host, type(exception).__name__)
         if not isinstance(exception, CONNECTION_ERRORS):
-            return
+            return None
         now = self.clock()
         adjustment = self.table.on_failure(host, started)
         if adjustment is not None:
             self._apply(scheduler, adjustment, now, now - started, type(exception).__name__)
+        return None
 
     # -- applying the rule --------------------------------------------------
 

@@ -38,6 +38,29 @@ logger = logging.getLogger(__name__)
 #: File in JOBDIR holding the queued requests and host blocks of a stopped crawl.
 STATE_FILE = "hostqueue.state"
 _STATE_VERSION = 1
+#: ``request.meta`` key: how many times the request was sent back to the
+#: scheduler because its host had become blocked or too recent.
+META_REQUEUED = "hostqueue_requeued"
+#: A request is sent back to the scheduler at most this many times.
+MAX_REQUEUES = 3
+#: ``request.meta`` key set at hand-out on a request without
+#: ``meta["download_slot"]``: the slot the downloader then writes there is the
+#: URL's, and a copy of the request for another URL (a redirect, a request
+#: built from ``response.meta``) must not inherit it.
+META_AUTO_SLOT = "hostqueue_auto_slot"
+_DOWNLOAD_SLOT = "download_slot"
+
+
+class HostBlocked(Exception):
+    """Raised at the send gate for a request whose host got blocked (a
+    Retry-After, a back-off) while the request waited there; the AIMD
+    middleware sends it back to the scheduler, which holds it until the block
+    ends."""
+
+    def __init__(self, host: str, reason: str | None) -> None:
+        super().__init__(f"host {host} is blocked ({reason}): the request goes back to the queue")
+        self.host = host
+        self.reason = reason
 
 
 class PolicyHook(Protocol):
@@ -222,6 +245,9 @@ class HostQueueScheduler(BaseScheduler):
             return None
         host, request = popped
         self._handed_out[request] = host
+        meta = request.meta
+        if _DOWNLOAD_SLOT not in meta:
+            meta[META_AUTO_SLOT] = True
         self.stats.inc_value("scheduler/dequeued/memory")
         self.stats.inc_value("scheduler/dequeued")
         if self.debug:
@@ -288,6 +314,9 @@ class HostQueueScheduler(BaseScheduler):
         if not waiters and self._may_send(host):
             self._take_send_slot(host, request)
             return
+        policy = self.frontier.policy(host)
+        if policy.blocked_until > time.monotonic() and self._may_send_back(request):
+            raise HostBlocked(host, policy.block_reason)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if waiters is None:
             waiters = self._send_waiters[host] = deque()
@@ -306,12 +335,19 @@ class HostQueueScheduler(BaseScheduler):
     def _may_send(self, host: str) -> bool:
         policy = self.frontier.policy(host)
         return (
-            self._sending.get(host, 0) < policy.limit and policy.blocked_until <= time.monotonic()
+            self._sending.get(host, 0) < policy.limit and _gate_opens_at(policy) <= time.monotonic()
         )
+
+    def _may_send_back(self, request: Request) -> bool:
+        """Whether a request held at the send gate by a block may go back to
+        the scheduler: only the AIMD middleware (the policy hook) takes it
+        there, at most MAX_REQUEUES times."""
+        return self._policy_hook is not None and request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES
 
     def _take_send_slot(self, host: str, request: Request) -> None:
         self._sending[host] = self._sending.get(host, 0) + 1
         self._holding.add(request)
+        self.frontier.policy(host).last_sent = time.monotonic()
 
     def _release_send_slot(self, host: str, request: Request) -> None:
         self._holding.discard(request)
@@ -334,10 +370,10 @@ class HostQueueScheduler(BaseScheduler):
         if not waiters:
             self._send_waiters.pop(host, None)
             return
-        blocked_until = self.frontier.policy(host).blocked_until
-        if blocked_until > time.monotonic() and host not in self._gate_timers:
+        opens_at = _gate_opens_at(self.frontier.policy(host))
+        if opens_at > time.monotonic() and host not in self._gate_timers:
             self._gate_timers[host] = call_later(
-                blocked_until - time.monotonic(), self._gate_timer, host
+                opens_at - time.monotonic(), self._gate_timer, host
             )
 
     def _gate_timer(self, host: str) -> None:
@@ -345,8 +381,28 @@ class HostQueueScheduler(BaseScheduler):
         self._open_gate(host)
 
     def block_until(self, host: str, when: float, reason: str) -> None:
-        """Start no request for *host* before *when* (``time.monotonic()``)."""
+        """Start no request for *host* before *when* (``time.monotonic()``).
+
+        Requests of *host* waiting at the send gate go back to the scheduler
+        (see :class:`HostBlocked`) rather than wait there for the block's end,
+        holding download budget and keeping the crawl from closing.
+        """
         self.frontier.block_until(host, when, reason)
+        waiters = self._send_waiters.get(host)
+        if not waiters or when <= time.monotonic():
+            return
+        staying: deque[tuple[asyncio.Future[None], Request]] = deque()
+        for future, request in waiters:
+            if future.done():  # a cancelled download
+                continue
+            if self._may_send_back(request):
+                future.set_exception(HostBlocked(host, reason))
+            else:
+                staying.append((future, request))
+        if staying:
+            self._send_waiters[host] = staying
+        else:
+            del self._send_waiters[host]
 
     def set_interval(self, host: str, interval: float) -> None:
         """Minimum time between two request starts on *host*, without jitter
@@ -378,6 +434,11 @@ class HostQueueScheduler(BaseScheduler):
         return HostPolicy(limit, delay, jitter)
 
     def _push(self, request: Request) -> bool:
+        meta = request.meta
+        if meta.pop(META_AUTO_SLOT, None):
+            # The downloader keyed this request (or the one it was copied
+            # from) by its URL: key it by its own URL again.
+            meta.pop(_DOWNLOAD_SLOT, None)
         host = internals.host_key(self.crawler, request)
         if not self.frontier.push(host, request_rank(request), request):
             self.recorder.requests_dropped(host)
@@ -467,10 +528,11 @@ class HostQueueScheduler(BaseScheduler):
         if unserializable:
             self.stats.inc_value("scheduler/unserializable", unserializable)
         now_mono, now_wall = time.monotonic(), time.time()
+        # Idle hosts too: a host blocked with nothing queued stays blocked
+        # for the requests the resumed crawl will find for it.
         blocks = {
             host: (policy.blocked_until - now_mono + now_wall, policy.block_reason)
-            for host, _q, _i, policy in self.frontier.hosts()
-            if policy.blocked_until > now_mono
+            for host, policy in self.frontier.blocked(now_mono)
         }
         state = {"version": _STATE_VERSION, "requests": requests, "blocks": blocks}
         path = self._state_path()
@@ -497,3 +559,13 @@ class HostQueueScheduler(BaseScheduler):
         for host, (until_wall, reason) in state["blocks"].items():
             if until_wall > now_wall:
                 self.frontier.block_until(host, until_wall - now_wall + now_mono, reason)
+
+
+def _gate_opens_at(policy: HostPolicy) -> float:
+    """When the send gate may let the host's next request onto the wire: not
+    before its block ends, nor before the shortest gap its interval allows
+    (``DOWNLOAD_DELAY``, Crawl-delay; the jitter's low end) since the last
+    request it let through. A request handed out on time may have had to wait
+    for a send slot, so the gap between hand-outs is not enough."""
+    gap = policy.interval * max(0.0, 1.0 - policy.jitter) if policy.interval else 0.0
+    return max(policy.blocked_until, policy.last_sent + gap)

@@ -336,6 +336,21 @@ def test_prefetch_hands_out_beyond_the_limit(limit: int, prefetch: int) -> None:
     assert len(drain_pops(frontier)) == 1
 
 
+def test_a_host_with_an_interval_gets_no_prefetch() -> None:
+    clock = FakeClock()
+    frontier: Frontier[str] = Frontier(
+        lambda key: HostPolicy(1, interval=1.0), prefetch=2, clock=clock
+    )
+    for i in range(3):
+        frontier.push("a", 0, str(i))
+    assert frontier.pop() == ("a", "0")
+    clock.now += 5  # long past the interval: only the limit holds it now
+    assert frontier.pop() is None
+    assert frontier.state("a") == FULL
+    frontier.finish("a")
+    assert frontier.pop() == ("a", "1")
+
+
 @pytest.mark.parametrize("bad", [0, -1])
 def test_limit_below_one_is_refused(bad: int) -> None:
     frontier, _ = make()
@@ -1131,6 +1146,11 @@ class FrontierMachine(RuleBasedStateMachine):
         wait for a place (it still holds its place: it has work in flight)."""
         return bool(self.cap and h.leased and h.served >= self.turn and h.inflight)
 
+    def _full_at(self, h: ModelHost) -> int:
+        """In flight from which *h* is handed nothing: a host with an
+        interval between starts gets no prefetch."""
+        return h.limit + (0 if h.interval else self.prefetch)
+
     def _servable(self) -> dict[str, ModelHost]:
         """Hosts the frontier may serve now."""
         now, active = self.clock.now, self._active_at_pop()
@@ -1138,7 +1158,7 @@ class FrontierMachine(RuleBasedStateMachine):
             key: h
             for key, h in self.hosts.items()
             if h.queue
-            and len(h.inflight) < h.limit + self.prefetch
+            and len(h.inflight) < self._full_at(h)
             and now >= h.ready_at()
             and (h.leased or self.cap == 0 or active < self.cap)
         }
@@ -1194,7 +1214,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 h.ready_at()
                 for h in self.hosts.values()
                 if h.queue
-                and len(h.inflight) < h.limit + self.prefetch
+                and len(h.inflight) < self._full_at(h)
                 and (h.leased or self.cap == 0 or self._active_at_pop() < self.cap)
                 and h.ready_at() > self.clock.now
             ]
@@ -1220,7 +1240,7 @@ class FrontierMachine(RuleBasedStateMachine):
         if self.cap == 0:
             assert rank == max(h.head()[0] for h in (sendable or ready).values())
         assert self.popped[item] == 0, f"item {item} popped twice"
-        assert len(host.inflight) + 1 <= host.limit + self.prefetch
+        assert len(host.inflight) + 1 <= self._full_at(host)
         if self.cap:
             assert self._active_at_pop() + (0 if host.leased else 1) <= self.cap
         return key, rank, item
@@ -1342,7 +1362,7 @@ class FrontierMachine(RuleBasedStateMachine):
             if state is None:
                 continue
             host = self.hosts[key]
-            full_at = host.limit + self.prefetch
+            full_at = self._full_at(host)
             if state == READY:
                 assert host.queue
                 assert len(host.inflight) < full_at

@@ -7,8 +7,10 @@ import asyncio
 import itertools
 import logging
 import math
+import pickle
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from scrapy.http import Response
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
+from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import OUR_HANDLER, SCHEDULER, SCRAPY_HTTP11, PageSpider, interleave, settings
@@ -50,8 +53,7 @@ def aimd_settings(handler: str = SCRAPY_HTTP11, **overrides: Any) -> dict[str, A
         DOWNLOADER_MIDDLEWARES=MIDDLEWARE,
         DOWNLOAD_HANDLERS={"http": handler, "https": handler},
         CONCURRENT_REQUESTS=40,
-        CLOSESPIDER_TIMEOUT=CRAWL_TIMEOUT,
-        **overrides,
+        **{"CLOSESPIDER_TIMEOUT": CRAWL_TIMEOUT, **overrides},
     )
 
 
@@ -391,3 +393,70 @@ async def test_a_host_turning_slow_drops_to_the_floor_and_climbs_back(
     assert 0 < phases["back_up"] <= 60, phases
     assert stat(crawler, host_stat_key(hostname, "backoff_count/slow")) == 2
     assert stat(crawler, host_stat_key(hostname, "min_limit")) == 1
+
+
+@deferred_f_from_coro_f
+async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blocked(
+    local_hosts: HostsFactory, tmp_path: Path
+) -> None:
+    """With this project's handler the scheduler hands a host one request
+    beyond its limit, which waits at the send gate. When the host answers 429
+    with a long Retry-After, that request goes back to the scheduler rather
+    than wait at the gate for the block's end: the crawl closes on time and
+    JOBDIR keeps the request."""
+    hosts = local_hosts(
+        [HostSpec(latency=0.3, links=0, throttle_above=1, throttle_status=429, retry_after="20")]
+    )
+    jobdir = tmp_path / "job"
+    crawler = get_crawler(
+        PageSpider,
+        aimd_settings(
+            OUR_HANDLER,
+            JOBDIR=str(jobdir),
+            CONCURRENT_REQUESTS_PER_DOMAIN=2,
+            HOSTQUEUE_AIMD_START=2,
+            CLOSESPIDER_TIMEOUT=2,
+        ),
+    )
+    began = time.monotonic()
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 10))
+    elapsed = time.monotonic() - began
+    assert stat(crawler, "finish_reason") == "closespider_timeout"
+    assert elapsed < 6, elapsed
+    assert stat(crawler, stat_key("requeued_count")) >= 1
+    server = hosts.stats(0)
+    assert server.statuses[429] >= 1
+    assert server.in_retry_after_window == 0
+    # Nothing lost: what was not answered 200 is in JOBDIR for the next run.
+    with open(jobdir / STATE_FILE, "rb") as f:
+        saved = pickle.load(f)["requests"]
+    assert len(saved) + server.statuses[200] == 10
+
+
+@deferred_f_from_coro_f
+async def test_crawl_delay_holds_at_the_server_when_bodies_are_slow(
+    local_hosts: HostsFactory,
+) -> None:
+    """The send gate keeps the Crawl-delay from the moment a request went on
+    the wire, not from its hand-out: the request after a slow body waits."""
+    hosts = local_hosts(
+        [
+            HostSpec(
+                latency=0.01,
+                links=0,
+                crawl_delay=0.5,
+                fault="slow-body",
+                fault_rate=0.5,
+                trickle=0.9,
+            )
+        ]
+    )
+    crawler = get_crawler(
+        PageSpider,
+        aimd_settings(OUR_HANDLER, ROBOTSTXT_OBEY=True, CONCURRENT_REQUESTS_PER_DOMAIN=1),
+    )
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 6))
+    stats = hosts.stats(0)
+    assert stats.served == 6
+    gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
+    assert min(gaps) >= 0.475, gaps

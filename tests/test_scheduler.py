@@ -15,6 +15,7 @@ from scrapy import Request
 from scrapy.exceptions import CloseSpider, IgnoreRequest
 from scrapy.http import HtmlResponse, Response
 from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
@@ -451,3 +452,103 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
         key = f"hostqueue/hosts/{hosts.hostnames[index]}"
         assert crawler.stats.get_value(f"{key}/max_handed_out") == limit + 1
         assert crawler.stats.get_value(f"{key}/max_inflight") == limit
+
+
+class _RedirectToOtherHost:
+    """Turns the responses of one host into 302s to pages of another, which
+    Scrapy's RedirectMiddleware then follows: the redirected request is a copy
+    of the first, whose ``meta["download_slot"]`` the downloader had set."""
+
+    source = target = ""
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        if urlparse_cached(request).hostname != self.source:
+            return response
+        page = request.url.rsplit("/", 1)[-1]
+        location = f"{self.target}/page/{1000 + int(page)}"
+        return response.replace(status=302, headers={"Location": location})
+
+
+@pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
+@deferred_f_from_coro_f
+async def test_a_redirect_to_another_host_counts_for_that_host(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.2, links=0)])
+    _RedirectToOtherHost.source = hosts.hostnames[0]
+    _RedirectToOtherHost.target = hosts.url(1, "/").rstrip("/")
+    crawler = await crawl(
+        interleave(hosts.start_urls(0, 30), hosts.start_urls(1, 30)),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        CONCURRENT_REQUESTS_PER_DOMAIN=2,
+        DOWNLOADER_MIDDLEWARES={f"{__name__}._RedirectToOtherHost": 950},
+    )
+    source, target = hosts.all_stats(arrivals=False)
+    assert source.served == 30
+    assert target.served == 60
+    # The redirects went to the target host's queue and limit, not the source's.
+    assert target.max_in_flight <= 2
+    assert crawler.stats is not None
+    key = f"hostqueue/hosts/{hosts.hostnames[1]}"
+    assert crawler.stats.get_value(f"{key}/request_count") == 60
+
+
+@pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
+@deferred_f_from_coro_f
+async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """Every other body takes 0.9 s: with prefetch the next request, handed
+    out on time, waits for a send slot, and the one after it must still keep
+    the delay from the moment that one went."""
+    hosts = local_hosts(
+        [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=0.9)]
+    )
+    await crawl(
+        hosts.start_urls(0, 6),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        DOWNLOAD_DELAY=0.5,
+        DOWNLOAD_DELAY_JITTER=0,
+    )
+    stats = hosts.stats(0)
+    assert stats.served == 6
+    gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
+    assert min(gaps) >= 0.475, gaps
+
+
+@deferred_f_from_coro_f
+async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
+    local_hosts: HostsFactory, tmp_path: Any
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.001, links=0)])
+    jobdir = str(tmp_path / "job")
+
+    class Blocking(PageSpider):
+        def parse(self, response: Response) -> Any:
+            scheduler = self.crawler.engine.scheduler
+            assert isinstance(scheduler, HostQueueScheduler)
+            scheduler.block_until(hosts.hostnames[0], time.monotonic() + 3, "test")
+            self.seen.append(response.url)
+            raise CloseSpider("stopped")
+
+    # The host's only request is done when the crawl stops: nothing of it is
+    # queued, and (without an idle grace) the frontier has retired it, with
+    # the block it gets meanwhile.
+    await crawl(
+        hosts.start_urls(0, 1),
+        spider_cls=Blocking,
+        SCHEDULER=SCHEDULER,
+        JOBDIR=jobdir,
+        HOSTQUEUE_IDLE_GRACE=0,
+    )
+    assert hosts.stats(0).served == 1
+    hosts.reset()
+    resumed_at = time.monotonic()
+    # A request the resumed crawl finds for the host waits for the block.
+    await crawl([hosts.url(0, "/page/7")], SCHEDULER=SCHEDULER, JOBDIR=jobdir)
+    arrivals = hosts.stats(0).arrivals
+    assert len(arrivals) == 1
+    assert arrivals[0] - resumed_at >= 1.5
