@@ -24,6 +24,14 @@ _MISSING = object()
 #: cores, 7,000 cut the time spent in garbage collection by 55-70 %; 20,000
 #: gained little more.
 GC_YOUNG_THRESHOLD = 7_000
+#: The longest a setting may make a host wait (a block, a cool-down, a delay):
+#: a day. Longer would stall a crawl that still has work for the host, and a
+#: graceful stop waits for requests already handed out.
+_MAX_WAIT = 86_400.0
+#: ``gc.set_threshold`` takes a C int.
+_MAX_GC_THRESHOLD = 2**31 - 1
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def _raw(settings: BaseSettings, name: str) -> Any:
@@ -38,24 +46,36 @@ def _number(
     *,
     minimum: float = 0.0,
     strict: bool = False,
-    finite: bool = False,
+    maximum: float | None = None,
 ) -> float:
+    """A finite number of seconds (or of anything else) in range."""
     value = _raw(settings, name)
     if value is None:
         return default
+    if isinstance(value, bool):
+        raise HostQueueSettingsError(f"{name} must be a number, got {value!r}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise HostQueueSettingsError(f"{name} must be a number, got {value!r}") from None
     if math.isnan(number) or (strict and number <= minimum) or number < minimum:
         relation = ">" if strict else ">="
         raise HostQueueSettingsError(f"{name} must be {relation} {minimum:g}, got {value!r}")
-    if finite and math.isinf(number):
+    if math.isinf(number):
         raise HostQueueSettingsError(f"{name} must be a finite number, got {value!r}")
+    if maximum is not None and number > maximum:
+        raise HostQueueSettingsError(f"{name} must be <= {maximum:g}, got {value!r}")
     return number
 
 
-def _integer(settings: BaseSettings, name: str, default: int, *, minimum: int = 0) -> int:
+def _integer(
+    settings: BaseSettings,
+    name: str,
+    default: int,
+    *,
+    minimum: int = 0,
+    maximum: int | None = None,
+) -> int:
     value = _raw(settings, name)
     if value is None:
         return default
@@ -63,23 +83,35 @@ def _integer(settings: BaseSettings, name: str, default: int, *, minimum: int = 
         raise HostQueueSettingsError(f"{name} must be an integer, got {value!r}")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise HostQueueSettingsError(f"{name} must be an integer, got {value!r}") from None
     if isinstance(value, float) and value != number:
         raise HostQueueSettingsError(f"{name} must be an integer, got {value!r}")
     if number < minimum:
         raise HostQueueSettingsError(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and number > maximum:
+        raise HostQueueSettingsError(f"{name} must be <= {maximum}, got {value!r}")
     return number
 
 
 def _boolean(settings: BaseSettings, name: str, default: bool) -> bool:
+    """``True``/``False``, ``1``/``0``, or one of their usual spellings in a
+    string (as from the command line); anything else is refused rather than
+    read as ``bool(int(value))``."""
     value = _raw(settings, name)
     if value is None:
         return default
-    try:
-        return settings.getbool(name)
-    except ValueError:
-        raise HostQueueSettingsError(f"{name} must be a boolean, got {value!r}") from None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise HostQueueSettingsError(f"{name} must be a boolean, got {value!r}")
 
 
 def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -> frozenset[int]:
@@ -88,16 +120,26 @@ def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -
         return frozenset(default)
     if isinstance(value, str):
         value = [part for part in value.replace(",", " ").split() if part]
-    try:
-        codes = frozenset(int(code) for code in value)
-    except (TypeError, ValueError):
-        raise HostQueueSettingsError(
-            f"{name} must be a list of HTTP status codes, got {value!r}"
-        ) from None
+    if isinstance(value, dict) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise HostQueueSettingsError(f"{name} must be a list of HTTP status codes, got {value!r}")
+    codes: set[int] = set()
+    for item in value:
+        code = int(item) if isinstance(item, str) and item.strip().isdigit() else item
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise HostQueueSettingsError(
+                f"{name} must be a list of HTTP status codes, got {value!r}"
+            )
+        codes.add(code)
     bad = sorted(code for code in codes if not 100 <= code <= 599)
     if bad:
         raise HostQueueSettingsError(f"{name} holds values that are not HTTP status codes: {bad!r}")
-    return codes
+    successes = sorted(code for code in codes if code < 300)
+    if successes:
+        raise HostQueueSettingsError(
+            f"{name} holds statuses that are not errors, so every such answer would "
+            f"slow the host down: {successes!r}"
+        )
+    return frozenset(codes)
 
 
 @dataclass(frozen=True)
@@ -149,30 +191,34 @@ class HostQueueConfig:
             )
         floor = _integer(settings, "HOSTQUEUE_AIMD_FLOOR", 1, minimum=1)
         ceiling = _integer(settings, "HOSTQUEUE_AIMD_CEILING", per_domain, minimum=1)
-        start = _integer(settings, "HOSTQUEUE_AIMD_START", min(2, ceiling), minimum=1)
+        start = _integer(settings, "HOSTQUEUE_AIMD_START", min(max(2, floor), ceiling), minimum=1)
         if not floor <= start <= ceiling:
             raise HostQueueSettingsError(
                 "HOSTQUEUE_AIMD_FLOOR <= HOSTQUEUE_AIMD_START <= HOSTQUEUE_AIMD_CEILING "
                 f"must hold, got {floor} <= {start} <= {ceiling}"
             )
-        fast = _number(settings, "HOSTQUEUE_AIMD_FAST_LATENCY", 0.5, strict=True)
-        slow = _number(settings, "HOSTQUEUE_AIMD_SLOW_LATENCY", 5.0, strict=True)
+        fast = _number(settings, "HOSTQUEUE_AIMD_FAST_LATENCY", 0.5, strict=True, maximum=_MAX_WAIT)
+        slow = _number(settings, "HOSTQUEUE_AIMD_SLOW_LATENCY", 5.0, strict=True, maximum=_MAX_WAIT)
         if fast > slow:
             raise HostQueueSettingsError(
                 "HOSTQUEUE_AIMD_FAST_LATENCY must not exceed HOSTQUEUE_AIMD_SLOW_LATENCY, "
                 f"got {fast:g} > {slow:g}"
             )
-        backoff_base = _number(settings, "HOSTQUEUE_BACKOFF_BASE", 1.0, strict=True)
-        backoff_max = _number(settings, "HOSTQUEUE_BACKOFF_MAX", 60.0, strict=True)
+        backoff_base = _number(
+            settings, "HOSTQUEUE_BACKOFF_BASE", 1.0, strict=True, maximum=_MAX_WAIT
+        )
+        backoff_max = _number(
+            settings, "HOSTQUEUE_BACKOFF_MAX", 60.0, strict=True, maximum=_MAX_WAIT
+        )
         if backoff_base > backoff_max:
             raise HostQueueSettingsError(
                 "HOSTQUEUE_BACKOFF_BASE must not exceed HOSTQUEUE_BACKOFF_MAX, "
                 f"got {backoff_base:g} > {backoff_max:g}"
             )
         max_active = _integer(settings, "HOSTQUEUE_MAX_ACTIVE_HOSTS", global_concurrency, minimum=0)
-        # Infinite: an idle host would keep its place, and the hosts waiting
-        # for one would wait, for ever.
-        idle_grace = _number(settings, "HOSTQUEUE_IDLE_GRACE", 0.1, finite=True)
+        # An idle host keeps its place, and the hosts waiting for one wait,
+        # that long: meant for the links of a last response, not minutes.
+        idle_grace = _number(settings, "HOSTQUEUE_IDLE_GRACE", 0.1, maximum=60.0)
         timeline = _raw(settings, "HOSTQUEUE_TIMELINE_FILE")
         if timeline is not None and not isinstance(timeline, str):
             raise HostQueueSettingsError(
@@ -188,7 +234,11 @@ class HostQueueConfig:
             global_concurrency=global_concurrency,
             gc_freeze=_boolean(settings, "HOSTQUEUE_GC_FREEZE", True),
             gc_young_threshold=_integer(
-                settings, "HOSTQUEUE_GC_YOUNG_THRESHOLD", GC_YOUNG_THRESHOLD, minimum=0
+                settings,
+                "HOSTQUEUE_GC_YOUNG_THRESHOLD",
+                GC_YOUNG_THRESHOLD,
+                minimum=0,
+                maximum=_MAX_GC_THRESHOLD,
             ),
             aimd_start=start,
             aimd_floor=floor,
@@ -199,13 +249,17 @@ class HostQueueConfig:
                 settings, "HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES", (429, 503)
             ),
             aimd_debug=_boolean(settings, "HOSTQUEUE_AIMD_DEBUG", False),
-            retry_after_max=_number(settings, "HOSTQUEUE_RETRY_AFTER_MAX", 300.0, strict=True),
+            retry_after_max=_number(
+                settings, "HOSTQUEUE_RETRY_AFTER_MAX", 300.0, strict=True, maximum=_MAX_WAIT
+            ),
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             crawl_delay_enabled=_boolean(settings, "HOSTQUEUE_CRAWL_DELAY_ENABLED", True),
-            crawl_delay_max=_number(settings, "HOSTQUEUE_CRAWL_DELAY_MAX", 30.0),
+            crawl_delay_max=_number(settings, "HOSTQUEUE_CRAWL_DELAY_MAX", 30.0, maximum=_MAX_WAIT),
             error_budget=_integer(settings, "HOSTQUEUE_ERROR_BUDGET", 5, minimum=1),
-            error_cooldown=_number(settings, "HOSTQUEUE_ERROR_COOLDOWN", 10.0, strict=True),
+            error_cooldown=_number(
+                settings, "HOSTQUEUE_ERROR_COOLDOWN", 10.0, strict=True, maximum=_MAX_WAIT
+            ),
             error_max_cooldowns=_integer(settings, "HOSTQUEUE_ERROR_MAX_COOLDOWNS", 3, minimum=0),
             dns_cache_ttl=_number(settings, "HOSTQUEUE_DNS_CACHE_TTL", 300.0),
             stats_enabled=_boolean(settings, "HOSTQUEUE_STATS_ENABLED", True),

@@ -102,6 +102,11 @@ class HostQueueStats:
             # Switched off on purpose: no warning (Scrapy logs NotConfigured's message).
             raise NotConfigured
         if config.timeline_file:
+            if os.path.isdir(config.timeline_file):
+                raise HostQueueSettingsError(
+                    f"HOSTQUEUE_TIMELINE_FILE must be a file path, got the directory "
+                    f"{config.timeline_file!r}"
+                )
             directory = os.path.dirname(os.path.abspath(config.timeline_file))
             if not os.path.isdir(directory):
                 raise HostQueueSettingsError(

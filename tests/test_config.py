@@ -1,0 +1,153 @@
+"""HostQueueConfig: every bad value of a setting is refused at start with an
+error naming the setting and the value; good spellings are read as meant."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+from scrapy.utils.test import get_crawler
+
+from scrapy_hostqueue import HostQueueSettingsError
+from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue.stats import HostQueueStats
+from tests.crawling import PageSpider
+
+DURATIONS = [
+    "HOSTQUEUE_IDLE_GRACE",
+    "HOSTQUEUE_AIMD_FAST_LATENCY",
+    "HOSTQUEUE_AIMD_SLOW_LATENCY",
+    "HOSTQUEUE_RETRY_AFTER_MAX",
+    "HOSTQUEUE_BACKOFF_BASE",
+    "HOSTQUEUE_BACKOFF_MAX",
+    "HOSTQUEUE_CRAWL_DELAY_MAX",
+    "HOSTQUEUE_ERROR_COOLDOWN",
+    "HOSTQUEUE_DNS_CACHE_TTL",
+    "HOSTQUEUE_LOG_INTERVAL",
+    "HOSTQUEUE_TIMELINE_INTERVAL",
+]
+INTEGERS = [
+    "HOSTQUEUE_MAX_ACTIVE_HOSTS",
+    "HOSTQUEUE_TURN_REQUESTS",
+    "HOSTQUEUE_PREFETCH",
+    "HOSTQUEUE_REMEMBER_HOSTS",
+    "HOSTQUEUE_GC_YOUNG_THRESHOLD",
+    "HOSTQUEUE_AIMD_CEILING",
+    "HOSTQUEUE_ERROR_BUDGET",
+    "HOSTQUEUE_ERROR_MAX_COOLDOWNS",
+    "HOSTQUEUE_STATS_MAX_HOSTS",
+]
+BOOLEANS = [
+    "HOSTQUEUE_GC_FREEZE",
+    "HOSTQUEUE_AIMD_DEBUG",
+    "HOSTQUEUE_CRAWL_DELAY_ENABLED",
+    "HOSTQUEUE_STATS_ENABLED",
+]
+
+
+def config(**values: Any) -> HostQueueConfig:
+    return HostQueueConfig.from_settings(Settings(values))
+
+
+def refused(name: str, value: Any, **others: Any) -> str:
+    with pytest.raises(HostQueueSettingsError) as info:
+        config(**{name: value}, **others)
+    message = str(info.value)
+    assert name in message
+    return message
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+@pytest.mark.parametrize("value", [math.inf, "inf", -math.inf, math.nan, 10**400, "soon", True])
+def test_a_duration_must_be_a_finite_number(name: str, value: Any) -> None:
+    refused(name, value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        # Blocks and cool-downs of more than a day would stall the crawl, and
+        # a graceful stop, that long.
+        ("HOSTQUEUE_RETRY_AFTER_MAX", 1e8),
+        ("HOSTQUEUE_BACKOFF_MAX", 1e308),
+        ("HOSTQUEUE_ERROR_COOLDOWN", 1e300),
+        ("HOSTQUEUE_CRAWL_DELAY_MAX", 90_000),
+        ("HOSTQUEUE_IDLE_GRACE", 1e12),
+    ],
+)
+def test_waits_beyond_their_bound_are_refused(name: str, value: float) -> None:
+    assert "<=" in refused(name, value)
+
+
+def test_a_backoff_base_beyond_a_day_is_refused_with_a_larger_max() -> None:
+    refused("HOSTQUEUE_BACKOFF_BASE", 1e308, HOSTQUEUE_BACKOFF_MAX=1e308)
+
+
+@pytest.mark.parametrize("name", INTEGERS)
+@pytest.mark.parametrize("value", [math.inf, "1e400", 2.5, [], True])
+def test_an_integer_setting_refuses_what_is_not_an_integer(name: str, value: Any) -> None:
+    refused(name, value)
+
+
+def test_the_gc_threshold_must_fit_python_s() -> None:
+    refused("HOSTQUEUE_GC_YOUNG_THRESHOLD", 2**70)
+    assert config(HOSTQUEUE_GC_YOUNG_THRESHOLD=2**31 - 1).gc_young_threshold == 2**31 - 1
+
+
+@pytest.mark.parametrize("name", BOOLEANS)
+@pytest.mark.parametrize("value", [0.5, 2, [], [1], "maybe", {}])
+def test_a_boolean_setting_refuses_what_is_not_a_boolean(name: str, value: Any) -> None:
+    refused(name, value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),
+        (False, False),
+        (1, True),
+        (0, False),
+        ("true", True),
+        ("False", False),
+        ("0", False),
+        (" yes ", True),
+        ("off", False),
+    ],
+)
+def test_boolean_spellings(value: Any, expected: bool) -> None:
+    assert config(HOSTQUEUE_GC_FREEZE=value).gc_freeze is expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[429.7], {"429": 1}, [200, 429], [204], ["429x"], "soon", 429, [True], [99], [600]],
+)
+def test_backoff_codes_must_be_error_statuses(value: Any) -> None:
+    refused("HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES", value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [([429, 503], {429, 503}), ("429, 503", {429, 503}), (["403"], {403}), ([], set())],
+)
+def test_backoff_code_spellings(value: Any, expected: set[int]) -> None:
+    assert config(HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES=value).aimd_backoff_http_codes == expected
+
+
+def test_a_floor_alone_raises_the_default_start() -> None:
+    raised = config(HOSTQUEUE_AIMD_FLOOR=3, CONCURRENT_REQUESTS_PER_DOMAIN=8)
+    assert (raised.aimd_floor, raised.aimd_start, raised.aimd_ceiling) == (3, 3, 8)
+    default = config(CONCURRENT_REQUESTS_PER_DOMAIN=8)
+    assert (default.aimd_floor, default.aimd_start) == (1, 2)
+    # A start the user set below the floor is still refused.
+    refused("HOSTQUEUE_AIMD_START", 2, HOSTQUEUE_AIMD_FLOOR=3, CONCURRENT_REQUESTS_PER_DOMAIN=8)
+
+
+def test_a_timeline_file_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    crawler = get_crawler(PageSpider, {"HOSTQUEUE_TIMELINE_FILE": str(tmp_path)})
+    with pytest.raises(HostQueueSettingsError, match="HOSTQUEUE_TIMELINE_FILE") as info:
+        HostQueueStats.from_crawler(crawler)
+    assert "directory" in str(info.value)
