@@ -12,6 +12,7 @@ __all__ = [
     "AIMDMiddleware",
     "Addon",
     "AiohttpDownloadHandler",
+    "HostGivenUp",
     "HostQueueScheduler",
     "HostQueueSettingsError",
     "StartRequestsMiddleware",
@@ -24,6 +25,7 @@ _LAZY = {
     "AIMDMiddleware": "scrapy_hostqueue.middleware",
     "Addon": "scrapy_hostqueue.addon",
     "AiohttpDownloadHandler": "scrapy_hostqueue.handler",
+    "HostGivenUp": "scrapy_hostqueue.scheduler",
     "HostQueueScheduler": "scrapy_hostqueue.scheduler",
     "HostQueueSettingsError": "scrapy_hostqueue._config",
     "StartRequestsMiddleware": "scrapy_hostqueue.start",
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from scrapy_hostqueue.addon import Addon
     from scrapy_hostqueue.handler import AiohttpDownloadHandler
     from scrapy_hostqueue.middleware import AIMDMiddleware
-    from scrapy_hostqueue.scheduler import HostQueueScheduler
+    from scrapy_hostqueue.scheduler import HostGivenUp, HostQueueScheduler
     from scrapy_hostqueue.start import StartRequestsMiddleware
 
 

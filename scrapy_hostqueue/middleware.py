@@ -36,6 +36,7 @@ from scrapy_hostqueue.scheduler import (
     MAX_REQUEUES,
     META_REQUEUED,
     HostBlocked,
+    HostGivenUp,
     HostQueueScheduler,
 )
 from scrapy_hostqueue.stats import get_recorder, stat_key
@@ -240,6 +241,9 @@ class AIMDMiddleware:
 
     def process_request(self, request: Request) -> Request | None:
         scheduler = self._scheduler()
+        refused = scheduler.refused_host(request)
+        if refused is not None:
+            raise HostGivenUp(refused)
         host = scheduler.host_of(request)
         now = self.clock()
         crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
@@ -293,6 +297,8 @@ class AIMDMiddleware:
             # Held at the send gate when its host got blocked: not a failure
             # of the host.
             return self._requeue(request, exception.host, exception.reason)
+        if isinstance(exception, HostGivenUp):
+            return None  # raised here, for the errback
         started = request.meta.get(META_START)
         if started is None:
             return None
@@ -362,7 +368,8 @@ class AIMDMiddleware:
             self.recorder.host_given_up(host, dropped)
             logger.warning(
                 "Giving up host %s: %d failures in a row after %d cool-down(s) (last: %s); "
-                "dropped %d queued request(s), new ones are refused",
+                "its %d queued request(s), and any new one, go to their errbacks with "
+                "HostGivenUp (an IgnoreRequest)",
                 host,
                 self.config.error_budget,
                 self.config.error_max_cooldowns,

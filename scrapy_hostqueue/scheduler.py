@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.asyncio import call_later
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -61,6 +62,17 @@ class HostBlocked(Exception):
         super().__init__(f"host {host} is blocked ({reason}): the request goes back to the queue")
         self.host = host
         self.reason = reason
+
+
+class HostGivenUp(IgnoreRequest):
+    """What the errback of a request gets when its host was given up (too
+    many connection failures in a row, see ``HOSTQUEUE_ERROR_MAX_COOLDOWNS``):
+    the request was queued when that happened, or came later. A subclass of
+    Scrapy's ``IgnoreRequest``, as for requests robots.txt forbids."""
+
+    def __init__(self, host: str) -> None:
+        super().__init__(f"host {host} was given up after repeated connection failures")
+        self.host = host
 
 
 class PolicyHook(Protocol):
@@ -142,6 +154,11 @@ class HostQueueScheduler(BaseScheduler):
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
+        # Requests of given-up hosts on their way to their errbacks: queued
+        # here, then handed out (``_refusing``) for the AIMD middleware to
+        # raise HostGivenUp.
+        self._refused: deque[tuple[str, Request]] = deque()
+        self._refusing: dict[Request, str] = {}
         self._wakeup: CallLaterResult | None = None
         self._wakeup_at = 0.0
         self._undo_hook: Any = None
@@ -226,10 +243,10 @@ class HostQueueScheduler(BaseScheduler):
         return self.df.close(reason)
 
     def has_pending_requests(self) -> bool:
-        return len(self.frontier) > 0
+        return len(self.frontier) > 0 or bool(self._refused)
 
     def __len__(self) -> int:
-        return len(self.frontier)
+        return len(self.frontier) + len(self._refused)
 
     def enqueue_request(self, request: Request) -> bool:
         if not request.dont_filter and self.df.request_seen(request):
@@ -238,6 +255,13 @@ class HostQueueScheduler(BaseScheduler):
         return self._push(request)
 
     def next_request(self) -> Request | None:
+        if self._refused:
+            # No host limit: the AIMD middleware fails them at once.
+            host, request = self._refused.popleft()
+            self._refusing[request] = host
+            self.stats.inc_value("scheduler/dequeued/memory")
+            self.stats.inc_value("scheduler/dequeued")
+            return request
         popped = self.frontier.pop()
         if popped is None:
             if len(self.frontier):
@@ -410,14 +434,22 @@ class HostQueueScheduler(BaseScheduler):
         self.frontier.set_interval(host, interval, jitter=0.0)
 
     def give_up(self, host: str) -> int:
-        """Drop the queued requests of *host* and refuse new ones; returns how
-        many were dropped."""
+        """Refuse the requests of *host*: those queued, returned (their
+        number), and any that come later. Each is handed out once more, for
+        the AIMD middleware to fail it with :class:`HostGivenUp`, so that its
+        errback hears of it."""
         dropped = self.frontier.give_up(host)
-        for request in dropped:
-            self.crawler.signals.send_catch_log(
-                signals.request_dropped, request=request, spider=self.spider
-            )
+        self._refused.extend((host, request) for request in dropped)
+        if dropped:
+            internals.wake_engine(self.crawler)
         return len(dropped)
+
+    def refused_host(self, request: Request) -> str | None:
+        """The host of *request* if it was handed out only to be refused
+        (its host was given up)."""
+        if not self._refusing:
+            return None
+        return self._refusing.pop(request, None)
 
     # -- internals -----------------------------------------------------------
 
@@ -443,13 +475,16 @@ class HostQueueScheduler(BaseScheduler):
         if not self.frontier.push(host, request_rank(request), request):
             self.recorder.requests_dropped(host)
             if self.debug:
-                logger.debug("Dropped %s: host %s was given up", request, host)
-            return False
+                logger.debug("Refusing %s: host %s was given up", request, host)
+            self._refused.append((host, request))
         self.stats.inc_value("scheduler/enqueued/memory")
         self.stats.inc_value("scheduler/enqueued")
         return True
 
     def _request_left(self, request: Request) -> None:
+        if self._refusing:
+            # One that a middleware before the AIMD one answered or refused.
+            self._refusing.pop(request, None)
         host = self._handed_out.pop(request, None)
         if host is not None:
             # The per-host request stats are taken here, off the engine's
@@ -513,7 +548,9 @@ class HostQueueScheduler(BaseScheduler):
     def _save_state(self) -> None:
         requests: list[tuple[str, dict[str, Any]]] = []
         unserializable = 0
-        for host, _rank, request in self.frontier.items():
+        # Requests of given-up hosts too: the host may be back next time.
+        queued = [(host, request) for host, _rank, request in self.frontier.items()]
+        for host, request in [*queued, *self._refused]:
             try:
                 requests.append((host, request.to_dict(spider=self.spider)))
             except ValueError:

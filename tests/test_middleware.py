@@ -72,6 +72,7 @@ class StandInScheduler(HostQueueScheduler):
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
         self._handed_out: dict[Request, str] = {}
+        self._refusing: dict[Request, str] = {}
 
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request()."""

@@ -9,7 +9,7 @@ import logging
 import math
 import pickle
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,10 @@ from scrapy.exceptions import CloseSpider
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
+from twisted.python.failure import Failure
 
-from scrapy_hostqueue.scheduler import STATE_FILE
+from scrapy_hostqueue.middleware import CONNECTION_ERRORS
+from scrapy_hostqueue.scheduler import STATE_FILE, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import OUR_HANDLER, SCHEDULER, SCRAPY_HTTP11, PageSpider, interleave, settings
@@ -322,6 +324,19 @@ async def test_crawl_delay_can_be_switched_off(local_hosts: HostsFactory) -> Non
 # -- error budget -------------------------------------------------------------------
 
 
+class ErrbackSpider(StoppableSpider):
+    """Gives every request an errback and records what each failure was."""
+
+    async def start(self) -> AsyncIterator[Any]:
+        self.failures: list[tuple[str, type[BaseException]]] = []
+        for url in self.start_urls:
+            yield Request(url, errback=self.failed)
+
+    def failed(self, failure: Failure) -> None:
+        assert isinstance(failure.request, Request)  # type: ignore[attr-defined]
+        self.failures.append((failure.request.url, failure.type))  # type: ignore[attr-defined]
+
+
 @deferred_f_from_coro_f
 async def test_a_refusing_host_is_parked_then_given_up(
     local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
@@ -329,15 +344,29 @@ async def test_a_refusing_host_is_parked_then_given_up(
     hosts = local_hosts([HostSpec(refuse=True), HostSpec(latency=0.01)])
     refusing = hosts.hostnames[0]
     start = interleave(hosts.start_urls(0, 30), hosts.start_urls(1, 30))
-    crawler = make_crawler(
-        HOSTQUEUE_ERROR_BUDGET=3,
-        HOSTQUEUE_ERROR_COOLDOWN=0.2,
-        HOSTQUEUE_ERROR_MAX_COOLDOWNS=2,
-        RETRY_TIMES=5,
+    crawler = get_crawler(
+        ErrbackSpider,
+        aimd_settings(
+            HOSTQUEUE_ERROR_BUDGET=3,
+            HOSTQUEUE_ERROR_COOLDOWN=0.2,
+            HOSTQUEUE_ERROR_MAX_COOLDOWNS=2,
+            RETRY_TIMES=5,
+        ),
     )
     with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
         await crawler.crawl_async(start_urls=start)
     assert stat(crawler, "finish_reason") == "finished"
+    # Every request of the refusing host reached its errback exactly once:
+    # a connection error after its retries, or HostGivenUp once the host was
+    # given up (queued then, or a retry that came later).
+    spider = crawler.spider
+    assert isinstance(spider, ErrbackSpider)
+    failed_urls = [url for url, _ in spider.failures]
+    assert sorted(failed_urls) == sorted(hosts.start_urls(0, 30))
+    given_up = [url for url, kind in spider.failures if issubclass(kind, HostGivenUp)]
+    assert given_up
+    others = [kind for _, kind in spider.failures if not issubclass(kind, HostGivenUp)]
+    assert all(issubclass(kind, CONNECTION_ERRORS) for kind in others), others
     hosts.wait_idle()
     assert hosts.stats(1).served == 30
     assert stat(crawler, stat_key("hosts_parked_count")) == 2
