@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.settings import BaseSettings
 
 __all__ = ["AiohttpDownloadHandler"]
 
@@ -115,22 +116,27 @@ def _require_asyncio(crawler: Crawler) -> None:
         )
 
 
-def _pool_limits(config: HostQueueConfig) -> tuple[int, int]:
-    """``(total, per_host)`` connection limits for *config*; 0 means no limit.
+def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, int]:
+    """``(total, per_host)`` connection limits; 0 means no limit.
 
-    Per host: the AIMD ceiling (``CONCURRENT_REQUESTS_PER_DOMAIN`` unless
-    ``HOSTQUEUE_AIMD_CEILING`` is set), the most the scheduler ever gives one
-    host. Total: ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` x that ceiling, so that every
-    host holding one of the scheduler's active places keeps its keep-alive
-    connections between two of its requests (``CONCURRENT_REQUESTS`` bounds
-    the requests in flight, not the idle sockets); without that cap,
-    ``CONCURRENT_REQUESTS``.
+    Per host: the most the scheduler may give one host, i.e. the AIMD ceiling
+    (``CONCURRENT_REQUESTS_PER_DOMAIN`` unless ``HOSTQUEUE_AIMD_CEILING`` is
+    set) or, for the scheduler without the AIMD middleware, a larger
+    ``DOWNLOAD_SLOTS`` concurrency or ``CONCURRENT_REQUESTS_PER_IP``. Total:
+    ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` (without that cap, ``CONCURRENT_REQUESTS``)
+    x the ceiling, so that every host the scheduler is working on keeps its
+    keep-alive connections between two of its requests
+    (``CONCURRENT_REQUESTS`` bounds the requests in flight, not the idle
+    sockets, which count against the total).
     """
-    per_host = config.aimd_ceiling
-    if config.max_active_hosts:
-        total = config.max_active_hosts * per_host
-    else:
-        total = max(config.global_concurrency, 0)
+    slots: dict[str, Any] = settings.getdict("DOWNLOAD_SLOTS")
+    largest = [config.aimd_ceiling, settings.getint("CONCURRENT_REQUESTS_PER_IP")]
+    for slot in slots.values():
+        if isinstance(slot, dict) and "concurrency" in slot:
+            largest.append(int(slot["concurrency"]))
+    per_host = max(largest)
+    hosts = config.max_active_hosts or max(config.global_concurrency, 0)
+    total = max(hosts * config.aimd_ceiling, per_host) if hosts else 0
     return total, per_host
 
 
@@ -267,7 +273,7 @@ class _SharedPool:
     def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
         self.crawler = crawler
         self.config = config
-        self.total, self.per_host = _pool_limits(config)
+        self.total, self.per_host = _pool_limits(config, crawler.settings)
         # DNSCACHE_ENABLED=False turns Scrapy's own DNS cache off; honour it here.
         self.dns_cache = config.dns_cache_ttl > 0 and crawler.settings.getbool(
             "DNSCACHE_ENABLED", True

@@ -424,9 +424,13 @@ async def _crawl(
         ({"CONCURRENT_REQUESTS": 100, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 5}, (40, 8)),
         ({"CONCURRENT_REQUESTS": 4, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10}, (80, 8)),
         ({"CONCURRENT_REQUESTS": 0, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10}, (80, 8)),
-        # No active-host cap: CONCURRENT_REQUESTS (0: no limit).
-        ({"CONCURRENT_REQUESTS": 24, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 0}, (24, 8)),
+        # No active-host cap: CONCURRENT_REQUESTS hosts (0: no limit).
+        ({"CONCURRENT_REQUESTS": 24, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 0}, (192, 8)),
         ({"CONCURRENT_REQUESTS": 0, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 0}, (0, 8)),
+        # A slot allowed more than the ceiling (the scheduler without the
+        # AIMD middleware gives it that much).
+        ({"DOWNLOAD_SLOTS": {"big": {"concurrency": 16}, "small": {"delay": 1}}}, (128, 16)),
+        ({"CONCURRENT_REQUESTS": 2, "DOWNLOAD_SLOTS": {"big": {"concurrency": 30}}}, (30, 30)),
         (
             {"CONCURRENT_REQUESTS": 64, "HOSTQUEUE_AIMD_CEILING": 3, "HOSTQUEUE_AIMD_START": 2},
             (192, 3),
@@ -435,7 +439,9 @@ async def _crawl(
 )
 def test_pool_limits(settings: dict[str, Any], expected: tuple[int, int]) -> None:
     crawler = get_crawler(settings_dict=settings)
-    assert _pool_limits(HostQueueConfig.from_settings(crawler.settings)) == expected
+    assert (
+        _pool_limits(HostQueueConfig.from_settings(crawler.settings), crawler.settings) == expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -784,7 +790,7 @@ async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
     assert len(hosts.accepted) == 500
     # The pool's total is 10 active hosts x 4. Without closing idle
     # keep-alive sockets, one per host met would stay open.
-    assert _pool_limits(HostQueueConfig.from_settings(crawler.settings))[0] == 40
+    assert _pool_limits(HostQueueConfig.from_settings(crawler.settings), crawler.settings)[0] == 40
     assert hosts.max_open_connections <= 40
     # Per-host stats stay bounded (HOSTQUEUE_STATS_MAX_HOSTS=100 named hosts).
     stats = _connection_stats(crawler)
@@ -792,6 +798,53 @@ async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
     assert sum(s.get("connections_opened_count", 0) for s in stats.values()) == sum(
         hosts.accepted.values()
     )
+
+
+@deferred_f_from_coro_f
+async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None:
+    """With ``HOSTQUEUE_MAX_ACTIVE_HOSTS = 0`` about ``CONCURRENT_REQUESTS``
+    sockets are in use at any time: a pool total of that much would close an
+    idle socket for every new one, and hosts would reconnect for most requests."""
+
+    def slow(received: Received) -> Reply:
+        return Reply(head_delay=0.02)
+
+    # As many hosts as CONCURRENT_REQUESTS: the pool keeps all their sockets.
+    addresses = [f"127.0.0.{i}" for i in range(2, 6)]
+    settings = {
+        "SCHEDULER": "scrapy_hostqueue.HostQueueScheduler",
+        "CONCURRENT_REQUESTS": 4,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "HOSTQUEUE_MAX_ACTIVE_HOSTS": 0,
+    }
+    async with serving(addresses, slow) as hosts:
+        urls = [hosts.url(a, f"/{n}") for n in range(15) for a in addresses]
+        _crawler, spider = await _crawl(settings, urls)
+    assert len(spider.responses) == 60
+    # At most 2 connections per host (its limit), each reused.
+    assert all(hosts.accepted[a] <= 2 for a in addresses), hosts.accepted
+    assert all(hosts.max_inflight[a] <= 2 for a in addresses)
+
+
+@deferred_f_from_coro_f
+async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections() -> None:
+    """The scheduler without the AIMD middleware gives a host its
+    ``DOWNLOAD_SLOTS`` concurrency; the pool must not hold it lower."""
+
+    def slow(received: Received) -> Reply:
+        return Reply(head_delay=0.1)
+
+    settings = {
+        "SCHEDULER": "scrapy_hostqueue.HostQueueScheduler",
+        "CONCURRENT_REQUESTS": 32,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+        "DOWNLOAD_SLOTS": {"127.0.0.2": {"concurrency": 12}},
+    }
+    async with serving(["127.0.0.2"], slow) as hosts:
+        urls = [hosts.url("127.0.0.2", f"/{n}") for n in range(48)]
+        _crawler, spider = await _crawl(settings, urls)
+    assert len(spider.responses) == 48
+    assert hosts.max_inflight["127.0.0.2"] == 12
 
 
 # -- crawls ----------------------------------------------------------------------
