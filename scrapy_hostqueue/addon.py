@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.misc import load_object
 
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue.middleware import _is_hostqueue_scheduler as _is_hostqueue_class
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -34,22 +37,42 @@ CONCURRENT_ITEMS = 16
 
 
 def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
-    """Refuse to start, naming *component*, unless the asyncio reactor is configured."""
-    enabled = settings.getbool("TWISTED_REACTOR_ENABLED", True)
+    """Refuse to start, naming *component*, unless the crawl runs on asyncio:
+    the asyncio reactor, or no Twisted reactor at all
+    (``TWISTED_REACTOR_ENABLED = False``)."""
+    if not settings.getbool("TWISTED_REACTOR_ENABLED", True):
+        return
     reactor = settings.get("TWISTED_REACTOR")
-    if not enabled or reactor != ASYNCIO_REACTOR:
+    if reactor != ASYNCIO_REACTOR:
         raise HostQueueSettingsError(
             f"{component} needs the asyncio reactor: set TWISTED_REACTOR = "
-            f"{ASYNCIO_REACTOR!r} (got TWISTED_REACTOR={reactor!r}, "
-            f"TWISTED_REACTOR_ENABLED={enabled!r})"
+            f"{ASYNCIO_REACTOR!r} (got {reactor!r})"
         )
+
+
+def _names(key: Any) -> str:
+    """The import path a component key stands for: Scrapy takes classes as
+    keys as well as strings."""
+    if isinstance(key, str):
+        return key
+    return f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', '')}"
 
 
 def _enable(components: BaseSettings, order: int, path: str, module_path: str) -> None:
     """Add *path* to a component dict at add-on priority unless the user placed
-    it (or disabled it with ``None``) under either of its import paths."""
-    if path not in components and module_path not in components:
+    it (or disabled it with ``None``) under either of its import paths, or as
+    the class itself."""
+    if not any(_names(key) in (path, module_path) for key in components):
         components.set(path, order, priority="addon")
+
+
+def _is_hostqueue_scheduler(value: Any) -> bool:
+    """Whether a ``SCHEDULER`` value is this project's scheduler or a subclass."""
+    try:
+        cls = load_object(value) if isinstance(value, str) else value
+    except (ImportError, NameError, ValueError, AttributeError):
+        return False  # Scrapy reports a bad path when it loads the scheduler
+    return _is_hostqueue_class(cls)
 
 
 class Addon:
@@ -60,8 +83,9 @@ class Addon:
     ``HostQueueStats`` extension (periodic log line, timeline), and sets
     ``CONCURRENT_ITEMS`` to 16, at add-on priority. A value the user set
     (another ``SCHEDULER``, a middleware disabled with ``None``, another
-    handler for a scheme, ``CONCURRENT_ITEMS``) is kept. Refuses to run
-    without the asyncio reactor.
+    handler for a scheme, ``CONCURRENT_ITEMS``) is kept, whether a component
+    is named by its import path or given as a class. Refuses to run without
+    asyncio (the asyncio reactor, or ``TWISTED_REACTOR_ENABLED = False``).
 
     Usage: ``ADDONS = {"scrapy_hostqueue.Addon": 0}``.
     """
@@ -72,7 +96,7 @@ class Addon:
         HostQueueConfig.from_settings(settings)
 
         settings.set("SCHEDULER", SCHEDULER, priority="addon")
-        if settings["SCHEDULER"] != SCHEDULER:
+        if not _is_hostqueue_scheduler(settings["SCHEDULER"]):
             logger.warning(
                 "SCHEDULER is set to %s: scrapy_hostqueue.Addon leaves it; the AIMD "
                 "middleware needs HostQueueScheduler and will refuse to run",
@@ -92,9 +116,7 @@ class Addon:
             "scrapy_hostqueue.start.StartRequestsMiddleware",
         )
 
-        extensions = settings["EXTENSIONS"]
-        if EXTENSION not in extensions:
-            extensions.set(EXTENSION, 0, priority="addon")
+        _enable(settings["EXTENSIONS"], 0, EXTENSION, EXTENSION)
 
         settings.set("CONCURRENT_ITEMS", CONCURRENT_ITEMS, priority="addon")
 
