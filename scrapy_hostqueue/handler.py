@@ -140,6 +140,10 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
     return total, per_host
 
 
+#: Longest response status or header line accepted, in bytes.
+_MAX_HEADER_LINE = 65_536
+
+
 class _Download:
     """What the connector learns about the download of the current task."""
 
@@ -369,6 +373,10 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             response_class=_ClientResponse,
+            # aiohttp refuses a response header line over 8,190 bytes, where
+            # Scrapy's HTTP/1.1 handler takes long cookies and CSP headers.
+            max_line_size=_MAX_HEADER_LINE,
+            max_field_size=_MAX_HEADER_LINE,
             skip_auto_headers=(
                 "Accept",
                 "Accept-Encoding",

@@ -539,6 +539,20 @@ def _contract_route(received: Received) -> Reply:
 
 
 @deferred_f_from_coro_f
+async def test_long_response_headers_are_read() -> None:
+    """aiohttp's default refuses a header line over 8,190 bytes (a long
+    Set-Cookie or Content-Security-Policy); Scrapy's HTTP/1.1 handler reads it."""
+    value = "x" * 20_000
+
+    def long_header(received: Received) -> Reply:
+        return Reply(headers={"X-Long": value})
+
+    async with serving(["127.0.0.2"], long_header) as hosts, _handler() as handler:
+        response = await _download(handler, Request(hosts.url("127.0.0.2")))
+    assert response.headers[b"X-Long"] == value.encode()
+
+
+@deferred_f_from_coro_f
 async def test_status_codes_and_redirects_are_returned_as_is() -> None:
     async with serving(["127.0.0.2"], _contract_route) as hosts, _handler() as handler:
         ok = await _download(handler, Request(hosts.url("127.0.0.2", "/page")))
