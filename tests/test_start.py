@@ -119,8 +119,11 @@ async def test_responses_are_handled_while_start_requests_are_read(
 ) -> None:
     """40 pages, then 6,000 start requests the dupefilter drops: Scrapy reads
     them all while its two download slots are busy. Without the middleware the
-    spider parses nothing until the last one is read (checked by hand: 0)."""
-    hosts = local_hosts([HostSpec(latency=0.005, pages=100)])
+    spider parses nothing until the last one is read (checked by hand: 0).
+    The host runs in its own process: served from a thread of this one, it
+    had to win the GIL from the start loop, and its first response could take
+    longer than the whole reading."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=100)], process=True)
     pages = [hosts.url(0, f"/page/{i}") for i in range(40)]
     urls = pages + [pages[i % 40] for i in range(6000)]
     crawler = get_crawler(StartWatchingSpider, settings(CONCURRENT_REQUESTS=2, **wiring))
@@ -142,7 +145,7 @@ async def test_a_crawl_closed_while_start_requests_are_read_stops_reading_them(
     """CLOSESPIDER_PAGECOUNT is reached while Scrapy reads start requests (it
     could not be before, since no response was handled meanwhile): the crawl
     closes cleanly and the rest of start() is never read."""
-    hosts = local_hosts([HostSpec(latency=0.005, pages=100)])
+    hosts = local_hosts([HostSpec(latency=0.005, pages=100)], process=True)
     pages = [hosts.url(0, f"/page/{i}") for i in range(40)]
     urls = pages + [pages[i % 40] for i in range(200_000)]
     crawler = get_crawler(
