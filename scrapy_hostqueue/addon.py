@@ -50,7 +50,7 @@ def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
         )
 
 
-def _names(key: Any) -> str:
+def _import_path(key: Any) -> str:
     """The import path a component key stands for: Scrapy takes classes as
     keys as well as strings."""
     if isinstance(key, str):
@@ -62,7 +62,7 @@ def _enable(components: BaseSettings, order: int, path: str, module_path: str) -
     """Add *path* to a component dict at add-on priority unless the user placed
     it (or disabled it with ``None``) under either of its import paths, or as
     the class itself."""
-    if not any(_names(key) in (path, module_path) for key in components):
+    if not any(_import_path(key) in (path, module_path) for key in components):
         components.set(path, order, priority="addon")
 
 

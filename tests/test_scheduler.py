@@ -396,22 +396,26 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
     assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
 
 
+class _BlockingSpider(PageSpider):
+    """Blocks the host of its first response for 3 s and stops the crawl."""
+
+    def parse(self, response: Response) -> Any:
+        scheduler = self.crawler.engine.scheduler
+        assert isinstance(scheduler, HostQueueScheduler)
+        host = scheduler.host_of(response.request)
+        scheduler.block_until(host, time.monotonic() + 3, "test")
+        self.seen.append(response.url)
+        raise CloseSpider("stopped")
+
+
 @deferred_f_from_coro_f
 async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path: Any) -> None:
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
     jobdir = str(tmp_path / "job")
 
-    class Blocking(PageSpider):
-        def parse(self, response: Response) -> Any:
-            scheduler = self.crawler.engine.scheduler
-            assert isinstance(scheduler, HostQueueScheduler)
-            scheduler.block_until(hosts.hostnames[0], time.monotonic() + 3, "test")
-            self.seen.append(response.url)
-            raise CloseSpider("stopped")
-
     await crawl(
         hosts.start_urls(0, 5),
-        spider_cls=Blocking,
+        spider_cls=_BlockingSpider,
         SCHEDULER=SCHEDULER,
         JOBDIR=jobdir,
         CONCURRENT_REQUESTS_PER_DOMAIN=1,
@@ -526,20 +530,12 @@ async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
     hosts = local_hosts([HostSpec(latency=0.001, links=0)])
     jobdir = str(tmp_path / "job")
 
-    class Blocking(PageSpider):
-        def parse(self, response: Response) -> Any:
-            scheduler = self.crawler.engine.scheduler
-            assert isinstance(scheduler, HostQueueScheduler)
-            scheduler.block_until(hosts.hostnames[0], time.monotonic() + 3, "test")
-            self.seen.append(response.url)
-            raise CloseSpider("stopped")
-
     # The host's only request is done when the crawl stops: nothing of it is
     # queued, and (without an idle grace) the frontier has retired it, with
     # the block it gets meanwhile.
     await crawl(
         hosts.start_urls(0, 1),
-        spider_cls=Blocking,
+        spider_cls=_BlockingSpider,
         SCHEDULER=SCHEDULER,
         JOBDIR=jobdir,
         HOSTQUEUE_IDLE_GRACE=0,
