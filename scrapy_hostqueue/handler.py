@@ -16,7 +16,12 @@
 * a DNS cache with ``HOSTQUEUE_DNS_CACHE_TTL``;
 * per-host stats of connections opened and reused;
 * ``download_latency`` leaves out the time a request waited for a free
-  connection in the pool (kept in ``meta["hostqueue_pool_wait"]``).
+  connection in the pool (kept in ``meta["hostqueue_pool_wait"]``);
+* response headers keep the bytes the server sent, as with Scrapy's HTTP/1.1
+  handler (Scrapy's aiohttp handler fails the download on a header byte that
+  is not UTF-8, such as a Latin-1 file name in ``Content-Disposition``);
+* a GET, HEAD, OPTIONS or TRACE request without a body is sent without a
+  ``Content-Length: 0`` header, as with the HTTP/1.1 handler.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 import scrapy
+from scrapy.http import Headers
 from scrapy.utils.asyncio import is_asyncio_available
 
 from scrapy_hostqueue import _scrapy_internals as internals
@@ -266,6 +272,21 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
             excess -= 1
 
 
+class _ClientRequest(aiohttp.ClientRequest):
+    """Sends no ``Content-Length: 0`` on a bodiless GET, HEAD, OPTIONS or TRACE.
+
+    Scrapy passes every request's body, ``b""`` when there is none, and
+    aiohttp announces any body it is given, even an empty one. A request whose
+    method carries no content should not announce any (RFC 9110, 8.6), and
+    some servers and firewalls refuse a GET that does.
+    """
+
+    def __init__(self, method: str, url: Any, *, data: Any = None, **kwargs: Any) -> None:
+        if data == b"" and method.upper() in self.GET_METHODS:
+            data = None
+        super().__init__(method, url, data=data, **kwargs)
+
+
 class _SharedPool:
     """One session, pool and host table per crawler.
 
@@ -373,6 +394,7 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             response_class=_ClientResponse,
+            request_class=_ClientRequest,
             # aiohttp refuses a response header line over 8,190 bytes, where
             # Scrapy's HTTP/1.1 handler takes long cookies and CSP headers.
             max_line_size=_MAX_HEADER_LINE,
@@ -384,6 +406,13 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
                 "User-Agent",
             ),
         )
+
+    @staticmethod
+    def _extract_headers(response: Any) -> Headers:
+        # aiohttp's decoded headers turn a byte that is not UTF-8 into a lone
+        # surrogate, which Scrapy's Headers cannot encode back: the bytes the
+        # server sent are taken instead, as the HTTP/1.1 handler does.
+        return Headers(list(response.raw_headers))
 
     async def download_request(self, request: Request) -> Response:
         self._session = self._pool.get_session(self)

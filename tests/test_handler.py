@@ -553,6 +553,47 @@ async def test_long_response_headers_are_read() -> None:
 
 
 @deferred_f_from_coro_f
+async def test_response_header_bytes_are_kept_as_sent() -> None:
+    """A header byte that is not UTF-8 (here a Latin-1 file name) failed the
+    download through Scrapy's aiohttp handler; HTTP/1.1 keeps the bytes."""
+    disposition = 'attachment; filename="caf\u00e9.pdf"'
+
+    def latin1(received: Received) -> Reply:
+        return Reply(headers={"Content-Disposition": disposition, "X-Plain": "yes"})
+
+    async with serving(["127.0.0.2"], latin1) as hosts, _handler() as handler:
+        response = await _download(handler, Request(hosts.url("127.0.0.2")))
+    assert response.status == 200
+    assert response.headers[b"Content-Disposition"] == disposition.encode("latin-1")
+    assert response.headers[b"X-Plain"] == b"yes"
+
+
+@deferred_f_from_coro_f
+async def test_bodiless_get_announces_no_content_length() -> None:
+    """RFC 9110: no Content-Length on a request without content whose method
+    expects none; requests with a body, and an empty POST, keep theirs."""
+    async with serving(["127.0.0.2"], _contract_route) as hosts, _handler() as handler:
+        for path, method, body in (
+            ("/get", "GET", b""),
+            ("/options", "OPTIONS", b""),
+            ("/post-empty", "POST", b""),
+            ("/post-body", "POST", b"x=1"),
+            ("/get-body", "GET", b"abc"),
+        ):
+            await _download(
+                handler, Request(hosts.url("127.0.0.2", path), method=method, body=body)
+            )
+    lengths = {r.target: r.headers.get("content-length") for r in hosts.received}
+    assert lengths == {
+        "/get": None,
+        "/options": None,
+        "/post-empty": "0",
+        "/post-body": "3",
+        "/get-body": "3",
+    }
+
+
+@deferred_f_from_coro_f
 async def test_status_codes_and_redirects_are_returned_as_is() -> None:
     async with serving(["127.0.0.2"], _contract_route) as hosts, _handler() as handler:
         ok = await _download(handler, Request(hosts.url("127.0.0.2", "/page")))
