@@ -7,7 +7,7 @@ first in the next round: S1b A, S1 A, ...). Prints the scenarios'
 bounds, one line per crawl, the table of medians, S7's next_request costs and issue
 3's targets; writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
 
-    python -m bench                          # everything, 8.5-12.5 minutes on 2 cores
+    python -m bench                          # everything, 10-15 minutes on 2 cores
     python -m bench --scenarios S1,S1b --repeats 1
     python -m bench --repeats 3 --extra-repeats 3   # three rounds of all (about 25 minutes)
     python -m bench --quick                  # one round, a smaller budget
@@ -15,9 +15,11 @@ bounds, one line per crawl, the table of medians, S7's next_request costs and is
 Every scenario runs every configuration. Scrapy's defaults, the scheduler alone
 and the full add-on (and in S2 Scrapy with its aiohttp handler, which issue 3
 compares there) run ``--repeats`` rounds; the other stock variants (old priority
-queue, AutoThrottle) run in the first ``--extra-repeats`` rounds. A crawl stops
-at 5x its scenario's bound (at least 10 s, at most ``--time-limit``) and then
-shows as "> limit".
+queue, AutoThrottle) run in the first ``--extra-repeats`` rounds. S1 and S1b
+run those three configurations two rounds more (unless ``--repeats 1``): the
+S1 -> S1b target is the median, over the rounds, of the change between the
+round's two crawls, which run back to back. A crawl stops at 5x its scenario's
+bound (at least 10 s, at most ``--time-limit``) and then shows as "> limit".
 """
 
 from __future__ import annotations

@@ -85,6 +85,9 @@ class Summary:
     cpu_busy: float | None = None
     peak_mb: float | None = None
     fast_rate: float | None = None
+    #: The fast hosts' pages/s of every run that reached the budget, by round,
+    #: to compare two interleaved scenarios round by round.
+    fast_rates: dict[int, float] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
 
 
@@ -162,8 +165,12 @@ def server_side(run: Run, stats: list[HostStats], limits: Sequence[int]) -> None
 
 def rounds_of(scenario: Scenario, config: str, repeats: int, extra_repeats: int) -> int:
     """Crawls of *config* in *scenario*: ``repeats`` for the configurations
-    the scenario repeats, ``extra_repeats`` (at most ``repeats``) for the others."""
-    return repeats if config in scenario.repeated else min(extra_repeats, repeats)
+    the scenario repeats, plus the scenario's ``extra_rounds`` unless this is
+    a single-round run (``--repeats 1``, ``--quick``); ``extra_repeats`` (at
+    most ``repeats``) for the others."""
+    if config in scenario.repeated:
+        return repeats + (scenario.extra_rounds if repeats > 1 else 0)
+    return min(extra_repeats, repeats)
 
 
 def crawl_order(
@@ -362,6 +369,7 @@ def summarise(
             ),
             peak_mb=_median([run.peak_mb for run in measured]),
             fast_rate=_median([run.fast_rate for run in good]),
+            fast_rates={run.repeat: run.fast_rate for run in good if run.fast_rate is not None},
             times=times,
         )
         if not math.isfinite(median_time):
