@@ -68,6 +68,37 @@ def _number(
     return number
 
 
+#: Shortest period of the host log line and of the timeline rows, in seconds:
+#: shorter, writing them would take a good part of the crawl's CPU.
+_MIN_INTERVAL = 0.01
+
+
+def _interval(settings: BaseSettings, name: str, default: float, *, off: bool = False) -> float:
+    """Seconds between two periodic writes, at least :data:`_MIN_INTERVAL`
+    (or ``0``, for "never", when *off* allows it)."""
+    number = _number(settings, name, default, maximum=_MAX_WAIT)
+    if number == 0 and off:
+        return 0.0
+    if number < _MIN_INTERVAL:
+        also = " (or 0 for none)" if off else ""
+        raise HostQueueSettingsError(
+            f"{name} must be >= {_MIN_INTERVAL:g} seconds{also}, got {_raw(settings, name)!r}"
+        )
+    return number
+
+
+def _logstats_interval(settings: BaseSettings) -> float:
+    """The default of HOSTQUEUE_LOG_INTERVAL: Scrapy's LOGSTATS_INTERVAL, held
+    to :data:`_MIN_INTERVAL` (0, or anything Scrapy would not run, means none)."""
+    try:
+        value = settings.getfloat("LOGSTATS_INTERVAL", 60.0)
+    except (TypeError, ValueError):
+        return 60.0
+    if not math.isfinite(value) or value <= 0:
+        return 0.0
+    return min(max(value, _MIN_INTERVAL), _MAX_WAIT)
+
+
 def _integer(
     settings: BaseSettings,
     name: str,
@@ -264,11 +295,9 @@ class HostQueueConfig:
             dns_cache_ttl=_number(settings, "HOSTQUEUE_DNS_CACHE_TTL", 300.0),
             stats_enabled=_boolean(settings, "HOSTQUEUE_STATS_ENABLED", True),
             stats_max_hosts=_integer(settings, "HOSTQUEUE_STATS_MAX_HOSTS", 100),
-            log_interval=_number(
-                settings,
-                "HOSTQUEUE_LOG_INTERVAL",
-                settings.getfloat("LOGSTATS_INTERVAL", 60.0),
+            log_interval=_interval(
+                settings, "HOSTQUEUE_LOG_INTERVAL", _logstats_interval(settings), off=True
             ),
             timeline_file=timeline or None,
-            timeline_interval=_number(settings, "HOSTQUEUE_TIMELINE_INTERVAL", 1.0, strict=True),
+            timeline_interval=_interval(settings, "HOSTQUEUE_TIMELINE_INTERVAL", 1.0),
         )

@@ -82,6 +82,31 @@ def test_waits_beyond_their_bound_are_refused(name: str, value: float) -> None:
     assert "<=" in refused(name, value)
 
 
+@pytest.mark.parametrize("name", ["HOSTQUEUE_LOG_INTERVAL", "HOSTQUEUE_TIMELINE_INTERVAL"])
+@pytest.mark.parametrize("value", [1e-9, 0.001, "0.005", -1])
+def test_a_periodic_write_is_not_more_frequent_than_every_10_ms(name: str, value: Any) -> None:
+    # Every millisecond, the log line or the timeline row would take a good
+    # part of the crawl's CPU.
+    refused(name, value)
+
+
+def test_periodic_intervals_at_the_bounds() -> None:
+    assert config(HOSTQUEUE_LOG_INTERVAL=0.01).log_interval == 0.01
+    assert config(HOSTQUEUE_TIMELINE_INTERVAL="0.01").timeline_interval == 0.01
+    # 0: no log line; no timeline rows makes no timeline, so 0 is refused there.
+    assert config(HOSTQUEUE_LOG_INTERVAL=0).log_interval == 0
+    assert "or 0 for none" in refused("HOSTQUEUE_LOG_INTERVAL", 0.001)
+    refused("HOSTQUEUE_TIMELINE_INTERVAL", 0)
+
+
+@pytest.mark.parametrize(
+    ("logstats", "expected"),
+    [(30, 30.0), (0.0001, 0.01), (0, 0.0), (-5, 0.0), (1e12, 86_400.0)],
+)
+def test_the_log_interval_follows_logstats_interval(logstats: float, expected: float) -> None:
+    assert config(LOGSTATS_INTERVAL=logstats).log_interval == expected
+
+
 def test_a_backoff_base_beyond_a_day_is_refused_with_a_larger_max() -> None:
     refused("HOSTQUEUE_BACKOFF_BASE", 1e308, HOSTQUEUE_BACKOFF_MAX=1e308)
 
