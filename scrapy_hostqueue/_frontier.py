@@ -462,6 +462,23 @@ class Frontier(Generic[T]):
             policy.next_gap = interval
             self._refresh(key)
 
+    def unstart(self, key: str, started_at: float) -> None:
+        """The request of *key* handed out at *started_at* never reached the
+        host (a cache hit, a request a downloader middleware refused): the
+        next start need not wait the interval drawn for it. Stock Scrapy
+        likewise spaces only the requests that reach its downloader's queue.
+
+        A later start keeps its own gap. Before this one, the host had waited
+        out the previous gap, so nothing else is owed.
+        """
+        host = self._hosts.get(key)
+        if host is None:
+            return
+        policy = host.policy
+        if policy.last_start == started_at and policy.next_gap:
+            policy.next_gap = 0.0
+            self._refresh(key)
+
     def give_up(self, key: str) -> list[T]:
         """Refuse further work for *key* and return its queued items."""
         self.policy(key).given_up = True

@@ -154,6 +154,9 @@ class HostQueueScheduler(BaseScheduler):
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
+        # Handed-out requests of hosts with an interval between starts that
+        # have not reached the downloader yet: (host, when handed out).
+        self._unsent: dict[Request, tuple[str, float]] = {}
         # Requests of given-up hosts on their way to their errbacks: queued
         # here, then handed out (``_refusing``) for the AIMD middleware to
         # raise HostGivenUp.
@@ -269,6 +272,10 @@ class HostQueueScheduler(BaseScheduler):
             return None
         host, request = popped
         self._handed_out[request] = host
+        policy = self.frontier.policy(host)
+        if policy.next_gap:
+            # Spaced from the next start until it reaches the downloader.
+            self._unsent[request] = (host, policy.last_start)
         meta = request.meta
         if _DOWNLOAD_SLOT not in meta:
             meta[META_AUTO_SLOT] = True
@@ -487,6 +494,12 @@ class HostQueueScheduler(BaseScheduler):
             self._refusing.pop(request, None)
         host = self._handed_out.pop(request, None)
         if host is not None:
+            if self._unsent:
+                unsent = self._unsent.pop(request, None)
+                if unsent is not None:
+                    # Answered or refused by a downloader middleware (a cache
+                    # hit, robots.txt): it never went to the host.
+                    self.frontier.unstart(*unsent)
             # The per-host request stats are taken here, off the engine's
             # next_request path: every request handed out leaves exactly once,
             # and the in-flight counts just before a leave reach every
@@ -504,6 +517,8 @@ class HostQueueScheduler(BaseScheduler):
         host = self._handed_out.get(request)
         if host is None:
             return
+        if self._unsent:
+            self._unsent.pop(request, None)
         # Scrapy recreates garbage-collected slots from the settings: re-apply
         # the host's current limit, and keep delays out of the downloader,
         # where a waiting request would hold the global budget.

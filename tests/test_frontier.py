@@ -454,6 +454,28 @@ def test_set_interval_spaces_starts(interval: float) -> None:
     assert gaps == pytest.approx([interval] * 5)
 
 
+def test_unstart_lets_the_next_request_go_without_the_gap() -> None:
+    frontier, clock = make(limit=10, interval=2.0)
+    for i in range(4):
+        frontier.push("a", 0, str(i))
+    assert frontier.pop() == ("a", "0")
+    clock.advance(2.0)
+    assert frontier.pop() == ("a", "1")
+    second = clock.now
+    clock.advance(0.1)
+    assert frontier.pop() is None
+    # "1" never reached the host: "2" waits only for the gap after "0", over.
+    frontier.unstart("a", second)
+    assert frontier.pop() == ("a", "2")
+    third = clock.now
+    # Undoing a start that a later one followed changes nothing.
+    frontier.unstart("a", second)
+    assert frontier.pop() is None
+    assert frontier.next_wakeup() == pytest.approx(third + 2.0)
+    frontier.unstart("unknown", third)  # a host the frontier never met
+    assert frontier.pop() is None
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("interval", "jitter"), [(1.0, 0.5), (2.0, 0.1), (0.3, 1.0)])
 def test_set_interval_with_jitter_keeps_gaps_in_range(

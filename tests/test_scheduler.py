@@ -523,6 +523,51 @@ async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     assert min(gaps) >= 0.475, gaps
 
 
+class _AnswerOddPages:
+    """Stands in for the downloader middlewares that answer a request before
+    it reaches the downloader: pages 1, 5, ... get a response (as from
+    HttpCacheMiddleware), pages 3, 7, ... an IgnoreRequest (as from robots.txt)."""
+
+    def process_request(self, request: Request) -> Response | None:
+        page = int(request.url.rsplit("/", 1)[-1])
+        if page % 4 == 1:
+            return HtmlResponse(request.url, body=b"<html>cached</html>", request=request)
+        if page % 4 == 3:
+            raise IgnoreRequest("forbidden")
+        return None
+
+
+@pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
+@deferred_f_from_coro_f
+async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """As in stock Scrapy, a request answered or refused by a downloader
+    middleware does not make the host's next request wait a delay: each of
+    them cost the crawl a whole DOWNLOAD_DELAY (1 s here)."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0)])
+    crawler = await crawl(
+        hosts.start_urls(0, 8),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        DOWNLOAD_DELAY=1.0,
+        DOWNLOAD_DELAY_JITTER=0,
+        DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950},
+    )
+    stats = hosts.stats(0)
+    assert stats.served == 4  # pages 0, 2, 4 and 6
+    assert crawler.spider is not None
+    # Those 4 and the 2 answered on the way; 3 and 7 were refused.
+    pages = sorted(int(url.rsplit("/", 1)[-1]) for url in crawler.spider.seen)
+    assert pages == [0, 1, 2, 4, 5, 6]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
+    # The delay holds between the requests the host saw, and the ones
+    # answered in between did not add theirs (2 s a gap before).
+    assert min(gaps) >= 0.975, gaps
+    assert max(gaps) < 1.6, gaps
+
+
 @deferred_f_from_coro_f
 async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
     local_hosts: HostsFactory, tmp_path: Any
