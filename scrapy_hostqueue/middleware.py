@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
@@ -74,6 +75,16 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     socket.gaierror,
 )
+
+
+def _malformed_answer(exception: BaseException) -> bool:
+    """Whether the host did answer, in something aiohttp's HTTP parser refused
+    (a header line without a colon, two Content-Length headers, a bad chunk
+    size): the host is up, so this is no connection failure. Scrapy's aiohttp
+    handler raises DownloadFailedError for it, as for a reset connection."""
+    aiohttp = sys.modules.get("aiohttp")
+    return aiohttp is not None and isinstance(exception.__cause__, aiohttp.ClientResponseError)
+
 
 #: ``request.meta`` key: ``time.monotonic()`` when the request passed this
 #: middleware on its way to the download handler.
@@ -305,7 +316,7 @@ class AIMDMiddleware:
         scheduler = self._scheduler()
         host = scheduler.host_of(request)
         self.recorder.exception(host, type(exception).__name__)
-        if not isinstance(exception, CONNECTION_ERRORS):
+        if not isinstance(exception, CONNECTION_ERRORS) or _malformed_answer(exception):
             return None
         now = self.clock()
         adjustment = self.table.on_failure(host, started)

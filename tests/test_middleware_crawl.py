@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from scrapy import Request, signals
 from scrapy.crawler import Crawler
-from scrapy.exceptions import CloseSpider
+from scrapy.exceptions import CloseSpider, DownloadFailedError
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
@@ -381,6 +381,41 @@ async def test_a_refusing_host_is_parked_then_given_up(
     assert given_up[0].levelno == logging.WARNING
     # Nothing of the refusing host reached the spider.
     assert not [url for url in spider_of(crawler).seen if refusing in url]
+
+
+@pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
+@deferred_f_from_coro_f
+async def test_a_host_answering_malformed_http_is_not_parked(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """aiohttp refuses a response with a header line without a colon, which
+    Scrapy's aiohttp handler reports as DownloadFailedError, as a reset. The
+    host did answer: no failure of the error budget, no cool-down, no giving
+    up (the HTTP/1.1 handler skips the line and gets the page)."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0, fault="malformed")])
+    crawler = get_crawler(
+        ErrbackSpider,
+        aimd_settings(
+            handler,
+            HOSTQUEUE_ERROR_BUDGET=2,
+            HOSTQUEUE_ERROR_COOLDOWN=30,
+            RETRY_ENABLED=False,
+        ),
+    )
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 8))
+    assert stat(crawler, "finish_reason") == "finished"
+    spider = crawler.spider
+    assert isinstance(spider, ErrbackSpider)
+    hosts.wait_idle()
+    assert hosts.stats(0).served == 8
+    if handler == OUR_HANDLER:
+        assert len(spider.failures) == 8
+        assert all(kind is DownloadFailedError for _, kind in spider.failures), spider.failures
+    else:
+        assert not spider.failures
+        assert len(spider.seen) == 8
+    assert stat(crawler, stat_key("hosts_parked_count")) is None
+    assert stat(crawler, stat_key("hosts_given_up_count")) is None
 
 
 # -- a host that turns slow, then recovers --------------------------------------------

@@ -370,6 +370,13 @@ class HostGroup:
             head, payload = self._encode(status, body, spec, keep_alive=False)
             await self._write(writer, head + payload[: len(payload) // 2])
             return False, None
+        if ticket.faulted and spec.fault == "malformed":
+            head, payload = self._encode(status, body, spec, keep_alive=False)
+            # A header line without a colon after the status line: lenient
+            # HTTP parsers skip it, strict ones (aiohttp's) refuse the response.
+            head = head.replace(b"\r\n", b"\r\nX-Malformed header line\r\n", 1)
+            await self._write(writer, head + payload)
+            return False, status
         trickle = spec.trickle if ticket.faulted and spec.fault == "slow-body" else 0.0
         keep_alive = await self._send(
             state, request, writer, status, body, spec=spec, trickle=trickle
