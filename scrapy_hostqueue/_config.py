@@ -8,6 +8,7 @@ error messages live in one place.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,6 +98,42 @@ def _logstats_interval(settings: BaseSettings) -> float:
     if not math.isfinite(value) or value <= 0:
         return 0.0
     return min(max(value, _MIN_INTERVAL), _MAX_WAIT)
+
+
+#: The numbers a ``DOWNLOAD_SLOTS`` entry may hold, and how Scrapy reads them.
+_SLOT_NUMBERS = (("concurrency", int), ("delay", float), ("jitter", float))
+
+
+def _check_download_slots(settings: BaseSettings) -> None:
+    """Refuse, at start, the ``DOWNLOAD_SLOTS`` entries that would fail the
+    requests of their host when the first one is queued."""
+    try:
+        slots = settings.getdict("DOWNLOAD_SLOTS")
+    except (TypeError, ValueError):
+        raise HostQueueSettingsError(
+            "DOWNLOAD_SLOTS must be a dict of slot settings by host, got "
+            f"{settings.get('DOWNLOAD_SLOTS')!r}"
+        ) from None
+    for key, entry in slots.items():
+        name = f"DOWNLOAD_SLOTS[{key!r}]"
+        if not isinstance(entry, Mapping):
+            raise HostQueueSettingsError(
+                f"{name} must be a dict such as {{'concurrency': 2, 'delay': 1.0}}, got {entry!r}"
+            )
+        for field, convert in _SLOT_NUMBERS:
+            if field not in entry:
+                continue
+            value = entry[field]
+            try:
+                number = convert(value)
+            except (TypeError, ValueError, OverflowError):
+                raise HostQueueSettingsError(
+                    f"{name}[{field!r}] must be a number, got {value!r}"
+                ) from None
+            if not math.isfinite(number):
+                raise HostQueueSettingsError(
+                    f"{name}[{field!r}] must be a finite number, got {value!r}"
+                )
 
 
 def _integer(
@@ -220,6 +257,7 @@ class HostQueueConfig:
             raise HostQueueSettingsError(
                 f"CONCURRENT_REQUESTS_PER_DOMAIN must be >= 1, got {per_domain!r}"
             )
+        _check_download_slots(settings)
         floor = _integer(settings, "HOSTQUEUE_AIMD_FLOOR", 1, minimum=1)
         ceiling = _integer(settings, "HOSTQUEUE_AIMD_CEILING", per_domain, minimum=1)
         start = _integer(settings, "HOSTQUEUE_AIMD_START", min(max(2, floor), ceiling), minimum=1)

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
 if TYPE_CHECKING:
@@ -64,8 +65,20 @@ def configured_slot(settings: BaseSettings, key: str) -> tuple[int, float, float
     elif "randomize_delay" in slot_settings:
         jitter = 0.5 if slot_settings["randomize_delay"] else 0.0
     else:
-        jitter = settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5)
+        jitter = _default_jitter(settings)
     return concurrency, delay, jitter
+
+
+def _default_jitter(settings: BaseSettings) -> float:
+    """The jitter of slots without their own, as Scrapy 2.19's downloader reads
+    it: ``DOWNLOAD_DELAY_JITTER``, unless the deprecated
+    ``RANDOMIZE_DOWNLOAD_DELAY`` was set at a higher priority (``True``: the
+    historical +/-50 %, ``False``: none)."""
+    randomize = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
+    jitter = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
+    if randomize > max(SETTINGS_PRIORITIES["default"], jitter):
+        return 0.5 if settings.getbool("RANDOMIZE_DOWNLOAD_DELAY") else 0.0
+    return settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5)
 
 
 def slot_keys_with_settings(settings: BaseSettings) -> Iterable[str]:

@@ -13,6 +13,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._scrapy_internals import configured_slot
 from scrapy_hostqueue.stats import HostQueueStats
 from tests.crawling import PageSpider
 
@@ -105,6 +106,53 @@ def test_periodic_intervals_at_the_bounds() -> None:
 )
 def test_the_log_interval_follows_logstats_interval(logstats: float, expected: float) -> None:
     assert config(LOGSTATS_INTERVAL=logstats).log_interval == expected
+
+
+@pytest.mark.parametrize(
+    ("slots", "named"),
+    [
+        ({"example.com": 3}, "DOWNLOAD_SLOTS['example.com']"),
+        ({"example.com": {"concurrency": None}}, "DOWNLOAD_SLOTS['example.com']['concurrency']"),
+        ({"a.example": {"delay": "abc"}}, "DOWNLOAD_SLOTS['a.example']['delay']"),
+        ({"a.example": {"delay": math.inf}}, "DOWNLOAD_SLOTS['a.example']['delay']"),
+        ({"a.example": {"jitter": [0.5]}}, "DOWNLOAD_SLOTS['a.example']['jitter']"),
+    ],
+)
+def test_a_download_slot_scrapy_cannot_read_is_refused_at_start(
+    slots: dict[str, Any], named: str
+) -> None:
+    # Scrapy fails such a host's requests at its first one; the scheduler
+    # failed the whole crawl there.
+    with pytest.raises(HostQueueSettingsError) as info:
+        config(DOWNLOAD_SLOTS=slots)
+    assert named in str(info.value)
+
+
+def test_download_slots_scrapy_reads_are_accepted() -> None:
+    slots = {
+        "a.example": {"concurrency": "2", "delay": "0.5", "randomize_delay": False},
+        "b.example": {"concurrency": 2.7, "jitter": 0},
+        "c.example": {},
+    }
+    assert config(DOWNLOAD_SLOTS=slots).default_concurrency == 8
+
+
+@pytest.mark.parametrize(
+    ("values", "jitter"),
+    [
+        ({}, 0.5),
+        ({"DOWNLOAD_DELAY_JITTER": 0.2}, 0.2),
+        # The deprecated setting, set above its default, still counts in Scrapy 2.19.
+        ({"RANDOMIZE_DOWNLOAD_DELAY": False}, 0.0),
+        ({"RANDOMIZE_DOWNLOAD_DELAY": True, "DOWNLOAD_DELAY_JITTER": 0.1}, 0.1),
+    ],
+)
+def test_the_delay_jitter_is_read_as_scrapy_reads_it(values: dict[str, Any], jitter: float) -> None:
+    assert configured_slot(Settings({"DOWNLOAD_DELAY": 1.0, **values}), "a.example") == (
+        8,
+        1.0,
+        jitter,
+    )
 
 
 def test_a_backoff_base_beyond_a_day_is_refused_with_a_larger_max() -> None:
