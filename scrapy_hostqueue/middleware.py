@@ -296,7 +296,12 @@ class AIMDMiddleware:
             retry_after = parse_retry_after(response.headers.get(b"Retry-After"), time.time())
             adjustment = self.table.on_backoff(host, started, retry_after)
             if retry_after is not None:
-                detail += f", Retry-After {retry_after:g}s"
+                cap = self.config.retry_after_max
+                detail += (
+                    f", Retry-After {retry_after:g}s"
+                    if retry_after <= cap
+                    else f", Retry-After over HOSTQUEUE_RETRY_AFTER_MAX={cap:g}s"
+                )
         else:
             adjustment = self.table.on_success(host, started, latency)
         if adjustment is not None:
@@ -410,9 +415,10 @@ class AIMDMiddleware:
         if delay is None:
             return
         try:
-            seconds = min(float(delay), self.config.crawl_delay_max)
+            asked = float(delay)
         except (TypeError, ValueError):
             return
+        seconds = min(asked, self.config.crawl_delay_max)
         if not seconds > 0:
             return
         scheduler = self._scheduler()
@@ -437,7 +443,8 @@ class AIMDMiddleware:
         now = self.clock()
         entry.last_sent = max(entry.last_sent, now)
         scheduler.block_until(host, now + entry.delay + CRAWL_DELAY_MARGIN, _CRAWL_DELAY)
-        logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed", host, entry.delay)
+        capped = f" (it asks {asked:g}s; HOSTQUEUE_CRAWL_DELAY_MAX)" if asked > seconds else ""
+        logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, entry.delay, capped)
 
     def _apply_crawl_delay(self, scheduler: HostQueueScheduler, host: str, delay: float) -> None:
         policy = scheduler.policy(host)

@@ -3,6 +3,7 @@ against a scheduler stand-in built on the real frontier (no network)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from email.utils import formatdate
 from typing import Any
@@ -328,6 +329,36 @@ def test_retry_after_forms(
     [(host, when, got)] = scheduler.blocks
     assert (host, got) == (HOST, reason)
     assert low <= when - clock.now <= high
+
+
+@pytest.mark.parametrize(
+    ("header", "logged"),
+    [("15", "Retry-After 15s"), ("9" * 26, "Retry-After over HOSTQUEUE_RETRY_AFTER_MAX=60s")],
+)
+def test_the_back_off_warning_names_the_cap_when_retry_after_is_over_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, header: str, logged: str
+) -> None:
+    mw, _, _ = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)
+    request = sent(mw)
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
+        mw.process_response(request, response(request, 429, **{"Retry-After": header}))
+    (record,) = [r for r in caplog.records if "asked to back off" in r.getMessage()]
+    assert logged in record.getMessage()
+    assert "inf" not in record.getMessage()
+    assert "e+" not in record.getMessage()
+
+
+def test_a_capped_crawl_delay_is_logged_with_what_robots_txt_asked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
+        robots(mw, "User-agent: *\nCrawl-delay: 99999\n")
+    assert scheduler.policy(HOST).interval == pytest.approx(30 + CRAWL_DELAY_MARGIN)
+    (record,) = [r for r in caplog.records if "Crawl-delay" in r.getMessage()]
+    assert "Crawl-delay 30s is obeyed (it asks 99999s; HOSTQUEUE_CRAWL_DELAY_MAX)" in (
+        record.getMessage()
+    )
 
 
 def test_one_decrease_per_burst_through_the_middleware(monkeypatch: pytest.MonkeyPatch) -> None:
