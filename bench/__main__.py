@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
     if MICRO in args.scenarios:
         hosts = QUICK_MICRO_HOSTS if args.quick else MICRO_HOSTS
         print(f"{MICRO}: next_request cost at {', '.join(f'{n:,}' for n in hosts)} hosts")
-        micro = run_micro(hosts, rounds=2 if args.quick else 3)
+        micro = run_micro(hosts, rounds=2 if args.quick else 5)
 
     probes.append(("end", cpu_probe()))
     targets = report.issue_targets(summaries, micro, budget)

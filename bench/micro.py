@@ -1,6 +1,6 @@
 """S7: the cost of one ``next_request`` as the number of hosts grows.
 
-``python -m bench.micro [--hosts 1,1000,10000,100000] [--rounds 3]`` prints one
+``python -m bench.micro [--hosts 1,1000,10000,100000] [--rounds 5]`` prints one
 JSON line: nanoseconds per pop, the median over rounds, for
 
 * ``frontier``: ``scrapy_hostqueue._frontier.Frontier.pop`` (the pure core);
@@ -15,7 +15,10 @@ JSON line: nanoseconds per pop, the median over rounds, for
 
 Every host holds two queued requests. Each round repeats: pop (timed alone), mark
 the request finished so its host is ready again, push it back; so the number of
-hosts stays constant. The garbage collector is off inside a timed loop.
+hosts stays constant. The garbage collector is off inside a timed loop. An
+implementation holds every number of hosts at once, and its rounds go round
+them (1, 1,000, 10,000, 100,000, then again), so that a spell of a slower
+machine lands on every number of hosts rather than on all the rounds of one.
 
 Then the memory a queued request costs, in bytes (``bytes_per_queued``), for
 ``scheduler`` and ``scrapy-scheduler`` (Scrapy's ``Scheduler`` with its default
@@ -80,29 +83,34 @@ def pops_for(implementation: str, hosts: int) -> int:
     return 5_000
 
 
-def _timed_rounds(
-    pop: Callable[[], Any], recycle: Callable[[Any], None], pops: int, rounds: int
-) -> list[float]:
-    """Mean ns per ``pop()`` for each round; ``recycle`` (untimed) makes the
-    popped request's host ready again and queues the request back."""
-    means = []
-    for _ in range(rounds):
+class _Timed:
+    """One implementation holding one number of hosts, ready to be timed:
+    ``pop`` is timed alone, ``recycle`` (untimed) makes the popped request's
+    host ready again and queues the request back."""
+
+    def __init__(self, pop: Callable[[], Any], recycle: Callable[[Any], None], pops: int) -> None:
+        self.pop = pop
+        self.recycle = recycle
+        self.pops = pops
+
+    def round(self) -> float:
+        """Mean ns per ``pop()`` over one round."""
+        pop, recycle = self.pop, self.recycle
         gc.collect()
         gc.disable()
         try:
             total = 0
-            for _ in range(pops):
+            for _ in range(self.pops):
                 start = time.perf_counter_ns()
                 item = pop()
                 total += time.perf_counter_ns() - start
                 recycle(item)
         finally:
             gc.enable()
-        means.append(total / pops)
-    return means
+        return total / self.pops
 
 
-def measure_frontier(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+def prepare_frontier(hosts: int, requests: list[Request]) -> _Timed:
     from scrapy_hostqueue._frontier import Frontier, HostPolicy
 
     frontier: Frontier[int] = Frontier(lambda key: HostPolicy(4))
@@ -117,7 +125,7 @@ def measure_frontier(hosts: int, requests: list[Request], rounds: int) -> list[f
         frontier.finish(key)
         frontier.push(key, 0, item)
 
-    return _timed_rounds(frontier.pop, recycle, pops_for("frontier", hosts), rounds)
+    return _Timed(frontier.pop, recycle, pops_for("frontier", hosts))
 
 
 def _new_scheduler() -> Any:
@@ -127,7 +135,7 @@ def _new_scheduler() -> Any:
     return HostQueueScheduler.from_crawler(get_crawler(_Spider, SETTINGS))
 
 
-def measure_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+def prepare_scheduler(hosts: int, requests: list[Request]) -> _Timed:
     scheduler = _new_scheduler()
     for request in requests:
         scheduler.enqueue_request(request)
@@ -138,7 +146,7 @@ def measure_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[
         scheduler._request_left(request)
         scheduler.enqueue_request(request)
 
-    return _timed_rounds(scheduler.next_request, recycle, pops_for("scheduler", hosts), rounds)
+    return _Timed(scheduler.next_request, recycle, pops_for("scheduler", hosts))
 
 
 class _IdleDownloader:
@@ -157,7 +165,7 @@ def _idle_crawler() -> Crawler:
     return crawler
 
 
-def measure_dapq(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+def prepare_dapq(hosts: int, requests: list[Request]) -> _Timed:
     crawler = _idle_crawler()
     settings = crawler.settings
     queue = build_from_crawler(
@@ -174,7 +182,7 @@ def measure_dapq(hosts: int, requests: list[Request], rounds: int) -> list[float
         assert request is not None
         queue.push(request)
 
-    return _timed_rounds(queue.pop, recycle, pops_for("dapq", hosts), rounds)
+    return _Timed(queue.pop, recycle, pops_for("dapq", hosts))
 
 
 def _new_scrapy_scheduler() -> Scheduler:
@@ -184,7 +192,7 @@ def _new_scrapy_scheduler() -> Scheduler:
     return scheduler
 
 
-def measure_scrapy_scheduler(hosts: int, requests: list[Request], rounds: int) -> list[float]:
+def prepare_scrapy_scheduler(hosts: int, requests: list[Request]) -> _Timed:
     scheduler = _new_scrapy_scheduler()
     for request in requests:
         scheduler.enqueue_request(request)
@@ -193,16 +201,14 @@ def measure_scrapy_scheduler(hosts: int, requests: list[Request], rounds: int) -
         assert request is not None
         scheduler.enqueue_request(request)
 
-    return _timed_rounds(
-        scheduler.next_request, recycle, pops_for("scrapy-scheduler", hosts), rounds
-    )
+    return _Timed(scheduler.next_request, recycle, pops_for("scrapy-scheduler", hosts))
 
 
-MEASURES: dict[str, Callable[[int, list[Request], int], list[float]]] = {
-    "frontier": measure_frontier,
-    "scheduler": measure_scheduler,
-    "dapq": measure_dapq,
-    "scrapy-scheduler": measure_scrapy_scheduler,
+PREPARE: dict[str, Callable[[int, list[Request]], _Timed]] = {
+    "frontier": prepare_frontier,
+    "scheduler": prepare_scheduler,
+    "dapq": prepare_dapq,
+    "scrapy-scheduler": prepare_scrapy_scheduler,
 }
 
 
@@ -245,21 +251,26 @@ def run(host_counts: list[int], rounds: int) -> dict[str, Any]:
     medians: dict[str, dict[str, float]] = {}
     raw: dict[str, dict[str, list[float]]] = {}
     unavailable: dict[str, str] = {}
-    for hosts in host_counts:
-        # The same requests serve every implementation, one after the other.
-        requests = _requests(hosts)
-        for name in IMPLEMENTATIONS:
-            if name in unavailable:
-                continue
-            try:
-                means = MEASURES[name](hosts, requests, rounds)
-            except ImportError as error:
-                unavailable[name] = f"{type(error).__name__}: {error}"
-                continue
-            finally:
-                gc.collect()
-            raw.setdefault(name, {})[str(hosts)] = means
-            medians.setdefault(name, {})[str(hosts)] = statistics.median(means)
+    # The same requests serve every implementation, one after the other.
+    by_hosts = {hosts: _requests(hosts) for hosts in host_counts}
+    for name in IMPLEMENTATIONS:
+        try:
+            prepared = {hosts: PREPARE[name](hosts, by_hosts[hosts]) for hosts in host_counts}
+        except ImportError as error:
+            unavailable[name] = f"{type(error).__name__}: {error}"
+            continue
+        # Rounds go round the host counts (1, 1,000, ..., then again), so
+        # that a spell of a slower machine falls on every count, not on all
+        # the rounds of one.
+        means: dict[int, list[float]] = {hosts: [] for hosts in host_counts}
+        for _ in range(rounds):
+            for hosts in host_counts:
+                means[hosts].append(prepared[hosts].round())
+        del prepared
+        gc.collect()
+        raw[name] = {str(hosts): values for hosts, values in means.items()}
+        medians[name] = {str(hosts): statistics.median(values) for hosts, values in means.items()}
+    del by_hosts
     memory: dict[str, dict[str, float]] = {}
     for hosts in host_counts:
         requests = memory_requests(hosts)
@@ -282,7 +293,7 @@ def main(argv: list[str]) -> int:
         default=",".join(map(str, HOST_COUNTS)),
         help="comma-separated host counts (default: %(default)s)",
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     host_counts = [int(part) for part in args.hosts.split(",") if part]
     print(json.dumps(run(host_counts, args.rounds)), flush=True)

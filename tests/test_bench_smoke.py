@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,6 +199,29 @@ def test_the_memory_target_fails_if_any_host_count_is_above_scrapy(
     }
     (target,) = [t for t in issue_targets([], micro, 1200) if t.target == MEMORY_TARGET]
     assert target.passed is passed
+
+
+def test_s7_rounds_go_round_the_host_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slower spell of the machine must not land on every round of one
+    number of hosts (it made 1,000 hosts look twice as dear as 100,000)."""
+    timed: list[tuple[str, int]] = []
+
+    def prepare(name: str) -> Callable[[int, list[Any]], micro._Timed]:
+        def build(hosts: int, requests: list[Any]) -> micro._Timed:
+            timed_one = micro._Timed(lambda: None, lambda item: None, 1)
+            monkeypatch.setattr(timed_one, "round", lambda: timed.append((name, hosts)) or 1.0)
+            return timed_one
+
+        return build
+
+    monkeypatch.setattr(micro, "PREPARE", {name: prepare(name) for name in micro.IMPLEMENTATIONS})
+    monkeypatch.setattr(micro, "MEMORY_IMPLEMENTATIONS", ())
+    monkeypatch.setattr(micro, "memory_requests", lambda hosts: [])
+    result = micro.run([1, 1000], rounds=2)
+    assert timed[:4] == [("frontier", 1), ("frontier", 1000), ("frontier", 1), ("frontier", 1000)]
+    assert len(timed) == 4 * len(micro.IMPLEMENTATIONS)
+    assert result["rounds"]["scheduler"] == {"1": [1.0, 1.0], "1000": [1.0, 1.0]}
+    assert result["ns_per_pop"]["dapq"] == {"1": 1.0, "1000": 1.0}
 
 
 @pytest.mark.parametrize("hosts", [1_000, 10_000])
