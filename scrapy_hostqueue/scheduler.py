@@ -274,7 +274,9 @@ class HostQueueScheduler(BaseScheduler):
         self._handed_out[request] = host
         policy = self.frontier.policy(host)
         if policy.next_gap:
-            # Spaced from the next start until it reaches the downloader.
+            # Its start holds the host's next one back by the interval; if a
+            # downloader middleware answers it instead, _request_left gives
+            # that wait back.
             self._unsent[request] = (host, policy.last_start)
         meta = request.meta
         if _DOWNLOAD_SLOT not in meta:

@@ -543,8 +543,8 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     local_hosts: HostsFactory, handler: str
 ) -> None:
     """As in stock Scrapy, a request answered or refused by a downloader
-    middleware does not make the host's next request wait a delay: each of
-    them cost the crawl a whole DOWNLOAD_DELAY (1 s here)."""
+    middleware does not make the host's next request wait a delay (each of
+    them used to cost the crawl a whole DOWNLOAD_DELAY, 1 s here)."""
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler = await crawl(
         hosts.start_urls(0, 8),
