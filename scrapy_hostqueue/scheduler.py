@@ -334,9 +334,11 @@ class HostQueueScheduler(BaseScheduler):
         requests beyond its limit, so that the next one is already waiting
         next to the connection pool when a response completes instead of
         crossing the engine first. The download handler calls this just
-        before sending; the slot is freed when the request leaves the
-        downloader (after the middlewares have seen its response, so a
-        Retry-After block is in force before the next request may go).
+        before sending; the slot is freed when the handler has read the
+        response (:meth:`response_downloaded`), or, for a back-off status or
+        an error, when the request leaves the downloader (after the
+        middlewares have seen it, so a Retry-After block is in force before
+        the next request may go).
         """
         if not self.prefetch:
             return
