@@ -135,11 +135,11 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
     (``CONCURRENT_REQUESTS`` bounds the requests in flight, not the idle
     sockets, which count against the total).
     """
+    # HostQueueConfig.from_settings has checked that every entry is a dict
+    # and its concurrency a number.
     slots: dict[str, Any] = settings.getdict("DOWNLOAD_SLOTS")
     largest = [config.aimd_ceiling, settings.getint("CONCURRENT_REQUESTS_PER_IP")]
-    for slot in slots.values():
-        if isinstance(slot, dict) and "concurrency" in slot:
-            largest.append(int(slot["concurrency"]))
+    largest += [int(slot["concurrency"]) for slot in slots.values() if "concurrency" in slot]
     per_host = max(largest)
     hosts = config.max_active_hosts or max(config.global_concurrency, 0)
     total = max(hosts * config.aimd_ceiling, per_host) if hosts else 0
