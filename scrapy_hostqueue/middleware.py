@@ -161,6 +161,8 @@ class AIMDMiddleware:
         self._robots_user_agent: str | None = settings.get("ROBOTSTXT_USER_AGENT") or None
         self._default_user_agent: str = settings.get("USER_AGENT") or ""
         self._crawl_delays: OrderedDict[str, _CrawlDelay] = OrderedDict()
+        #: The last failure of each given-up host, for HostGivenUp.
+        self._last_errors: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -254,7 +256,7 @@ class AIMDMiddleware:
         scheduler = self._scheduler()
         refused = scheduler.refused_host(request)
         if refused is not None:
-            raise HostGivenUp(refused)
+            raise HostGivenUp(refused, self._last_errors.get(refused))
         host = scheduler.host_of(request)
         now = self.clock()
         crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
@@ -326,7 +328,9 @@ class AIMDMiddleware:
         now = self.clock()
         adjustment = self.table.on_failure(host, started)
         if adjustment is not None:
-            self._apply(scheduler, adjustment, now, now - started, type(exception).__name__)
+            name = type(exception).__name__
+            detail = f"{name}: {exception}" if str(exception) else name
+            self._apply(scheduler, adjustment, now, now - started, detail)
         return None
 
     # -- applying the rule --------------------------------------------------
@@ -380,6 +384,9 @@ class AIMDMiddleware:
                 adj.block or 0.0,
             )
         if adj.give_up:
+            self._last_errors[host] = detail
+            while len(self._last_errors) > max(1, self.config.remember_hosts):
+                self._last_errors.popitem(last=False)
             dropped = scheduler.give_up(host)
             self.recorder.host_given_up(host, dropped)
             logger.warning(

@@ -68,11 +68,19 @@ class HostGivenUp(IgnoreRequest):
     """What the errback of a request gets when its host was given up (too
     many connection failures in a row, see ``HOSTQUEUE_ERROR_MAX_COOLDOWNS``):
     the request was queued when that happened, or came later. A subclass of
-    Scrapy's ``IgnoreRequest``, as for requests robots.txt forbids."""
+    Scrapy's ``IgnoreRequest``, as for requests robots.txt forbids.
 
-    def __init__(self, host: str) -> None:
-        super().__init__(f"host {host} was given up after repeated connection failures")
+    ``last_error`` names the host's last failure (``"ConnectionRefusedError:
+    ..."``), or is None if it is no longer known.
+    """
+
+    def __init__(self, host: str, last_error: str | None = None) -> None:
+        message = f"host {host} was given up after repeated connection failures"
+        if last_error:
+            message += f" (last: {last_error})"
+        super().__init__(message)
         self.host = host
+        self.last_error = last_error
 
 
 class PolicyHook(Protocol):

@@ -329,12 +329,15 @@ class ErrbackSpider(StoppableSpider):
 
     async def start(self) -> AsyncIterator[Any]:
         self.failures: list[tuple[str, type[BaseException]]] = []
+        self.last_errors: list[str | None] = []
         for url in self.start_urls:
             yield Request(url, errback=self.failed)
 
     def failed(self, failure: Failure) -> None:
         assert isinstance(failure.request, Request)  # type: ignore[attr-defined]
         self.failures.append((failure.request.url, failure.type))  # type: ignore[attr-defined]
+        if isinstance(failure.value, HostGivenUp):
+            self.last_errors.append(failure.value.last_error)
 
 
 @deferred_f_from_coro_f
@@ -367,6 +370,12 @@ async def test_a_refusing_host_is_parked_then_given_up(
     assert given_up
     others = [kind for _, kind in spider.failures if not issubclass(kind, HostGivenUp)]
     assert all(issubclass(kind, CONNECTION_ERRORS) for kind in others), others
+    # Each HostGivenUp names the failure that made the host go.
+    assert len(spider.last_errors) == len(given_up)
+    error_names = {kind.__name__ for kind in CONNECTION_ERRORS}
+    for last_error in spider.last_errors:
+        assert last_error is not None
+        assert last_error.split(":")[0] in error_names, last_error
     hosts.wait_idle()
     assert hosts.stats(1).served == 30
     assert stat(crawler, stat_key("hosts_parked_count")) == 2
