@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.exceptions import IgnoreRequest
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.asyncio import call_later
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.http import Response
+    from scrapy.settings import BaseSettings
     from scrapy.utils.asyncio import CallLaterResult
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
@@ -94,6 +96,30 @@ def request_rank(request: Request) -> int:
     priorities other requests before start requests, as Scrapy's own scheduler
     does. Across hosts, only the priority (``rank // 2``) counts."""
     return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
+
+
+#: Scrapy's queue classes, which this scheduler does not use.
+UNUSED_QUEUE_SETTINGS = (
+    "SCHEDULER_PRIORITY_QUEUE",
+    "SCHEDULER_MEMORY_QUEUE",
+    "SCHEDULER_DISK_QUEUE",
+    "SCHEDULER_START_MEMORY_QUEUE",
+    "SCHEDULER_START_DISK_QUEUE",
+)
+
+
+def _warn_unused_queue_settings(settings: BaseSettings) -> None:
+    """One WARNING naming the queue settings the project set, since this
+    scheduler keeps its own queues and would silently ignore them."""
+    default = SETTINGS_PRIORITIES["default"]
+    named = [name for name in UNUSED_QUEUE_SETTINGS if (settings.getpriority(name) or 0) > default]
+    if named:
+        logger.warning(
+            "%s: not used by HostQueueScheduler, which keeps a queue per host, "
+            "FIFO among requests of the same priority (set DEPTH_PRIORITY to "
+            "crawl breadth-first, > 0, or depth-first, < 0)",
+            ", ".join(named),
+        )
 
 
 def _handlers_gate_sends(crawler: Crawler) -> bool:
@@ -180,6 +206,7 @@ class HostQueueScheduler(BaseScheduler):
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
+        _warn_unused_queue_settings(crawler.settings)
         dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
         return cls(
             crawler,

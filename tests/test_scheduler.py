@@ -4,6 +4,7 @@ the server."""
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -367,6 +368,28 @@ def test_bad_settings_are_refused_naming_the_setting(name: str, value: object) -
     crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER, **{name: value}))
     with pytest.raises(HostQueueSettingsError, match=name):
         HostQueueScheduler.from_crawler(crawler)
+
+
+def test_queue_settings_it_does_not_use_are_named_in_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.scheduler"):
+        HostQueueScheduler.from_crawler(get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER)))
+    assert not caplog.records
+    crawler = get_crawler(
+        PageSpider,
+        settings(
+            SCHEDULER=SCHEDULER,
+            SCHEDULER_MEMORY_QUEUE="scrapy.squeues.FifoMemoryQueue",
+            SCHEDULER_DISK_QUEUE="scrapy.squeues.PickleFifoDiskQueue",
+        ),
+    )
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.scheduler"):
+        HostQueueScheduler.from_crawler(crawler)
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "SCHEDULER_MEMORY_QUEUE, SCHEDULER_DISK_QUEUE: not used" in message
+    assert "PRIORITY_QUEUE" not in message
 
 
 @deferred_f_from_coro_f
