@@ -27,6 +27,7 @@ else changed them meanwhile.
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 
 _lock = threading.Lock()
@@ -34,6 +35,11 @@ _holders = 0
 #: Whether the freeze in force is this module's to undo (not when the process
 #: had frozen objects before the first crawl, e.g. a pre-fork server).
 _owned = False
+#: Objects the interpreter itself keeps in the permanent generation. CPython
+#: 3.12 moves immortal objects there at every full collection (a few hundred
+#: from start-up on), so on 3.12 a freeze count above 0 does not mean that
+#: anyone called :func:`gc.freeze`; other versions keep none there.
+_INTERPRETER_FROZEN = gc.get_freeze_count() if sys.version_info[:2] == (3, 12) else 0
 
 
 def hold() -> int:
@@ -41,7 +47,7 @@ def hold() -> int:
     global _holders, _owned
     with _lock:
         if not _holders:
-            _owned = gc.get_freeze_count() == 0
+            _owned = gc.get_freeze_count() <= _INTERPRETER_FROZEN
         _holders += 1
         gc.collect()
         gc.freeze()
