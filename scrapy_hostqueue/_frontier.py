@@ -479,6 +479,17 @@ class Frontier(Generic[T]):
             policy.next_gap = 0.0
             self._refresh(key)
 
+    def start_outside(self, key: str, now: float) -> None:
+        """A request of *key* that :meth:`pop` did not hand out (a direct
+        download) started at *now*: the host's next start waits its interval
+        after this one, as after any other. It does not count in flight."""
+        policy = self.policy(key)
+        if not policy.interval:
+            return
+        policy.last_sent = now
+        self._draw_gap(policy, now)
+        self._refresh(key)
+
     def give_up(self, key: str) -> list[T]:
         """Refuse further work for *key* and return its queued items."""
         self.policy(key).given_up = True
@@ -515,7 +526,10 @@ class Frontier(Generic[T]):
             self.active += 1
             self.max_active_seen = max(self.max_active_seen, self.active)
         host.served += 1
-        policy = host.policy
+        self._draw_gap(host.policy, now)
+
+    def _draw_gap(self, policy: HostPolicy, now: float) -> None:
+        """A request started at *now*: draw the gap before the next may."""
         policy.last_start = now
         gap = policy.interval
         if gap and policy.jitter:

@@ -167,6 +167,15 @@ def wake_engine(crawler: Crawler) -> None:
         nextcall.schedule()
 
 
+def engine_closing(crawler: Crawler) -> bool:
+    """Whether the crawl is stopping (or not running): no request should
+    start waiting for anything then, since the engine waits for every request
+    in progress before it closes."""
+    engine = _engine(crawler)
+    slot = getattr(engine, "_slot", None)
+    return not getattr(engine, "running", False) or getattr(slot, "closing", None) is not None
+
+
 def current_scheduler(crawler: Crawler) -> Any:
     engine = _engine(crawler)
     return engine.scheduler if engine is not None else None

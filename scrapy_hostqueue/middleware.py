@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.exceptions import (
@@ -22,8 +22,11 @@ from scrapy.exceptions import (
     DownloadConnectionRefusedError,
     DownloadFailedError,
     DownloadTimeoutError,
+    IgnoreRequest,
     ResponseDataLossError,
 )
+from scrapy.utils.asyncio import sleep
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import load_object
 from twisted.internet.error import ConnectError, ConnectionLost, DNSLookupError
 from twisted.internet.error import TimeoutError as TxTimeoutError
@@ -43,6 +46,8 @@ from scrapy_hostqueue.scheduler import (
 from scrapy_hostqueue.stats import get_recorder, stat_key
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -52,6 +57,10 @@ if TYPE_CHECKING:
 __all__ = ["CONNECTION_ERRORS", "AIMDMiddleware"]
 
 logger = logging.getLogger(__name__)
+
+#: How often a request that did not come from the scheduler, held back for its
+#: host, checks whether the crawl is closing (seconds).
+_DIRECT_WAIT_SLICE = 0.5
 
 #: Exceptions that mean "the host could not be reached or did not answer in
 #: time": each one is a decrease and counts toward the error budget. The
@@ -252,7 +261,9 @@ class AIMDMiddleware:
 
     # -- downloader middleware interface -----------------------------------
 
-    def process_request(self, request: Request) -> Request | None:
+    def process_request(
+        self, request: Request
+    ) -> Request | Coroutine[Any, Any, Request | None] | None:
         scheduler = self._scheduler()
         refused = scheduler.refused_host(request)
         if refused is not None:
@@ -260,7 +271,17 @@ class AIMDMiddleware:
         host = scheduler.host_of(request)
         now = self.clock()
         crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
-        if request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES and scheduler.handed_out(request):
+        if not scheduler.handed_out(request):
+            # Not from the scheduler (engine.download_async: media pipelines,
+            # robots.txt, a spider's own downloads): it waits here for the
+            # host's block and delay instead, and its start spaces the next.
+            spacing = urlparse_cached(request).path != "/robots.txt"
+            if self._direct_delay(scheduler, host, crawl_delay, now, spacing) > 0:
+                # A coroutine: Scrapy awaits what process_request returns.
+                return self._wait_for_host(scheduler, request, host, crawl_delay, spacing)
+            if spacing:
+                scheduler.direct_started(host, now)
+        elif request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES:
             # Requests handed out before the host got blocked (a 429 that
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
             # waited for robots.txt) go back to the scheduler, which holds them.
@@ -282,6 +303,44 @@ class AIMDMiddleware:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
         return None
+
+    @staticmethod
+    def _direct_delay(
+        scheduler: HostQueueScheduler,
+        host: str,
+        crawl_delay: _CrawlDelay | None,
+        now: float,
+        spacing: bool,
+    ) -> float:
+        wait = scheduler.direct_delay(host, now, spacing=spacing)
+        if spacing and crawl_delay is not None:
+            wait = max(wait, crawl_delay.last_sent + crawl_delay.delay - now)
+        return wait
+
+    async def _wait_for_host(
+        self,
+        scheduler: HostQueueScheduler,
+        request: Request,
+        host: str,
+        crawl_delay: _CrawlDelay | None,
+        spacing: bool,
+    ) -> None:
+        """Hold a request that did not come from the scheduler until its host
+        may take it; given up when the crawl starts closing, since the engine
+        waits for it (a Retry-After block may be minutes long)."""
+        while True:
+            now = self.clock()
+            wait = self._direct_delay(scheduler, host, crawl_delay, now, spacing)
+            if wait <= 0:
+                break
+            if internals.engine_closing(self.crawler):
+                raise IgnoreRequest(f"the crawl closed while host {host} was held back")
+            await sleep(min(wait, _DIRECT_WAIT_SLICE))
+        if spacing:
+            scheduler.direct_started(host, now)
+        if crawl_delay is not None:
+            crawl_delay.last_sent = now
+        request.meta[META_START] = now
 
     def process_response(self, request: Request, response: Response) -> Response:
         started = request.meta.get(META_START)

@@ -497,6 +497,23 @@ class HostQueueScheduler(BaseScheduler):
             return None
         return self._refusing.pop(request, None)
 
+    # -- requests it did not hand out -------------------------------------------
+
+    def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float:
+        """Seconds a request that did not come from :meth:`next_request`
+        (``engine.download_async``: media pipelines, robots.txt, a spider's
+        own downloads) must wait before it starts on *host*: until the host's
+        block ends and, with *spacing*, its interval since the last start has
+        passed."""
+        policy = self.frontier.policy(host)
+        when = policy.ready_at() if spacing else policy.blocked_until
+        return when - now if when > now else 0.0
+
+    def direct_started(self, host: str, now: float) -> None:
+        """Such a request starts at *now*: the host's next start waits its
+        interval after it."""
+        self.frontier.start_outside(host, now)
+
     # -- internals -----------------------------------------------------------
 
     def _new_policy(self, host: str) -> HostPolicy:

@@ -259,9 +259,67 @@ def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
         back = mw.process_request(scheduler.hand_out(back))
         assert isinstance(back, Request)
     assert mw.process_request(scheduler.hand_out(back)) is None
-    # Requests that did not come from the scheduler (engine.download_async,
-    # which would loop on a returned request) go through.
+
+
+@deferred_f_from_coro_f
+async def test_a_request_not_from_the_scheduler_waits_out_the_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """engine.download_async requests (media pipelines) would loop if sent
+    back to the scheduler: they wait in the middleware instead."""
+    mw, scheduler, clock = middleware(monkeypatch)
+    monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
+    scheduler.block_until(HOST, clock.now + 2, "retry-after")
+    direct = Request(URL)
+    waiting = mw.process_request(direct)
+    assert waiting is not None
+    assert not isinstance(waiting, Request)
+    clock.now += 2
+    assert await waiting is None
+    assert direct.meta[META_START] == clock.now
+    # robots.txt waits for a block too.
+    scheduler.block_until(HOST, clock.now + 1, "retry-after")
+    robots = mw.process_request(Request(f"http://{HOST}/robots.txt"))
+    assert robots is not None
+    assert not isinstance(robots, Request)
+    clock.now += 1
+    assert await robots is None
+    # Not blocked: it goes at once.
     assert mw.process_request(Request(URL)) is None
+
+
+@deferred_f_from_coro_f
+async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch)
+    monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
+    scheduler.set_interval(HOST, 1.0)
+    assert mw.process_request(Request(URL)) is None
+    # The next start waits the interval after it, scheduled or not.
+    assert scheduler.frontier.policy(HOST).ready_at() == clock.now + 1.0
+    waiting = mw.process_request(Request(URL))
+    assert waiting is not None
+    assert not isinstance(waiting, Request)
+    clock.now += 1.0
+    assert await waiting is None
+    assert scheduler.frontier.policy(HOST).ready_at() == clock.now + 1.0
+    # robots.txt is not spaced (the host's first request waits for it).
+    assert mw.process_request(Request(f"http://{HOST}/robots.txt")) is None
+
+
+@deferred_f_from_coro_f
+async def test_a_held_request_not_from_the_scheduler_is_dropped_when_the_crawl_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch)
+    monkeypatch.setattr(internals, "engine_closing", lambda crawler: True)
+    scheduler.block_until(HOST, clock.now + 300, "retry-after")
+    waiting = mw.process_request(Request(URL))
+    assert waiting is not None
+    assert not isinstance(waiting, Request)
+    with pytest.raises(IgnoreRequest, match="closed"):
+        await waiting
 
 
 # -- process_response ------------------------------------------------------------

@@ -533,3 +533,54 @@ async def test_crawl_delay_holds_at_the_server_when_bodies_are_slow(
     assert stats.served == 6
     gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
     assert min(gaps) >= 0.475, gaps
+
+
+# -- requests that did not come from the scheduler -------------------------------
+
+
+class DirectDownloadSpider(StoppableSpider):
+    """Each callback also downloads ``direct_per_page`` other pages of the same
+    host with ``engine.download_async``, as a media pipeline does."""
+
+    direct_per_page = 3
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.direct_statuses: list[int] = []
+
+    async def parse(self, response: Response) -> AsyncIterator[Any]:  # type: ignore[override]
+        self.seen.append(response.url)
+        base, page = response.url.rsplit("/page/", 1)
+        assert self.crawler.engine is not None
+        downloads = [
+            self.crawler.engine.download_async(
+                Request(f"{base}/page/{5000 + int(page) * 10 + k}", dont_filter=True)
+            )
+            for k in range(self.direct_per_page)
+        ]
+        for answer in await asyncio.gather(*downloads):
+            self.direct_statuses.append(answer.status)
+        return
+        yield
+
+
+@deferred_f_from_coro_f
+async def test_direct_downloads_keep_the_download_delay(local_hosts: HostsFactory) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01, links=0)])
+    crawler = get_crawler(
+        DirectDownloadSpider,
+        aimd_settings(
+            OUR_HANDLER,
+            DOWNLOAD_DELAY=0.2,
+            DOWNLOAD_DELAY_JITTER=0,
+        ),
+    )
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 3))
+    spider = crawler.spider
+    assert isinstance(spider, DirectDownloadSpider)
+    assert len(spider.direct_statuses) == 3 * 3
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    assert server.served == 3 + 3 * 3
+    assert server.min_gap is not None
+    assert server.min_gap >= 0.19, server.arrivals
