@@ -564,13 +564,18 @@ class DirectDownloadSpider(StoppableSpider):
         yield
 
 
+@HANDLERS
 @deferred_f_from_coro_f
-async def test_direct_downloads_keep_the_download_delay(local_hosts: HostsFactory) -> None:
+async def test_direct_downloads_keep_the_download_delay(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """engine.download_async requests (media pipelines) are spaced by the
+    host's delay, from the scheduled requests and from each other."""
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler = get_crawler(
         DirectDownloadSpider,
         aimd_settings(
-            OUR_HANDLER,
+            handler,
             DOWNLOAD_DELAY=0.2,
             DOWNLOAD_DELAY_JITTER=0,
         ),
