@@ -136,6 +136,8 @@ class AIMDMiddleware:
     * ``HOSTQUEUE_ERROR_BUDGET`` connection failures in a row park the host
       for a growing cool-down; after ``HOSTQUEUE_ERROR_MAX_COOLDOWNS`` of them
       its queued requests are dropped.
+    * Requests that skip the scheduler (``engine.download_async``: media
+      pipelines, robots.txt) wait here for their host's block and delay.
 
     Needs :class:`~scrapy_hostqueue.HostQueueScheduler` and refuses to run
     beside AutoThrottle. Order it above ``RetryMiddleware`` (550), e.g. 560,

@@ -72,8 +72,9 @@ class HostGivenUp(IgnoreRequest):
     the request was queued when that happened, or came later. A subclass of
     Scrapy's ``IgnoreRequest``, as for requests robots.txt forbids.
 
-    ``last_error`` names the host's last failure (``"ConnectionRefusedError:
-    ..."``), or is None if it is no longer known.
+    ``last_error`` names the host's last failure
+    (``"DownloadConnectionRefusedError: ..."``), or is None if it is no
+    longer known.
     """
 
     def __init__(self, host: str, last_error: str | None = None) -> None:
