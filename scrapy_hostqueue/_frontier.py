@@ -402,6 +402,10 @@ class Frontier(Generic[T]):
         while prefetchable:
             _, _, token, host = heapq.heappop(prefetchable)
             if host.token == token:
+                if not host.leased and 0 < self.max_active <= self.active:
+                    # In flight only adopted requests, and the places went.
+                    self._set_capped(host)
+                    continue
                 if self._turn_over(host):
                     self._place(host, now)  # ENDING
                     continue
@@ -414,8 +418,10 @@ class Frontier(Generic[T]):
         if host is None or host.inflight <= 0:
             raise KeyError(f"no request in flight for host {key!r}")
         host.inflight -= 1
-        if host.inflight == 0 or host.state in (FULL, PREFETCH):
-            # With nothing in flight the host may give its active place up.
+        if (host.inflight == 0 and host.state != CAPPED) or host.state in (FULL, PREFETCH):
+            # With nothing in flight the host may give its active place up. A
+            # host waiting for a place (with adopted requests in flight) keeps
+            # its turn in the line.
             self._place(host, self.clock())
 
     def remove_queued(self, key: str) -> list[T]:
@@ -479,16 +485,19 @@ class Frontier(Generic[T]):
             policy.next_gap = 0.0
             self._refresh(key)
 
-    def start_outside(self, key: str, now: float) -> None:
-        """A request of *key* that :meth:`pop` did not hand out (a direct
-        download) started at *now*: the host's next start waits its interval
-        after this one, as after any other. It does not count in flight."""
-        policy = self.policy(key)
-        if not policy.interval:
-            return
-        policy.last_sent = now
-        self._draw_gap(policy, now)
-        self._refresh(key)
+    def adopt(self, key: str, now: float) -> None:
+        """Count a request of *key* that :meth:`pop` did not hand out (a
+        direct download) in flight from *now* until :meth:`finish`: the host
+        is handed that much less, and its next start waits its interval after
+        this one. The request takes no active-host place."""
+        host = self._hosts.get(key)
+        if host is None:
+            policy = self._retired.pop(key, None) or self._policy_factory(key)
+            host = self._hosts[key] = _Host(key, policy)
+        host.inflight += 1
+        if host.policy.interval:
+            self._draw_gap(host.policy, now)
+        self._place(host, now)
 
     def give_up(self, key: str) -> list[T]:
         """Refuse further work for *key* and return its queued items."""
@@ -573,6 +582,9 @@ class Frontier(Generic[T]):
             # next request may not go before the delay anyway, and it would
             # hold download budget meanwhile.
             host.state = FULL
+        elif not host.leased and 0 < self.max_active <= self.active:
+            # Without a place, whatever it has in flight (adopted requests).
+            self._set_capped(host)
         elif host.inflight >= policy.limit:
             host.state = PREFETCH
             self._seq += 1
@@ -580,8 +592,6 @@ class Frontier(Generic[T]):
             heapq.heappush(self._prefetchable, (-rank, self._seq, host.token, host))
             if self._crowded(len(self._prefetchable)):
                 self._compact()
-        elif not host.leased and 0 < self.max_active <= self.active:
-            self._set_capped(host)
         else:
             host.state = READY
             rank = self._ring_rank(host)

@@ -61,6 +61,9 @@ logger = logging.getLogger(__name__)
 #: How often a request that did not come from the scheduler, held back for its
 #: host, checks whether the crawl is closing (seconds).
 _DIRECT_WAIT_SLICE = 0.5
+#: How long such a request waits for a place under its host's limit while no
+#: request of the host finishes, before it goes anyway (seconds).
+_DIRECT_PATIENCE = 10.0
 
 #: Exceptions that mean "the host could not be reached or did not answer in
 #: time": each one is a decrease and counts toward the error budget. The
@@ -137,7 +140,8 @@ class AIMDMiddleware:
       for a growing cool-down; after ``HOSTQUEUE_ERROR_MAX_COOLDOWNS`` of them
       its queued requests are dropped.
     * Requests that skip the scheduler (``engine.download_async``: media
-      pipelines, robots.txt) wait here for their host's block and delay.
+      pipelines) wait here for their host's block, delay and a place under
+      its limit, then count for the host; robots.txt waits for a block.
 
     Needs :class:`~scrapy_hostqueue.HostQueueScheduler` and refuses to run
     beside AutoThrottle. Order it above ``RetryMiddleware`` (550), e.g. 560,
@@ -174,6 +178,7 @@ class AIMDMiddleware:
         self._crawl_delays: OrderedDict[str, _CrawlDelay] = OrderedDict()
         #: The last failure of each given-up host, for HostGivenUp.
         self._last_errors: OrderedDict[str, str] = OrderedDict()
+        self._warned_no_room: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -276,13 +281,17 @@ class AIMDMiddleware:
         if not scheduler.handed_out(request):
             # Not from the scheduler (engine.download_async: media pipelines,
             # robots.txt, a spider's own downloads): it waits here for the
-            # host's block and delay instead, and its start spaces the next.
-            spacing = urlparse_cached(request).path != "/robots.txt"
-            if self._direct_delay(scheduler, host, crawl_delay, now, spacing) > 0:
+            # host's block, delay and a free place under its limit instead,
+            # then counts for the host until it leaves. Not robots.txt, which
+            # the host's first requests wait for, beyond the block.
+            counted = urlparse_cached(request).path != "/robots.txt"
+            if self._direct_delay(scheduler, host, crawl_delay, now, counted) > 0 or (
+                counted and not scheduler.has_room(host)
+            ):
                 # A coroutine: Scrapy awaits what process_request returns.
-                return self._wait_for_host(scheduler, request, host, crawl_delay, spacing)
-            if spacing:
-                scheduler.direct_started(host, now)
+                return self._wait_for_host(scheduler, request, host, crawl_delay, counted)
+            if counted:
+                scheduler.adopt(request, host, now)
         elif request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES:
             # Requests handed out before the host got blocked (a 429 that
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
@@ -325,24 +334,53 @@ class AIMDMiddleware:
         request: Request,
         host: str,
         crawl_delay: _CrawlDelay | None,
-        spacing: bool,
+        counted: bool,
     ) -> None:
         """Hold a request that did not come from the scheduler until its host
-        may take it; given up when the crawl starts closing, since the engine
-        waits for it (a Retry-After block may be minutes long)."""
+        may take it. Given up when the crawl starts closing, since the engine
+        waits for it (a Retry-After block may be minutes long). Sent beyond
+        the limit if no request of the host leaves for ``_DIRECT_PATIENCE``
+        seconds: a downloader middleware may be downloading it while one of
+        the host's requests, which fill the limit, waits for the answer."""
+        waited_for_room = 0.0
         while True:
             now = self.clock()
-            wait = self._direct_delay(scheduler, host, crawl_delay, now, spacing)
-            if wait <= 0:
+            wait = self._direct_delay(scheduler, host, crawl_delay, now, counted)
+            if wait <= 0 and (not counted or scheduler.has_room(host)):
                 break
             if internals.engine_closing(self.crawler):
                 raise IgnoreRequest(f"the crawl closed while host {host} was held back")
-            await sleep(min(wait, _DIRECT_WAIT_SLICE))
-        if spacing:
-            scheduler.direct_started(host, now)
+            if wait > 0:
+                await sleep(min(wait, _DIRECT_WAIT_SLICE))
+                continue
+            if waited_for_room >= _DIRECT_PATIENCE:
+                self._warn_no_room(host)
+                break
+            began = self.clock()
+            if await scheduler.wait_for_room(host, _DIRECT_WAIT_SLICE):
+                # A request of the host left: the patience starts anew.
+                waited_for_room = 0.0
+            else:
+                waited_for_room += self.clock() - began
+        if counted:
+            scheduler.adopt(request, host, now)
         if crawl_delay is not None:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
+
+    def _warn_no_room(self, host: str) -> None:
+        if host in self._warned_no_room:
+            return
+        self._warned_no_room.add(host)
+        logger.warning(
+            "Host %s: a request that skips the scheduler (engine.download_async) "
+            "waited %.0fs for a place under the host's limit while none of its "
+            "requests finished, and goes beyond the limit. A downloader middleware "
+            "that downloads from a host while one of that host's requests waits for "
+            "it needs a limit of 2 or more.",
+            host,
+            _DIRECT_PATIENCE,
+        )
 
     def process_response(self, request: Request, response: Response) -> Response:
         started = request.meta.get(META_START)

@@ -189,6 +189,10 @@ class HostQueueScheduler(BaseScheduler):
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
+        # Requests that did not come from next_request but count for their
+        # host (see adopt), and those waiting to (see wait_for_room).
+        self._adopted: dict[Request, str] = {}
+        self._room_waiters: dict[str, deque[asyncio.Future[None]]] = {}
         # Handed-out requests of hosts with an interval between starts that
         # have not reached the downloader yet: (host, when handed out).
         self._unsent: dict[Request, tuple[str, float]] = {}
@@ -360,6 +364,8 @@ class HostQueueScheduler(BaseScheduler):
         self.recorder.limit_changed(host, limit)
         if host in self._send_waiters:
             self._open_gate(host)
+        if host in self._room_waiters:
+            self._wake_room_waiters(host)
 
     # -- the send gate (prefetch) ----------------------------------------------
 
@@ -401,7 +407,10 @@ class HostQueueScheduler(BaseScheduler):
         the status asks the host to back off (the AIMD middleware must block
         the host before its next request may go)."""
         if request in self._holding and status not in self.config.aimd_backoff_http_codes:
-            self._release_send_slot(self._handed_out[request], request)
+            host = self._handed_out.get(request)
+            if host is None:
+                host = self._adopted[request]
+            self._release_send_slot(host, request)
 
     def _may_send(self, host: str) -> bool:
         policy = self.frontier.policy(host)
@@ -430,6 +439,8 @@ class HostQueueScheduler(BaseScheduler):
             del self._sending[host]
         if host in self._send_waiters:
             self._open_gate(host)
+        if host in self._room_waiters:
+            self._wake_room_waiters(host)
 
     def _open_gate(self, host: str) -> None:
         waiters = self._send_waiters.get(host)
@@ -499,21 +510,61 @@ class HostQueueScheduler(BaseScheduler):
         return self._refusing.pop(request, None)
 
     # -- requests it did not hand out -------------------------------------------
+    #
+    # ``engine.download_async`` requests (media pipelines, robots.txt, a
+    # spider's own downloads) reach the downloader without next_request. The
+    # AIMD middleware holds them until their host may take one more
+    # (direct_delay, has_room, wait_for_room), then they count for the host
+    # like a handed-out request (adopt) until they leave the downloader.
 
     def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float:
-        """Seconds a request that did not come from :meth:`next_request`
-        (``engine.download_async``: media pipelines, robots.txt, a spider's
-        own downloads) must wait before it starts on *host*: until the host's
-        block ends and, with *spacing*, its interval since the last start has
-        passed."""
+        """Seconds such a request must wait before it starts on *host*: until
+        the host's block ends and, with *spacing*, its interval since the last
+        start has passed."""
         policy = self.frontier.policy(host)
         when = policy.ready_at() if spacing else policy.blocked_until
+        if spacing and self.prefetch:
+            when = max(when, _gate_opens_at(policy))
         return when - now if when > now else 0.0
 
-    def direct_started(self, host: str, now: float) -> None:
-        """Such a request starts at *now*: the host's next start waits its
-        interval after it."""
-        self.frontier.start_outside(host, now)
+    def has_room(self, host: str) -> bool:
+        """Whether *host* may have one more request on the wire now."""
+        limit = self.frontier.policy(host).limit
+        if self.prefetch:
+            return self._sending.get(host, 0) < limit
+        return self.frontier.inflight(host) < limit
+
+    async def wait_for_room(self, host: str, timeout: float) -> bool:
+        """Wait until a request of *host* leaves the downloader or its limit
+        changes (True), or *timeout* seconds (False)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._room_waiters.get(host)
+        if waiters is None:
+            waiters = self._room_waiters[host] = deque()
+        waiters.append(future)
+        try:
+            await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            if not future.done():
+                future.cancel()
+        return True
+
+    def adopt(self, request: Request, host: str, now: float) -> None:
+        """Count *request*, which did not come from next_request, for *host*
+        from now until it leaves the downloader."""
+        self.frontier.adopt(host, now)
+        self._adopted[request] = host
+        if self.prefetch:
+            self._take_send_slot(host, request)
+
+    def _wake_room_waiters(self, host: str) -> None:
+        waiters = self._room_waiters.pop(host, None)
+        while waiters:
+            future = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
 
     # -- internals -----------------------------------------------------------
 
@@ -569,6 +620,19 @@ class HostQueueScheduler(BaseScheduler):
                 # send slot, or, without the send gate, when it leaves.
                 self.recorder.in_flight_seen(host, self.on_wire(host))
             self.frontier.finish(host)
+            if self._room_waiters:
+                self._wake_room_waiters(host)
+        elif self._adopted:
+            host = self._adopted.pop(request, None)
+            if host is not None:
+                self.recorder.request_done(host, self.frontier.inflight(host), self.frontier.active)
+                if request in self._holding:
+                    self._release_send_slot(host, request)
+                elif not self.prefetch:
+                    self.recorder.in_flight_seen(host, self.on_wire(host))
+                self.frontier.finish(host)
+                if self._room_waiters:
+                    self._wake_room_waiters(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         host = self._handed_out.get(request)

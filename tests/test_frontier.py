@@ -476,6 +476,33 @@ def test_unstart_lets_the_next_request_go_without_the_gap() -> None:
     assert frontier.pop() is None
 
 
+def test_an_adopted_request_counts_against_the_limit_until_finish() -> None:
+    frontier, _ = make(limit=2, max_active=1)
+    for i in range(3):
+        frontier.push("a", 0, str(i))
+    frontier.adopt("a", 100.0)
+    assert frontier.inflight("a") == 1
+    assert frontier.pop() == ("a", "0")
+    assert frontier.pop() is None  # 2 in flight: the adopted one and "0"
+    frontier.finish("a")  # the adopted one left
+    assert frontier.pop() == ("a", "1")
+    # It takes no active place: "a" holds the only one, "b" still counts one.
+    frontier.adopt("b", 100.0)
+    assert frontier.inflight("b") == 1
+    assert frontier.active == 1
+    frontier.finish("b")
+    assert frontier.live_hosts == 1  # "b", with nothing left, retired
+
+
+def test_an_adopted_request_spaces_the_next_start() -> None:
+    frontier, clock = make(limit=5, interval=1.0)
+    frontier.push("a", 0, "0")
+    frontier.adopt("a", clock.now)
+    assert frontier.pop() is None
+    clock.advance(1.0)
+    assert frontier.pop() == ("a", "0")
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(("interval", "jitter"), [(1.0, 0.5), (2.0, 0.1), (0.3, 1.0)])
 def test_set_interval_with_jitter_keeps_gaps_in_range(
@@ -1303,6 +1330,26 @@ class FrontierMachine(RuleBasedStateMachine):
         self._maybe_retire(key)
 
     @rule(key=st.sampled_from(HOST_KEYS))
+    def adopt(self, key: str) -> None:
+        """A request that pop() did not hand out starts (the scheduler adopts
+        one only while the host has room)."""
+        host = self.hosts.get(key)
+        if host is not None and len(host.inflight) >= host.limit:
+            return
+        if host is None or not host.live():
+            if key in self.retired:
+                del self.retired[key]
+                assert host is not None
+            else:
+                host = self.hosts[key] = ModelHost(limit=self.default_limit)
+        host.idle_until = None
+        self.frontier.adopt(key, self.clock.now)
+        host.inflight.append(-1 - self.next_item)
+        self.next_item += 1
+        if host.interval:
+            host.last_start = self.clock.now
+
+    @rule(key=st.sampled_from(HOST_KEYS))
     def finish_without_inflight_raises(self, key: str) -> None:
         host = self.hosts.get(key)
         if host is None or not host.inflight:
@@ -1398,7 +1445,10 @@ class FrontierMachine(RuleBasedStateMachine):
                 assert host.ready_at() <= now
             elif state == CAPPED:
                 assert host.queue
-                assert not host.inflight
+                # Waiting for a place: in flight only requests it was not
+                # handed (adopted ones).
+                assert not host.leased
+                assert all(item < 0 for item in host.inflight)
             elif state == DRAINED:
                 assert not host.queue
                 assert host.inflight

@@ -74,6 +74,9 @@ class StandInScheduler(HostQueueScheduler):
         self.given_up: list[str] = []
         self._handed_out: dict[Request, str] = {}
         self._refusing: dict[Request, str] = {}
+        self._adopted: dict[Request, str] = {}
+        self._room_waiters: dict[str, Any] = {}
+        self.prefetch = 0
 
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request()."""

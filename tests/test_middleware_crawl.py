@@ -22,6 +22,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 from twisted.python.failure import Failure
 
+from scrapy_hostqueue import middleware as middleware_module
 from scrapy_hostqueue.middleware import CONNECTION_ERRORS
 from scrapy_hostqueue.scheduler import STATE_FILE, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
@@ -589,3 +590,74 @@ async def test_direct_downloads_keep_the_download_delay(
     assert server.served == 3 + 3 * 3
     assert server.min_gap is not None
     assert server.min_gap >= 0.19, server.arrivals
+
+
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_direct_downloads_count_against_the_host_limit(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """engine.download_async requests wait for a place under the host's limit:
+    the host never sees more than the limit, with Scrapy's HTTP/1.1 handler
+    too (6 in flight at a limit of 2 before)."""
+    hosts = local_hosts([HostSpec(latency=0.05, links=0)])
+    crawler = get_crawler(
+        DirectDownloadSpider,
+        aimd_settings(handler, CONCURRENT_REQUESTS_PER_DOMAIN=2, HOSTQUEUE_AIMD_START=2),
+    )
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 8))
+    spider = crawler.spider
+    assert isinstance(spider, DirectDownloadSpider)
+    assert len(spider.seen) == 8
+    assert spider.direct_statuses == [200] * 8 * 3
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    assert server.served == 8 + 8 * 3
+    assert server.max_in_flight == 2, server
+
+
+class SameHostFetchMiddleware:
+    """Before the first request of a host goes on, downloads another page of
+    that host with engine.download_async and waits for it (as a login or
+    token middleware may)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.fetched: list[int] = []
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> SameHostFetchMiddleware:
+        return cls(crawler)
+
+    async def process_request(self, request: Request) -> None:
+        if self.fetched or "/page/" not in request.url:
+            return
+        self.fetched.append(0)
+        base = request.url.rsplit("/page/", 1)[0]
+        assert self.crawler.engine is not None
+        answer = await self.crawler.engine.download_async(Request(f"{base}/page/999"))
+        self.fetched.append(answer.status)
+
+
+@deferred_f_from_coro_f
+async def test_a_direct_download_awaited_by_a_request_of_its_host_goes_after_a_while(
+    local_hosts: HostsFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At a limit of 1 the waiting request holds the host's only place: the
+    download it waits for goes beyond the limit once no request of the host
+    has finished for a while, with a WARNING, instead of hanging the crawl."""
+    monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 0.5)
+    hosts = local_hosts([HostSpec(latency=0.01, links=0)])
+    crawl_settings = aimd_settings(SCRAPY_HTTP11, CONCURRENT_REQUESTS_PER_DOMAIN=1)
+    crawl_settings["DOWNLOADER_MIDDLEWARES"] = {**MIDDLEWARE, SameHostFetchMiddleware: 100}
+    crawler = get_crawler(PageSpider, crawl_settings)
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=hosts.start_urls(0, 3))
+    assert time.monotonic() - began < 10
+    assert stat(crawler, "finish_reason") == "finished"
+    spider = crawler.spider
+    assert isinstance(spider, PageSpider)
+    assert len(spider.seen) == 3
+    warnings = [r for r in caplog.records if "beyond the limit" in r.getMessage()]
+    assert len(warnings) == 1
