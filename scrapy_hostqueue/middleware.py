@@ -284,6 +284,8 @@ class AIMDMiddleware:
             # host's block, delay and a free place under its limit instead,
             # then counts for the host until it leaves. Not robots.txt, which
             # the host's first requests wait for, beyond the block.
+            if scheduler.host_given_up(host):
+                raise HostGivenUp(host, self._last_errors.get(host))
             counted = urlparse_cached(request).path != "/robots.txt"
             if self._direct_delay(scheduler, host, crawl_delay, now, counted) > 0 or (
                 counted and not scheduler.has_room(host)
@@ -344,6 +346,8 @@ class AIMDMiddleware:
         the host's requests, which fill the limit, waits for the answer."""
         waited_for_room = 0.0
         while True:
+            if scheduler.host_given_up(host):
+                raise HostGivenUp(host, self._last_errors.get(host))
             now = self.clock()
             wait = self._direct_delay(scheduler, host, crawl_delay, now, counted)
             if wait <= 0 and (not counted or scheduler.has_room(host)):

@@ -527,6 +527,11 @@ class HostQueueScheduler(BaseScheduler):
             when = max(when, _gate_opens_at(policy))
         return when - now if when > now else 0.0
 
+    def host_given_up(self, host: str) -> bool:
+        """Whether *host* was given up (see :meth:`give_up`)."""
+        policy = self.frontier.known_policy(host)
+        return policy is not None and policy.given_up
+
     def has_room(self, host: str) -> bool:
         """Whether *host* may have one more request on the wire now."""
         limit = self.frontier.policy(host).limit

@@ -33,7 +33,7 @@ from twisted.internet.error import (
 from twisted.internet.error import TimeoutError as TxTimeoutError
 from twisted.web._newclient import ResponseNeverReceived
 
-from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
+from scrapy_hostqueue import HostGivenUp, HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._frontier import Frontier, HostPolicy
 from scrapy_hostqueue.middleware import (
@@ -309,6 +309,25 @@ async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
     assert scheduler.frontier.policy(HOST).ready_at() == clock.now + 1.0
     # robots.txt is not spaced (the host's first request waits for it).
     assert mw.process_request(Request(f"http://{HOST}/robots.txt")) is None
+
+
+@deferred_f_from_coro_f
+async def test_a_request_not_from_the_scheduler_to_a_given_up_host_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch)
+    monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
+    scheduler.block_until(HOST, clock.now + 5, "error-cooldown")
+    held = mw.process_request(Request(URL))
+    assert held is not None
+    assert not isinstance(held, Request)
+    scheduler.give_up(HOST)
+    with pytest.raises(HostGivenUp):
+        mw.process_request(Request(URL))
+    # One held during the cool-down that ended in the give-up.
+    clock.now += 5
+    with pytest.raises(HostGivenUp):
+        await held
 
 
 @deferred_f_from_coro_f
