@@ -554,6 +554,10 @@ class HostQueueScheduler(BaseScheduler):
         finally:
             if not future.done():
                 future.cancel()
+                # Not woken: leave no stale entry behind.
+                waiters.remove(future)
+                if not waiters and self._room_waiters.get(host) is waiters:
+                    del self._room_waiters[host]
         return True
 
     def adopt(self, request: Request, host: str, now: float) -> None:
