@@ -534,10 +534,9 @@ class HostQueueScheduler(BaseScheduler):
 
     def has_room(self, host: str) -> bool:
         """Whether *host* may have one more request on the wire now."""
-        limit = self.frontier.policy(host).limit
         if self.prefetch:
-            return self._sending.get(host, 0) < limit
-        return self.frontier.inflight(host) < limit
+            return self._may_send(host)
+        return self.frontier.inflight(host) < self.frontier.policy(host).limit
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
         """Wait until a request of *host* leaves the downloader or its limit
@@ -610,38 +609,33 @@ class HostQueueScheduler(BaseScheduler):
             # One that a middleware before the AIMD one answered or refused.
             self._refusing.pop(request, None)
         host = self._handed_out.pop(request, None)
-        if host is not None:
-            if self._unsent:
-                unsent = self._unsent.pop(request, None)
-                if unsent is not None:
-                    # Answered or refused by a downloader middleware (a cache
-                    # hit, robots.txt): it never went to the host.
-                    self.frontier.unstart(*unsent)
-            # The per-host request stats are taken here, off the engine's
-            # next_request path: every request handed out leaves exactly once,
-            # and the in-flight counts just before a leave reach every
-            # high-water mark the hand-outs set.
-            self.recorder.request_done(host, self.frontier.inflight(host), self.frontier.active)
-            if request in self._holding:
-                self._release_send_slot(host, request)
-            elif not self.prefetch:
-                # A request stops being on the wire when it gives back its
-                # send slot, or, without the send gate, when it leaves.
-                self.recorder.in_flight_seen(host, self.on_wire(host))
-            self.frontier.finish(host)
-            if self._room_waiters:
-                self._wake_room_waiters(host)
-        elif self._adopted:
+        if host is None:
+            # Or one the AIMD middleware adopted (it skipped next_request).
+            if not self._adopted:
+                return
             host = self._adopted.pop(request, None)
-            if host is not None:
-                self.recorder.request_done(host, self.frontier.inflight(host), self.frontier.active)
-                if request in self._holding:
-                    self._release_send_slot(host, request)
-                elif not self.prefetch:
-                    self.recorder.in_flight_seen(host, self.on_wire(host))
-                self.frontier.finish(host)
-                if self._room_waiters:
-                    self._wake_room_waiters(host)
+            if host is None:
+                return
+        elif self._unsent:
+            unsent = self._unsent.pop(request, None)
+            if unsent is not None:
+                # Answered or refused by a downloader middleware (a cache
+                # hit, robots.txt): it never went to the host.
+                self.frontier.unstart(*unsent)
+        # The per-host request stats are taken here, off the engine's
+        # next_request path: every request handed out leaves exactly once,
+        # and the in-flight counts just before a leave reach every
+        # high-water mark the hand-outs set.
+        self.recorder.request_done(host, self.frontier.inflight(host), self.frontier.active)
+        if request in self._holding:
+            self._release_send_slot(host, request)
+        elif not self.prefetch:
+            # A request stops being on the wire when it gives back its
+            # send slot, or, without the send gate, when it leaves.
+            self.recorder.in_flight_seen(host, self.on_wire(host))
+        self.frontier.finish(host)
+        if self._room_waiters:
+            self._wake_room_waiters(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         host = self._handed_out.get(request)

@@ -3,8 +3,10 @@ against a scheduler stand-in built on the real frontier (no network)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+from collections.abc import Awaitable
 from email.utils import formatdate
 from typing import Any
 
@@ -264,6 +266,14 @@ def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
     assert mw.process_request(scheduler.hand_out(back)) is None
 
 
+def held(outcome: Any) -> Awaitable[Any]:
+    """What process_request returns for a request it holds: an awaitable."""
+    assert outcome is not None
+    assert not isinstance(outcome, Request)
+    assert inspect.isawaitable(outcome)
+    return outcome  # type: ignore[no-any-return]
+
+
 @deferred_f_from_coro_f
 async def test_a_request_not_from_the_scheduler_waits_out_the_block(
     monkeypatch: pytest.MonkeyPatch,
@@ -274,17 +284,13 @@ async def test_a_request_not_from_the_scheduler_waits_out_the_block(
     monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
     scheduler.block_until(HOST, clock.now + 2, "retry-after")
     direct = Request(URL)
-    waiting = mw.process_request(direct)
-    assert waiting is not None
-    assert not isinstance(waiting, Request)
+    waiting = held(mw.process_request(direct))
     clock.now += 2
     assert await waiting is None
     assert direct.meta[META_START] == clock.now
     # robots.txt waits for a block too.
     scheduler.block_until(HOST, clock.now + 1, "retry-after")
-    robots = mw.process_request(Request(f"http://{HOST}/robots.txt"))
-    assert robots is not None
-    assert not isinstance(robots, Request)
+    robots = held(mw.process_request(Request(f"http://{HOST}/robots.txt")))
     clock.now += 1
     assert await robots is None
     # Not blocked: it goes at once.
@@ -301,9 +307,7 @@ async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
     assert mw.process_request(Request(URL)) is None
     # The next start waits the interval after it, scheduled or not.
     assert scheduler.frontier.policy(HOST).ready_at() == clock.now + 1.0
-    waiting = mw.process_request(Request(URL))
-    assert waiting is not None
-    assert not isinstance(waiting, Request)
+    waiting = held(mw.process_request(Request(URL)))
     clock.now += 1.0
     assert await waiting is None
     assert scheduler.frontier.policy(HOST).ready_at() == clock.now + 1.0
@@ -318,16 +322,14 @@ async def test_a_request_not_from_the_scheduler_to_a_given_up_host_is_refused(
     mw, scheduler, clock = middleware(monkeypatch)
     monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
     scheduler.block_until(HOST, clock.now + 5, "error-cooldown")
-    held = mw.process_request(Request(URL))
-    assert held is not None
-    assert not isinstance(held, Request)
+    waiting = held(mw.process_request(Request(URL)))
     scheduler.give_up(HOST)
     with pytest.raises(HostGivenUp):
         mw.process_request(Request(URL))
     # One held during the cool-down that ended in the give-up.
     clock.now += 5
     with pytest.raises(HostGivenUp):
-        await held
+        await waiting
 
 
 @deferred_f_from_coro_f
@@ -337,9 +339,7 @@ async def test_a_held_request_not_from_the_scheduler_is_dropped_when_the_crawl_c
     mw, scheduler, clock = middleware(monkeypatch)
     monkeypatch.setattr(internals, "engine_closing", lambda crawler: True)
     scheduler.block_until(HOST, clock.now + 300, "retry-after")
-    waiting = mw.process_request(Request(URL))
-    assert waiting is not None
-    assert not isinstance(waiting, Request)
+    waiting = held(mw.process_request(Request(URL)))
     with pytest.raises(IgnoreRequest, match="closed"):
         await waiting
 
