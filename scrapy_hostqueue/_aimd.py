@@ -158,23 +158,26 @@ class Adjustment:
 
 
 class AimdTable:
-    """Per-host AIMD state in a bounded LRU table.
+    """Per-host AIMD state.
 
-    *max_hosts* bounds memory: the least recently used host is forgotten and
-    starts again from ``start`` if it comes back. *clock* is monotonic time,
-    the same clock the caller stamps request starts with.
+    *max_hosts* bounds memory: past it, the least recently used host is
+    forgotten and starts again from ``start`` if it comes back. ``None``: no
+    bound of its own; the owner calls :meth:`forget` (the AIMD middleware
+    does when the scheduler forgets a host, so that a host with work queued
+    keeps its state however many hosts the crawl has). *clock* is monotonic
+    time, the same clock the caller stamps request starts with.
     """
 
     def __init__(
         self,
         settings: AimdSettings,
         *,
-        max_hosts: int = 10_000,
+        max_hosts: int | None = 10_000,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.max_hosts = max(1, max_hosts)
+        self.max_hosts = None if max_hosts is None else max(1, max_hosts)
         self.clock = clock
         self._rng = rng or random.Random()
         self._hosts: OrderedDict[str, AimdHost] = OrderedDict()
@@ -201,14 +204,19 @@ class AimdTable:
         if state is None:
             state = AimdHost(min(s.start, host_ceiling), host_ceiling)
             self._hosts[key] = state
-            while len(self._hosts) > self.max_hosts:
-                self._hosts.popitem(last=False)
+            if self.max_hosts is not None:
+                while len(self._hosts) > self.max_hosts:
+                    self._hosts.popitem(last=False)
         else:
             self._hosts.move_to_end(key)
             if ceiling is not None:
                 state.ceiling = host_ceiling
                 state.limit = min(state.limit, host_ceiling)
         return state
+
+    def forget(self, key: str) -> None:
+        """Drop what is known about *key*; it starts again from ``start``."""
+        self._hosts.pop(key, None)
 
     # -- outcomes --------------------------------------------------------
 

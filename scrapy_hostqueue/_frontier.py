@@ -255,10 +255,18 @@ class Frontier(Generic[T]):
         #: for a send slot downstream (see HostQueueScheduler.acquire_send_slot).
         self.prefetch = prefetch
         self._remember = remember
+        #: Called with a host's key when the frontier forgets the host for good
+        #: (its policy leaves both memories of idle hosts), so that state kept
+        #: elsewhere about the host (the AIMD middleware's) lives exactly as long.
+        self.on_forget: Callable[[str], None] | None = None
         self.clock = clock
         self._rng = rng or random.Random()
         self._hosts: dict[str, _Host[T]] = {}
+        # Policies of idle hosts, least recently used first, at most
+        # `remember`; and those of idle hosts given up or blocked beyond the
+        # moment they were pushed out of the first, at most `remember` more.
         self._retired: OrderedDict[str, HostPolicy] = OrderedDict()
+        self._kept: OrderedDict[str, HostPolicy] = OrderedDict()
         self._buckets: dict[int, deque[tuple[int, _Host[T]]]] = {}
         self._bucket_ranks: list[int] = []  # heap of -rank
         self._ring_entries = 0  # entries in all buckets, stale ones included
@@ -289,17 +297,19 @@ class Frontier(Generic[T]):
         if host is not None:
             return host.policy
         policy = self._retired.get(key)
-        if policy is None:
-            policy = self._policy_factory(key)
-            self._remember_policy(key, policy)
-        else:
+        if policy is not None:
             self._retired.move_to_end(key)
+            return policy
+        policy = self._kept.pop(key, None) or self._policy_factory(key)
+        self._remember_policy(key, policy)
         return policy
 
     def known_policy(self, key: str) -> HostPolicy | None:
         """The policy of *key* if the frontier knows the host, without creating one."""
         host = self._hosts.get(key)
-        return host.policy if host is not None else self._retired.get(key)
+        if host is not None:
+            return host.policy
+        return self._retired.get(key) or self._kept.get(key)
 
     def queued(self, key: str) -> int:
         host = self._hosts.get(key)
@@ -319,9 +329,10 @@ class Frontier(Generic[T]):
         for host in self._hosts.values():
             if host.policy.blocked_until > now:
                 yield host.key, host.policy
-        for key, policy in self._retired.items():
-            if policy.blocked_until > now:
-                yield key, policy
+        for idle in (self._retired, self._kept):
+            for key, policy in idle.items():
+                if policy.blocked_until > now:
+                    yield key, policy
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostPolicy]]:
         """``(key, queued, inflight, policy)`` of every live host (O(hosts): for
@@ -354,7 +365,7 @@ class Frontier(Generic[T]):
         equals. Returns False (and queues nothing) if the host was given up."""
         host = self._hosts.get(key)
         if host is None:
-            policy = self._retired.pop(key, None) or self._policy_factory(key)
+            policy = self._recall(key)
             if policy.given_up:
                 self._remember_policy(key, policy)
                 return False
@@ -492,8 +503,7 @@ class Frontier(Generic[T]):
         this one. The request takes no active-host place."""
         host = self._hosts.get(key)
         if host is None:
-            policy = self._retired.pop(key, None) or self._policy_factory(key)
-            host = self._hosts[key] = _Host(key, policy)
+            host = self._hosts[key] = _Host(key, self._recall(key))
         host.inflight += 1
         if host.policy.interval:
             self._draw_gap(host.policy, now)
@@ -696,9 +706,32 @@ class Frontier(Generic[T]):
         del self._hosts[host.key]
         self._remember_policy(host.key, host.policy)
 
+    def _recall(self, key: str) -> HostPolicy:
+        """The policy of *key*, which is not live, taken out of the memories
+        of idle hosts, or a new one."""
+        policy = self._retired.pop(key, None) or self._kept.pop(key, None)
+        return policy if policy is not None else self._policy_factory(key)
+
     def _remember_policy(self, key: str, policy: HostPolicy) -> None:
+        """Keep the policy of *key*, now idle, pushing the least recently used
+        idle host out of the memory if it is full. A host pushed out while it
+        is given up, or blocked beyond now, is kept in a second memory of the
+        same size, which forgets the oldest: a broad crawl that retires many
+        hosts in a row does not forget a Retry-After still running or a host
+        it gave up."""
         retired = self._retired
         retired[key] = policy
         retired.move_to_end(key)
+        if len(retired) <= self._remember:
+            return
+        now = self.clock()
+        kept = self._kept
         while len(retired) > self._remember:
-            retired.popitem(last=False)
+            old_key, old = retired.popitem(last=False)
+            if old.given_up or old.blocked_until > now:
+                kept[old_key] = old
+                if len(kept) <= self._remember:
+                    continue
+                old_key, _ = kept.popitem(last=False)
+            if self.on_forget is not None:
+                self.on_forget(old_key)

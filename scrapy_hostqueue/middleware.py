@@ -13,7 +13,6 @@ import logging
 import socket
 import sys
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
@@ -165,7 +164,8 @@ class AIMDMiddleware:
                 error_cooldown=config.error_cooldown,
                 error_max_cooldowns=config.error_max_cooldowns,
             ),
-            max_hosts=config.remember_hosts,
+            # Kept as long as the scheduler keeps the host (forget_host).
+            max_hosts=None,
         )
         self.clock = self.table.clock
         self.recorder = get_recorder(crawler)
@@ -175,9 +175,12 @@ class AIMDMiddleware:
         self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
         self._robots_user_agent: str | None = settings.get("ROBOTSTXT_USER_AGENT") or None
         self._default_user_agent: str = settings.get("USER_AGENT") or ""
-        self._crawl_delays: OrderedDict[str, _CrawlDelay] = OrderedDict()
+        #: robots.txt Crawl-delays, for the whole crawl: Scrapy parses a site's
+        #: robots.txt once per crawl (and keeps every parser), so a delay
+        #: forgotten here would never come back.
+        self._crawl_delays: dict[str, _CrawlDelay] = {}
         #: The last failure of each given-up host, for HostGivenUp.
-        self._last_errors: OrderedDict[str, str] = OrderedDict()
+        self._last_errors: dict[str, str] = {}
         self._warned_no_room: set[str] = set()
 
     @classmethod
@@ -256,6 +259,23 @@ class AIMDMiddleware:
         limit = self.table.host(host, cap).limit
         self.recorder.limit_changed(host, limit)
         return limit
+
+    def forget_host(self, host: str) -> None:
+        """The scheduler forgot *host* (idle, beyond ``HOSTQUEUE_REMEMBER_HOSTS``):
+        forget what was learned about it too (the policy hook)."""
+        self.table.forget(host)
+        self._last_errors.pop(host, None)
+        self._warned_no_room.discard(host)
+
+    @staticmethod
+    def _known_host(scheduler: HostQueueScheduler, request: Request) -> str:
+        """The host of *request*, made known to the scheduler if it is not (a
+        robots.txt of a site whose requests share a ``download_slot``), so that
+        what the table learns about it is forgotten when the scheduler
+        forgets the host."""
+        host = scheduler.host_of(request)
+        scheduler.policy(host)
+        return host
 
     def _scheduler(self) -> HostQueueScheduler:
         if self.scheduler is None:
@@ -391,7 +411,7 @@ class AIMDMiddleware:
         if started is None or "cached" in response.flags:
             return response
         scheduler = self._scheduler()
-        host = scheduler.host_of(request)
+        host = self._known_host(scheduler, request)
         now = self.clock()
         latency = request.meta.get("download_latency")
         if latency is None:
@@ -424,7 +444,7 @@ class AIMDMiddleware:
         if started is None:
             return None
         scheduler = self._scheduler()
-        host = scheduler.host_of(request)
+        host = self._known_host(scheduler, request)
         self.recorder.exception(host, type(exception).__name__)
         if not isinstance(exception, CONNECTION_ERRORS) or _malformed_answer(exception):
             return None
@@ -488,8 +508,6 @@ class AIMDMiddleware:
             )
         if adj.give_up:
             self._last_errors[host] = detail
-            while len(self._last_errors) > max(1, self.config.remember_hosts):
-                self._last_errors.popitem(last=False)
             dropped = scheduler.give_up(host)
             self.recorder.host_given_up(host, dropped)
             logger.warning(
@@ -538,12 +556,9 @@ class AIMDMiddleware:
         entry = self._crawl_delays.get(host)
         if entry is None:
             entry = self._crawl_delays[host] = _CrawlDelay(seconds)
-            while len(self._crawl_delays) > max(1, self.config.remember_hosts):
-                self._crawl_delays.popitem(last=False)
             if self.crawler.stats is not None:
                 self.crawler.stats.inc_value(stat_key("crawl_delay_host_count"))
         else:
-            self._crawl_delays.move_to_end(host)
             entry.delay = max(entry.delay, seconds)
         self._apply_crawl_delay(scheduler, host, entry.delay)
         # The robots.txt fetch that just ended counts as the previous request.

@@ -87,9 +87,13 @@ class HostGivenUp(IgnoreRequest):
 
 
 class PolicyHook(Protocol):
-    """What the AIMD middleware provides to set the limit of a new host."""
+    """What the AIMD middleware provides: the limit of a host the scheduler
+    meets, and the moment the scheduler forgets a host (so that what the
+    middleware learned about it is kept exactly as long)."""
 
     def initial_limit(self, host: str, configured: int) -> int: ...
+
+    def forget_host(self, host: str) -> None: ...
 
 
 def request_rank(request: Request) -> int:
@@ -335,8 +339,10 @@ class HostQueueScheduler(BaseScheduler):
     # -- API for the AIMD middleware -------------------------------------------
 
     def attach_policy(self, hook: PolicyHook) -> None:
-        """Let *hook* choose the limit of every host from now on."""
+        """Let *hook* choose the limit of every host from now on, and tell it
+        when a host is forgotten."""
         self._policy_hook = hook
+        self.frontier.on_forget = hook.forget_host
 
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)

@@ -877,13 +877,70 @@ def test_give_up_of_an_unseen_host() -> None:
     assert frontier.live_hosts == 0
 
 
-def test_given_up_host_is_forgotten_with_its_policy() -> None:
+def test_given_up_host_outlives_the_memory_of_idle_hosts() -> None:
     frontier, _ = make(remember=2)
+    forgotten: list[str] = []
+    frontier.on_forget = forgotten.append
     frontier.give_up("x")
-    for host in ("y", "z"):
+    # More idle hosts than the memory holds: the plain ones are forgotten,
+    # the given-up one is kept in the second memory.
+    for host in ("y", "z", "w", "v"):
         frontier.policy(host)
+    assert forgotten == ["y", "z"]
+    assert frontier.known_policy("x") is not None
+    assert not frontier.push("x", 0, "x0")
+    # The second memory is bounded too: two more given-up hosts pushed out of
+    # the first one push "x" out of it.
+    for host in ("g1", "g2"):
+        frontier.give_up(host)
+    for host in ("u1", "u2", "u3", "u4"):
+        frontier.policy(host)
+    assert "x" in forgotten
     assert frontier.known_policy("x") is None
     assert frontier.push("x", 0, "x0")
+    assert len(frontier._retired) <= 2
+    assert len(frontier._kept) <= 2
+
+
+def test_blocked_idle_host_outlives_the_memory_of_idle_hosts_until_its_block_ends() -> None:
+    frontier, clock = make(remember=2)
+    forgotten: list[str] = []
+    frontier.on_forget = forgotten.append
+    frontier.push("a", 0, "a0")
+    assert frontier.pop() == ("a", "a0")
+    frontier.block_until("a", clock.now + 60, "retry-after")  # a 429 with Retry-After: 60
+    frontier.finish("a")
+    assert frontier.state("a") is None  # idle: retired, blocked
+    for i in range(5):
+        frontier.policy(f"h{i}")
+    assert "a" not in forgotten
+    assert [key for key, _ in frontier.blocked(clock.now)] == ["a"]
+    frontier.push("a", 0, "a1")
+    assert frontier.pop() is None  # still blocked
+    clock.advance(61)
+    assert frontier.pop() == ("a", "a1")
+    frontier.finish("a")
+    # Its block is over: forgotten like any idle host.
+    for i in range(5, 10):
+        frontier.policy(f"h{i}")
+    assert "a" in forgotten
+    assert frontier.known_policy("a") is None
+
+
+def test_on_forget_reports_each_forgotten_host_once_and_never_a_live_one() -> None:
+    frontier, _ = make(limit=1, remember=3)
+    forgotten: list[str] = []
+    frontier.on_forget = forgotten.append
+    frontier.push("live", 0, "q0")
+    frontier.push("live", 0, "q1")
+    assert frontier.pop() == ("live", "q0")
+    hosts = [f"h{i}" for i in range(20)]
+    for host in hosts:
+        frontier.push(host, 0, host)
+        assert frontier.pop() == (host, host)
+        frontier.finish(host)
+    assert forgotten == hosts[:-3]
+    assert frontier.state("live") is not None
 
 
 @pytest.mark.parametrize("inflight", [0, 1])
@@ -1073,6 +1130,10 @@ class FrontierMachine(RuleBasedStateMachine):
         self.default_limit = DEFAULT_LIMIT
         self.hosts: dict[str, ModelHost] = {}  # live or remembered
         self.retired: OrderedDict[str, None] = OrderedDict()
+        # Pushed out of `retired` while given up or blocked.
+        self.kept: OrderedDict[str, None] = OrderedDict()
+        self.forgotten: list[str] = []  # on_forget calls the model expects
+        self.reported: list[str] = []  # on_forget calls the frontier made
         self.next_item = 0
         self.accepted: list[int] = []
         self.popped: Counter[int] = Counter()
@@ -1112,23 +1173,44 @@ class FrontierMachine(RuleBasedStateMachine):
             clock=self.clock,
             rng=random.Random(0),
         )
+        self.frontier.on_forget = self.reported.append
 
-    # -- the model's bookkeeping of remembered policies (an LRU) ---------
+    # -- the model's bookkeeping of remembered policies (an LRU, and a --------
+    # -- second one for hosts pushed out of it while given up or blocked) -----
 
     def _remember(self, key: str) -> None:
         self.retired[key] = None
         self.retired.move_to_end(key)
         while len(self.retired) > self.remember:
             old, _ = self.retired.popitem(last=False)
+            host = self.hosts[old]
+            if host.given_up or host.blocked_until > self.clock.now:
+                self.kept[old] = None
+                if len(self.kept) <= self.remember:
+                    continue
+                old, _ = self.kept.popitem(last=False)
             del self.hosts[old]
+            self.forgotten.append(old)
+
+    def _recall(self, key: str) -> bool:
+        """Take *key* out of the memories of idle hosts; False if in neither."""
+        for memory in (self.retired, self.kept):
+            if key in memory:
+                del memory[key]
+                return True
+        return False
 
     def _touch(self, key: str) -> ModelHost:
         """Frontier.policy(): find or create, refreshing the LRU order."""
         host = self.hosts.get(key)
         if host is not None and host.live():
             return host
-        if host is not None:
+        if host is not None and key in self.retired:
             self.retired.move_to_end(key)
+            return host
+        if host is not None:
+            del self.kept[key]
+            self._remember(key)
             return host
         host = self.hosts[key] = ModelHost(limit=self.default_limit)
         self._remember(key)
@@ -1138,7 +1220,8 @@ class FrontierMachine(RuleBasedStateMachine):
     def _maybe_retire(self, key: str) -> None:
         self._settle()
         host = self.hosts.get(key)
-        if host is not None and not host.live() and key not in self.retired:
+        remembered = key in self.retired or key in self.kept
+        if host is not None and not host.live() and not remembered:
             self._remember(key)
 
     def _settle(self) -> None:
@@ -1227,8 +1310,7 @@ class FrontierMachine(RuleBasedStateMachine):
             if expected:
                 host.idle_until = None
         else:
-            if key in self.retired:
-                del self.retired[key]
+            if self._recall(key):
                 assert host is not None
             else:
                 host = self.hosts[key] = ModelHost(limit=self.default_limit)
@@ -1337,8 +1419,7 @@ class FrontierMachine(RuleBasedStateMachine):
         if host is not None and len(host.inflight) >= host.limit:
             return
         if host is None or not host.live():
-            if key in self.retired:
-                del self.retired[key]
+            if self._recall(key):
                 assert host is not None
             else:
                 host = self.hosts[key] = ModelHost(limit=self.default_limit)
@@ -1421,7 +1502,9 @@ class FrontierMachine(RuleBasedStateMachine):
     def pop_now_would_agree_with_model(self) -> None:
         # Ask a copy, so that every step (not only the pop rules) checks that
         # no ready host is overlooked and no host is served too early.
-        self._check_pop(copy.deepcopy(self.frontier))
+        probe = copy.deepcopy(self.frontier)
+        probe.on_forget = None  # what the copy forgets is not the frontier's
+        self._check_pop(probe)
 
     @invariant()
     def states_agree_with_model(self) -> None:
@@ -1468,6 +1551,8 @@ class FrontierMachine(RuleBasedStateMachine):
     @invariant()
     def remembered_policies_match(self) -> None:
         assert len(self.frontier._retired) <= self.remember
+        assert len(self.frontier._kept) <= self.remember
+        assert self.reported == self.forgotten
         for key in HOST_KEYS:
             policy = self.frontier.known_policy(key)
             host = self.hosts.get(key)

@@ -555,6 +555,64 @@ def test_error_budget_parks_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> No
     assert scheduler.given_up == [HOST]
 
 
+def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts_than_remembered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # HOSTQUEUE_REMEMBER_HOSTS bounds the memory of idle hosts; a host with
+    # work queued is not idle and must keep what the middleware learned
+    # (failures, cool-downs) however many other hosts answer meanwhile.
+    scheduler = StandInScheduler()
+    scheduler.frontier = Frontier(scheduler._make_policy, remember=2)
+    mw, scheduler, clock = middleware(
+        monkeypatch,
+        scheduler,
+        HOSTQUEUE_REMEMBER_HOSTS=2,
+        HOSTQUEUE_ERROR_BUDGET=2,
+        HOSTQUEUE_ERROR_COOLDOWN=5,
+        HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
+    )
+    scheduler.frontier.push(HOST, 0, "queued")
+    error = DownloadConnectionRefusedError("refused")
+
+    def others_answer(first: int) -> None:
+        for i in range(first, first + 10):
+            mw.process_response(request := sent(mw, f"http://other{i}.test/"), response(request))
+
+    for _ in range(2):
+        clock.now += 1
+        mw.process_exception(sent(mw), error)
+    assert scheduler.blocks == [(HOST, clock.now + 5, "error-cooldown")]
+    others_answer(0)  # during the cool-down
+    for _ in range(2):
+        clock.now += 10
+        mw.process_exception(sent(mw), error)
+        others_answer(100)
+    assert scheduler.given_up == [HOST]
+    assert len(mw.table) <= 2 + 2 + 1  # both memories of idle hosts, and HOST
+
+
+def test_what_was_learned_about_a_host_is_forgotten_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduler = StandInScheduler()
+    scheduler.frontier = Frontier(scheduler._make_policy, remember=3)
+    mw, scheduler, clock = middleware(monkeypatch, scheduler, HOSTQUEUE_AIMD_START=4)
+    request = sent(mw)
+    clock.now += 1
+    mw.process_response(request, response(request, latency=60))  # slow: halved, no block
+    assert limit(scheduler) == 2
+    assert HOST in mw.table
+    for i in range(2):
+        mw.process_response(request := sent(mw, f"http://other{i}.test/"), response(request))
+    assert limit(scheduler) == 2  # still remembered
+    for i in range(2, 6):
+        mw.process_response(request := sent(mw, f"http://other{i}.test/"), response(request))
+    assert HOST not in mw.table
+    assert scheduler.frontier.known_policy(HOST) is None
+    assert limit(scheduler) == 4  # met again: from the start
+    assert len(mw.table) <= 3 + 1
+
+
 # -- Crawl-delay ----------------------------------------------------------------
 
 
