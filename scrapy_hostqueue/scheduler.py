@@ -646,6 +646,16 @@ class HostQueueScheduler(BaseScheduler):
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         host = self._handed_out.get(request)
         if host is None:
+            # robots.txt, media pipelines: the slot may exist since this
+            # request only, with Scrapy's delay. Left there, that delay would
+            # make the downloader hold the host's first handed-out request
+            # (a page waiting for robots.txt) a whole delay in the downloader,
+            # holding the global budget, while the scheduler counts the delay
+            # from handing it out: the next page would follow at once.
+            if not self._autothrottle:
+                internals.apply_to_slot(
+                    self.crawler, internals.host_key(self.crawler, request), delay=0.0
+                )
             return
         if self._unsent:
             self._unsent.pop(request, None)

@@ -546,6 +546,32 @@ async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     assert min(gaps) >= 0.475, gaps
 
 
+@pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
+@deferred_f_from_coro_f
+async def test_download_delay_holds_from_the_first_page_with_robots_txt(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """robots.txt reaches the downloader slot before any page and does not
+    come from the scheduler: the slot must not keep a delay of its own
+    after it. Scrapy's downloader then held the first page there for the
+    delay, while the scheduler counted the delay from handing that page out,
+    so the second page followed it 20 ms later."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0)])
+    await crawl(
+        hosts.start_urls(0, 4),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        ROBOTSTXT_OBEY=True,
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        DOWNLOAD_DELAY=0.5,
+        DOWNLOAD_DELAY_JITTER=0,
+    )
+    stats = hosts.stats(0)
+    assert stats.served == 4
+    gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
+    assert min(gaps) >= 0.475, gaps
+
+
 class _AnswerOddPages:
     """Stands in for the downloader middlewares that answer a request before
     it reaches the downloader: pages 1, 5, ... get a response (as from
