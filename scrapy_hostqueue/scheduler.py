@@ -190,6 +190,11 @@ class HostQueueScheduler(BaseScheduler):
         # and the requests waiting for it.
         self._sending: dict[str, int] = {}
         self._holding: set[Request] = set()
+        # Requests whose back-off status (429, 503) the handler has read and
+        # the AIMD middleware has not seen yet, and how many per host: the
+        # host sends nothing more until it has blocked the host.
+        self._backing_off: dict[Request, str] = {}
+        self._backing_off_hosts: dict[str, int] = {}
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
@@ -410,18 +415,27 @@ class HostQueueScheduler(BaseScheduler):
     def response_downloaded(self, request: Request, status: int) -> None:
         """The handler has read *request*'s whole response: free its send slot
         now, before the response crosses the downloader middlewares, unless
-        the status asks the host to back off (the AIMD middleware must block
-        the host before its next request may go)."""
-        if request in self._holding and status not in self.config.aimd_backoff_http_codes:
-            host = self._handed_out.get(request)
-            if host is None:
-                host = self._adopted[request]
+        the status asks the host to back off. Then the host sends nothing
+        until that response has crossed them (the AIMD middleware blocks the
+        host there for its Retry-After): another of its requests finishing
+        meanwhile must not let the next one through."""
+        if request not in self._holding:
+            return
+        host = self._handed_out.get(request)
+        if host is None:
+            host = self._adopted[request]
+        if status in self.config.aimd_backoff_http_codes:
+            self._backing_off[request] = host
+            self._backing_off_hosts[host] = self._backing_off_hosts.get(host, 0) + 1
+        else:
             self._release_send_slot(host, request)
 
     def _may_send(self, host: str) -> bool:
         policy = self.frontier.policy(host)
         return (
-            self._sending.get(host, 0) < policy.limit and _gate_opens_at(policy) <= time.monotonic()
+            self._sending.get(host, 0) < policy.limit
+            and _gate_opens_at(policy) <= time.monotonic()
+            and host not in self._backing_off_hosts
         )
 
     def _may_send_back(self, request: Request) -> bool:
@@ -437,6 +451,12 @@ class HostQueueScheduler(BaseScheduler):
 
     def _release_send_slot(self, host: str, request: Request) -> None:
         self._holding.discard(request)
+        if self._backing_off and self._backing_off.pop(request, None) is not None:
+            pending = self._backing_off_hosts[host] - 1
+            if pending:
+                self._backing_off_hosts[host] = pending
+            else:
+                del self._backing_off_hosts[host]
         self.recorder.in_flight_seen(host, self.on_wire(host))
         left = self._sending[host] - 1
         if left:

@@ -3,6 +3,7 @@ the server."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
@@ -20,6 +21,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
+from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._frontier import IDLE
 from scrapy_hostqueue.scheduler import request_rank
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
@@ -642,3 +644,47 @@ async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 1
     assert arrivals[0] - resumed_at >= 1.5
+
+
+@deferred_f_from_coro_f
+async def test_the_send_gate_holds_a_host_while_its_back_off_status_crosses_the_middlewares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 429 read by the handler frees no send slot until the AIMD middleware
+    has seen it (and blocked the host). Another request of the host that
+    finishes meanwhile must not let the next one onto the wire, into the
+    Retry-After window the host has just opened."""
+    crawler = get_crawler(
+        PageSpider,
+        settings(
+            SCHEDULER=SCHEDULER,
+            DOWNLOAD_HANDLERS=_handlers(OUR_HANDLER),
+            CONCURRENT_REQUESTS_PER_DOMAIN=2,
+        ),
+    )
+    # No engine here: the test calls _request_left as the downloader would.
+    monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)
+    scheduler = HostQueueScheduler.from_crawler(crawler)
+    scheduler.open(PageSpider())
+    assert scheduler.prefetch == 1
+    for page in range(3):
+        assert scheduler.enqueue_request(Request(f"http://example.com/{page}"))
+    first, second, third = (scheduler.next_request() for _ in range(3))
+    assert first is not None and second is not None and third is not None
+    await scheduler.acquire_send_slot(first)
+    await scheduler.acquire_send_slot(second)
+    waiting = asyncio.ensure_future(scheduler.acquire_send_slot(third))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # the limit is 2
+
+    scheduler.response_downloaded(first, 429)
+    scheduler.response_downloaded(second, 200)  # frees its slot
+    await asyncio.sleep(0)
+    assert not waiting.done()  # the 429 has not crossed the middlewares yet
+
+    # The 429 leaves the downloader (the middlewares have seen it): the gate opens.
+    scheduler._request_left(first)
+    await asyncio.wait_for(waiting, 1)
+    scheduler._request_left(second)
+    scheduler._request_left(third)
+    assert not scheduler._backing_off and not scheduler._backing_off_hosts
