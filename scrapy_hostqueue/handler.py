@@ -20,7 +20,7 @@
 * response headers keep the bytes the server sent, as with Scrapy's HTTP/1.1
   handler (Scrapy's aiohttp handler fails the download on a header byte that
   is not UTF-8, such as a Latin-1 file name in ``Content-Disposition``);
-* a GET, HEAD, OPTIONS or TRACE request without a body is sent without a
+* a request without a body other than a POST or a PUT is sent without a
   ``Content-Length: 0`` header, as with the HTTP/1.1 handler.
 """
 
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 import scrapy
+from aiohttp import hdrs
 from scrapy.http import Headers
 from scrapy.utils.asyncio import is_asyncio_available
 
@@ -272,19 +273,32 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
             excess -= 1
 
 
+#: Methods whose bodiless requests still announce ``Content-Length: 0``, as
+#: Twisted sends them for Scrapy's HTTP/1.1 handler.
+_ANNOUNCE_EMPTY_BODY = frozenset({"POST", "PUT"})
+
+
 class _ClientRequest(aiohttp.ClientRequest):
-    """Sends no ``Content-Length: 0`` on a bodiless GET, HEAD, OPTIONS or TRACE.
+    """Sends no ``Content-Length: 0`` on a bodiless request other than POST and
+    PUT, as Scrapy's HTTP/1.1 handler does.
 
     Scrapy passes every request's body, ``b""`` when there is none, and
-    aiohttp announces any body it is given, even an empty one. A request whose
-    method carries no content should not announce any (RFC 9110, 8.6), and
-    some servers and firewalls refuse a GET that does.
+    aiohttp announces any body it is given, even an empty one (and, for
+    methods other than GET, HEAD, OPTIONS and TRACE, an absent one). A request
+    whose method carries no content should not announce any (RFC 9110, 8.6),
+    and some servers and firewalls refuse a GET that does. A length the
+    request sets itself is sent as it is.
     """
 
     def __init__(self, method: str, url: Any, *, data: Any = None, **kwargs: Any) -> None:
-        if data == b"" and method.upper() in self.GET_METHODS:
-            data = None
-        super().__init__(method, url, data=data, **kwargs)
+        if data != b"" or method.upper() in _ANNOUNCE_EMPTY_BODY:
+            super().__init__(method, url, data=data, **kwargs)
+            return
+        # The session passes its merged headers as a case-insensitive mapping.
+        told = hdrs.CONTENT_LENGTH in (kwargs.get("headers") or {})
+        super().__init__(method, url, data=None, **kwargs)
+        if not told:
+            self.headers.pop(hdrs.CONTENT_LENGTH, None)
 
 
 class _SharedPool:

@@ -571,25 +571,38 @@ async def test_response_header_bytes_are_kept_as_sent() -> None:
 @deferred_f_from_coro_f
 async def test_bodiless_get_announces_no_content_length() -> None:
     """RFC 9110: no Content-Length on a request without content whose method
-    expects none; requests with a body, and an empty POST, keep theirs."""
+    expects none; requests with a body, an empty POST or PUT, and a length
+    the request sets itself keep theirs. The same as Scrapy's HTTP/1.1
+    handler, where Twisted announces an empty body for POST and PUT only."""
     async with serving(["127.0.0.2"], _contract_route) as hosts, _handler() as handler:
-        for path, method, body in (
-            ("/get", "GET", b""),
-            ("/options", "OPTIONS", b""),
-            ("/post-empty", "POST", b""),
-            ("/post-body", "POST", b"x=1"),
-            ("/get-body", "GET", b"abc"),
+        for path, method, body, headers in (
+            ("/get", "GET", b"", {}),
+            ("/options", "OPTIONS", b"", {}),
+            ("/delete", "DELETE", b"", {}),
+            ("/patch-empty", "PATCH", b"", {}),
+            ("/delete-told", "DELETE", b"", {"Content-Length": "0"}),
+            ("/post-empty", "POST", b"", {}),
+            ("/put-empty", "PUT", b"", {}),
+            ("/post-body", "POST", b"x=1", {}),
+            ("/get-body", "GET", b"abc", {}),
+            ("/delete-body", "DELETE", b"ab", {}),
         ):
             await _download(
-                handler, Request(hosts.url("127.0.0.2", path), method=method, body=body)
+                handler,
+                Request(hosts.url("127.0.0.2", path), method=method, body=body, headers=headers),
             )
     lengths = {r.target: r.headers.get("content-length") for r in hosts.received}
     assert lengths == {
         "/get": None,
         "/options": None,
+        "/delete": None,
+        "/patch-empty": None,
+        "/delete-told": "0",
         "/post-empty": "0",
+        "/put-empty": "0",
         "/post-body": "3",
         "/get-body": "3",
+        "/delete-body": "2",
     }
 
 
