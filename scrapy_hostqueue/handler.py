@@ -21,7 +21,14 @@
   handler (Scrapy's aiohttp handler fails the download on a header byte that
   is not UTF-8, such as a Latin-1 file name in ``Content-Disposition``);
 * a request without a body other than a POST or a PUT is sent without a
-  ``Content-Length: 0`` header, as with the HTTP/1.1 handler.
+  ``Content-Length: 0`` header, as with the HTTP/1.1 handler;
+* a request is sent again by itself only as Twisted's pool does for the
+  HTTP/1.1 handler: once, on a new connection, when the kept-alive connection
+  it went out on fails before any answer (the server may have closed it while
+  it was idle), and only for a bodiless GET, HEAD, OPTIONS, DELETE or TRACE.
+  aiohttp's own retry would send any idempotent request again after any
+  disconnection, on a fresh connection too, where the failure is the host's
+  answer, unseen by the crawl's stats, retries and error budget.
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import aiohttp
 import scrapy
 from aiohttp import hdrs
+from scrapy.exceptions import DownloadFailedError
 from scrapy.http import Headers
 from scrapy.utils.asyncio import is_asyncio_available
+from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
@@ -150,6 +159,29 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
 #: Longest response status or header line accepted, in bytes.
 _MAX_HEADER_LINE = 65_536
 
+#: Methods whose bodiless requests go again, once, on a new connection when
+#: the kept-alive connection they went out on fails before any answer, as
+#: Twisted's connection pool does for Scrapy's HTTP/1.1 handler.
+_RESEND_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
+
+
+def _stale_connection(
+    request: Request, download: _Download, error: DownloadFailedError, previous_latency: Any
+) -> bool:
+    """Whether *error* is a kept-alive connection that failed before any
+    answer (Scrapy sets ``download_latency`` when the headers arrive), for a
+    request that may go again on a new one."""
+    cause = error.__cause__
+    return (
+        download.connected
+        and not download.opened
+        and request.meta.get("download_latency") is previous_latency
+        and isinstance(cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+        and not isinstance(cause, aiohttp.ClientConnectorError)
+        and request.method.upper() in _RESEND_METHODS
+        and not request.body
+    )
+
 
 class _Download:
     """What the connector learns about the download of the current task."""
@@ -232,6 +264,17 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
         if download is not None:
             download.opened = True
         return protocol
+
+    def close_idle(self, host: str, port: int | None) -> None:
+        """Close the idle kept-alive connections to *host*:*port*: one of them
+        has just turned out closed by the server, and the others, idle as
+        long, may be too."""
+        idle_pools: Any = getattr(self, "_conns", None)
+        if not isinstance(idle_pools, dict):
+            return
+        for key in [k for k in idle_pools if k.host == host and k.port == port]:
+            for protocol, _ in idle_pools.pop(key):
+                protocol.abort()
 
     def _close_idle_over_limit(self) -> None:
         limit = self.limit
@@ -319,6 +362,7 @@ class _SharedPool:
         )
         self.users = 0
         self.session: aiohttp.ClientSession | None = None
+        self.connector: _BoundedTCPConnector | None = None
         self._closed = False
         logger.info(
             "Download pool: %s connections per host, %s in total, DNS cache %s",
@@ -402,8 +446,9 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         host_busy = getattr(scheduler, "host_busy", None)
         if host_busy is not None:
             connector.host_busy = host_busy  # type: ignore[method-assign]
+        pool.connector = connector
         # The same session options as Scrapy's handler.
-        return aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
@@ -420,6 +465,12 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
                 "User-Agent",
             ),
         )
+        # aiohttp sends an idempotent request again after any disconnection
+        # (a private switch, read at each request since aiohttp 3.10); the
+        # handler sends it again itself, as Twisted does (_download).
+        if hasattr(session, "_retry_connection"):
+            session._retry_connection = False
+        return session
 
     @staticmethod
     def _extract_headers(response: Any) -> Headers:
@@ -446,11 +497,28 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         return await self._download(request)
 
     async def _download(self, request: Request) -> Response:
-        download = _Download(internals.host_key(self.crawler, request))
+        host = internals.host_key(self.crawler, request)
+        download = _Download(host)
         token = _current_download.set(download)
         # A retried request carries the latency of its previous attempt.
         previous_latency = request.meta.get("download_latency")
         try:
+            try:
+                return await super().download_request(request)
+            except DownloadFailedError as error:
+                if not _stale_connection(request, download, error, previous_latency):
+                    raise
+            # The kept-alive connection failed before any answer: once more,
+            # on a new connection.
+            self._connected(request, download, previous_latency)
+            if self._pool.config.stats_enabled:
+                get_recorder(self.crawler).inc(host, "resent_count")
+            if self._pool.connector is not None:
+                url = urlparse_cached(request)
+                port = url.port or (443 if url.scheme == "https" else 80)
+                self._pool.connector.close_idle(url.hostname or "", port)
+            download = _Download(host)
+            _current_download.set(download)
             return await super().download_request(request)
         finally:
             _current_download.reset(token)

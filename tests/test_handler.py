@@ -36,6 +36,7 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import (
     DownloadCancelledError,
     DownloadConnectionRefusedError,
+    DownloadFailedError,
     DownloadTimeoutError,
     ResponseDataLossError,
     StopDownload,
@@ -48,7 +49,7 @@ import scrapy_hostqueue.handler as handler_module
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.handler import AiohttpDownloadHandler, _pool_limits
-from scrapy_hostqueue.stats import get_recorder
+from scrapy_hostqueue.stats import get_recorder, host_stat_key
 
 HANDLER_PATH = "scrapy_hostqueue.AiohttpDownloadHandler"
 HANDLERS = {"http": HANDLER_PATH, "https": HANDLER_PATH}
@@ -73,6 +74,8 @@ class Reply:
     chunk_delay: float = 0.0
     # Declared Content-Length; larger than len(body) truncates the body.
     declared_length: int | None = None
+    # Close the connection without answering.
+    drop: bool = False
 
 
 @dataclass
@@ -189,6 +192,9 @@ class Hosts:
         self, received: Received, writer: asyncio.StreamWriter, finish: Callable[[], None]
     ) -> bool:
         reply = self.route(received)
+        if reply.drop:
+            finish()
+            return False
         keep_alive = received.headers.get("connection", "").lower() != "close"
         truncated = reply.declared_length is not None and reply.declared_length > len(reply.body)
         if reply.head_delay:
@@ -604,6 +610,73 @@ async def test_bodiless_get_announces_no_content_length() -> None:
         "/get-body": "3",
         "/delete-body": "2",
     }
+
+
+def _drop_first(*targets: str) -> Route:
+    """Close the connection without answering the first request for each of
+    *targets*; answer everything else."""
+    dropped: set[str] = set()
+
+    def route(received: Received) -> Reply:
+        if received.target in targets and received.target not in dropped:
+            dropped.add(received.target)
+            return Reply(drop=True)
+        return _ok(received)
+
+    return route
+
+
+@deferred_f_from_coro_f
+async def test_a_request_goes_again_on_a_new_connection_when_its_kept_alive_one_fails() -> None:
+    """As Twisted's pool for the HTTP/1.1 handler: a kept-alive connection the
+    server closed without answering (it may have timed it out while idle)
+    costs the request one more try on a new connection, counted per host."""
+    crawler = _crawler()
+    handler = AiohttpDownloadHandler.from_crawler(crawler)
+    try:
+        async with serving(["127.0.0.2"], _drop_first("/b")) as hosts:
+            first = await _download(handler, Request(hosts.url("127.0.0.2", "/a")))
+            second = await _download(handler, Request(hosts.url("127.0.0.2", "/b")))
+    finally:
+        await handler.close()
+    assert (first.status, second.status) == (200, 200)
+    assert second.body == b"page /b"
+    assert [r.target for r in hosts.received] == ["/a", "/b", "/b"]
+    assert hosts.accepted["127.0.0.2"] == 2  # the kept-alive one, then a new one
+    stats = get_recorder(crawler).host_stats()
+    assert stats[host_stat_key("127.0.0.2", "resent_count")] == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "body"),
+    [
+        ("/fresh", "GET", b""),  # on a new connection: the host's own answer
+        ("/post", "POST", b"x=1"),  # not one that may go twice
+    ],
+)
+@deferred_f_from_coro_f
+async def test_a_failed_request_is_not_sent_again_unseen(
+    path: str, method: str, body: bytes
+) -> None:
+    """aiohttp sends an idempotent request again after any disconnection; the
+    crawl's stats, retries and error budget would never see a host that
+    drops requests. Only a kept-alive connection's failure of a request that
+    may go twice is tried again."""
+    crawler = _crawler()
+    handler = AiohttpDownloadHandler.from_crawler(crawler)
+    try:
+        async with serving(["127.0.0.2"], _drop_first(path)) as hosts:
+            if method == "POST":  # over a kept-alive connection
+                await _download(handler, Request(hosts.url("127.0.0.2", "/a")))
+            with pytest.raises(DownloadFailedError):
+                await _download(
+                    handler, Request(hosts.url("127.0.0.2", path), method=method, body=body)
+                )
+    finally:
+        await handler.close()
+    assert [r.target for r in hosts.received if r.target == path] == [path]
+    stats = get_recorder(crawler).host_stats()
+    assert host_stat_key("127.0.0.2", "resent_count") not in stats
 
 
 @deferred_f_from_coro_f
