@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import IgnoreRequest
+from scrapy.exceptions import CloseSpider, IgnoreRequest
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.asyncio import call_later
 from scrapy.utils.job import job_dir
@@ -127,6 +128,36 @@ def _warn_unused_queue_settings(settings: BaseSettings) -> None:
         )
 
 
+#: The ``finish_reason`` of a crawl that refused its JOBDIR.
+JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
+
+
+def _scrapy_job_refusal(jobdir: str | None) -> str | None:
+    """Why a JOBDIR is refused: Scrapy's own scheduler left requests queued in
+    it, which this scheduler cannot read, and the dupefilter's
+    ``requests.seen`` would keep the crawl from finding them again, so they
+    would be lost without a word. None if it is not."""
+    if not jobdir:
+        return None
+    path = os.path.join(jobdir, "requests.queue", "active.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            queued = json.load(f)
+    except (OSError, ValueError):
+        return None  # none (or nothing readable) to lose
+    if not queued:
+        return None
+    return (
+        f"JOBDIR {jobdir!r} holds requests queued by Scrapy's own scheduler "
+        f"({os.path.join(jobdir, 'requests.queue')}), which HostQueueScheduler "
+        "cannot read: resumed with it, the crawl would lose them (the "
+        "dupefilter's requests.seen keeps their links from being found again). "
+        "Finish this job with the scheduler that started it, or start a new "
+        "JOBDIR; to resume it with HostQueueScheduler anyway, losing those "
+        "requests, delete that directory."
+    )
+
+
 def _handlers_gate_sends(crawler: Crawler) -> bool:
     """Whether the http and https handlers call :meth:`HostQueueScheduler.acquire_send_slot`
     (this project's handler does), which prefetch needs to hold the limit."""
@@ -216,6 +247,7 @@ class HostQueueScheduler(BaseScheduler):
         self._logged_unserializable = False
         self._gc_held = False
         self._gc_threshold_raised = False
+        self._opened = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -233,6 +265,15 @@ class HostQueueScheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         self.spider = spider
+        refusal = _scrapy_job_refusal(self.jobdir)
+        if refusal is not None:
+            # The crawl closes once every component is open (the engine's
+            # way for a spider_opened handler that raises CloseSpider), before
+            # any request; the job is left as it was.
+            logger.error(refusal)
+            self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
+            return None
+        self._opened = True
         self._undo_hook = internals.on_request_leaving_downloader(self.crawler, self._request_left)
         self.crawler.signals.connect(
             self._reached_downloader, signal=signals.request_reached_downloader
@@ -271,6 +312,9 @@ class HostQueueScheduler(BaseScheduler):
         )
         return self.df.open()
 
+    def _refuse_job(self, spider: Spider) -> None:
+        raise CloseSpider(JOBDIR_OF_SCRAPY_SCHEDULER)
+
     def close(self, reason: str) -> Deferred[None] | None:
         if self._wakeup is not None:
             self._wakeup.cancel()
@@ -281,7 +325,7 @@ class HostQueueScheduler(BaseScheduler):
         if self._undo_hook is not None:
             self._undo_hook()
             self._undo_hook = None
-        if self.jobdir:
+        if self.jobdir and self._opened:
             self._save_state()
         if self._gc_held:
             self._gc_held = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._frontier import IDLE
-from scrapy_hostqueue.scheduler import request_rank
+from scrapy_hostqueue.scheduler import JOBDIR_OF_SCRAPY_SCHEDULER, STATE_FILE, request_rank
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
     OUR_HANDLER,
@@ -419,6 +420,41 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
     assert len(second.spider.seen) > 0
     assert len(seen) == len(set(seen)) == 120
     assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
+
+
+@deferred_f_from_coro_f
+async def test_a_jobdir_with_requests_queued_by_scrapys_scheduler_is_refused(
+    local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HostQueueScheduler cannot read Scrapy's disk queues: resuming such a job
+    would lose their requests without a word (the dupefilter's requests.seen
+    keeps their links from being found again). It closes the crawl at once
+    instead, with an ERROR, and leaves the job as it was."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
+    jobdir = str(tmp_path / "job")
+    first = await crawl(
+        [hosts.url(0)],
+        follow=True,
+        JOBDIR=jobdir,
+        CLOSESPIDER_PAGECOUNT=5,
+        HOSTQUEUE_TIMELINE_FILE=None,
+    )
+    assert first.stats is not None
+    assert first.stats.get_value("finish_reason") == "closespider_pagecount"
+    served = hosts.stats(0).served
+    with caplog.at_level(logging.ERROR):
+        refused = await crawl([hosts.url(0)], follow=True, SCHEDULER=SCHEDULER, JOBDIR=jobdir)
+    assert refused.stats is not None
+    assert refused.stats.get_value("finish_reason") == JOBDIR_OF_SCRAPY_SCHEDULER
+    assert any("requests.queue" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+    assert hosts.stats(0).served == served
+    assert not os.path.exists(os.path.join(jobdir, STATE_FILE))  # the job is left as it was
+    # A job that Scrapy's scheduler finished, with nothing queued, is fine.
+    finished = str(tmp_path / "finished")
+    await crawl([hosts.url(0)], JOBDIR=finished, HOSTQUEUE_TIMELINE_FILE=None)
+    resumed = await crawl([hosts.url(0)], SCHEDULER=SCHEDULER, JOBDIR=finished)
+    assert resumed.stats is not None
+    assert resumed.stats.get_value("finish_reason") == "finished"
 
 
 class _BlockingSpider(PageSpider):
