@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import weakref
 from contextvars import ContextVar
@@ -43,7 +44,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import aiohttp
 import scrapy
 from aiohttp import hdrs
-from scrapy.exceptions import DownloadFailedError
+from scrapy.exceptions import (
+    CannotResolveHostError,
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+)
 from scrapy.http import Headers
 from scrapy.utils.asyncio import is_asyncio_available
 from scrapy.utils.httpobj import urlparse_cached
@@ -158,6 +163,25 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
 
 #: Longest response status or header line accepted, in bytes.
 _MAX_HEADER_LINE = 65_536
+
+#: How aiohttp names the TLS context of a connection in its error messages
+#: (Scrapy passes its context for every request, plain http too).
+_SSL_CONTEXT_REPR = re.compile(r" ssl:<ssl\.SSLContext object at 0x[0-9a-fA-F]+>")
+
+
+def _readable(error: Exception) -> Exception:
+    """*error* with aiohttp's ``ssl:<ssl.SSLContext object at 0x...>`` taken out
+    of its message (an address that tells the user nothing), as a new
+    exception of the same class; *error* itself if there is none."""
+    message = str(error)
+    readable = _SSL_CONTEXT_REPR.sub("", message)
+    if readable == message or len(error.args) != 1:
+        return error
+    try:
+        return type(error)(readable)
+    except Exception:  # an exception class with other arguments
+        return error
+
 
 #: Methods whose bodiless requests go again, once, on a new connection when
 #: the kept-alive connection they went out on fails before any answer, as
@@ -497,6 +521,19 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         return await self._download(request)
 
     async def _download(self, request: Request) -> Response:
+        try:
+            return await self._fetch(request)
+        except (
+            DownloadConnectionRefusedError,
+            DownloadFailedError,
+            CannotResolveHostError,
+        ) as error:
+            readable = _readable(error)
+            if readable is error:
+                raise
+            raise readable from error.__cause__
+
+    async def _fetch(self, request: Request) -> Response:
         host = internals.host_key(self.crawler, request)
         download = _Download(host)
         token = _current_download.set(download)

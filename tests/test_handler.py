@@ -783,8 +783,15 @@ async def test_connection_refused_is_scrapy_exception() -> None:
         unused.bind(("127.0.0.2", 0))
         port = unused.getsockname()[1]
         async with _handler() as handler:
-            with pytest.raises(DownloadConnectionRefusedError):
+            with pytest.raises(DownloadConnectionRefusedError) as info:
                 await _download(handler, Request(f"http://127.0.0.2:{port}/"))
+    # The message names the host, not the handler's TLS context object
+    # ("ssl:<ssl.SSLContext object at 0x7f...>" from aiohttp): it ends up in
+    # RetryMiddleware's log line and in HostGivenUp.last_error.
+    message = str(info.value)
+    assert f"127.0.0.2:{port}" in message
+    assert "SSLContext" not in message, message
+    assert isinstance(info.value.__cause__, aiohttp.ClientConnectorError)
 
 
 @deferred_f_from_coro_f
