@@ -224,7 +224,7 @@ class HostQueueScheduler(BaseScheduler):
         # Requests whose back-off status (429, 503) the handler has read and
         # the AIMD middleware has not seen yet, and how many per host: the
         # host sends nothing more until it has blocked the host.
-        self._backing_off: dict[Request, str] = {}
+        self._backing_off: set[Request] = set()
         self._backing_off_hosts: dict[str, int] = {}
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
@@ -469,7 +469,7 @@ class HostQueueScheduler(BaseScheduler):
         if host is None:
             host = self._adopted[request]
         if status in self.config.aimd_backoff_http_codes:
-            self._backing_off[request] = host
+            self._backing_off.add(request)
             self._backing_off_hosts[host] = self._backing_off_hosts.get(host, 0) + 1
         else:
             self._release_send_slot(host, request)
@@ -495,7 +495,8 @@ class HostQueueScheduler(BaseScheduler):
 
     def _release_send_slot(self, host: str, request: Request) -> None:
         self._holding.discard(request)
-        if self._backing_off and self._backing_off.pop(request, None) is not None:
+        if request in self._backing_off:
+            self._backing_off.discard(request)
             pending = self._backing_off_hosts[host] - 1
             if pending:
                 self._backing_off_hosts[host] = pending

@@ -274,14 +274,22 @@ def held(outcome: Any) -> Awaitable[Any]:
     return outcome  # type: ignore[no-any-return]
 
 
+def direct_middleware(
+    monkeypatch: pytest.MonkeyPatch, *, closing: bool = False
+) -> tuple[AIMDMiddleware, StandInScheduler, FakeClock]:
+    """The middleware for requests that skip the scheduler, with the engine
+    closing or not."""
+    monkeypatch.setattr(internals, "engine_closing", lambda crawler: closing)
+    return middleware(monkeypatch)
+
+
 @deferred_f_from_coro_f
 async def test_a_request_not_from_the_scheduler_waits_out_the_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """engine.download_async requests (media pipelines) would loop if sent
     back to the scheduler: they wait in the middleware instead."""
-    mw, scheduler, clock = middleware(monkeypatch)
-    monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
+    mw, scheduler, clock = direct_middleware(monkeypatch)
     scheduler.block_until(HOST, clock.now + 2, "retry-after")
     direct = Request(URL)
     waiting = held(mw.process_request(direct))
@@ -301,8 +309,7 @@ async def test_a_request_not_from_the_scheduler_waits_out_the_block(
 async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch)
-    monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
+    mw, scheduler, clock = direct_middleware(monkeypatch)
     scheduler.set_interval(HOST, 1.0)
     assert mw.process_request(Request(URL)) is None
     # The next start waits the interval after it, scheduled or not.
@@ -319,8 +326,7 @@ async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
 async def test_a_request_not_from_the_scheduler_to_a_given_up_host_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch)
-    monkeypatch.setattr(internals, "engine_closing", lambda crawler: False)
+    mw, scheduler, clock = direct_middleware(monkeypatch)
     scheduler.block_until(HOST, clock.now + 5, "error-cooldown")
     waiting = held(mw.process_request(Request(URL)))
     scheduler.give_up(HOST)
@@ -336,8 +342,7 @@ async def test_a_request_not_from_the_scheduler_to_a_given_up_host_is_refused(
 async def test_a_held_request_not_from_the_scheduler_is_dropped_when_the_crawl_closes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch)
-    monkeypatch.setattr(internals, "engine_closing", lambda crawler: True)
+    mw, scheduler, clock = direct_middleware(monkeypatch, closing=True)
     scheduler.block_until(HOST, clock.now + 300, "retry-after")
     waiting = held(mw.process_request(Request(URL)))
     with pytest.raises(IgnoreRequest, match="closed"):

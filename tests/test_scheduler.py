@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import scrapy
@@ -37,11 +37,34 @@ from tests.crawling import (
     settings,
 )
 
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
 HostsFactory = Callable[..., LocalHosts]
 
 
 def _handlers(path: str) -> dict[str, str]:
     return {"http": path, "https": path}
+
+
+async def _crawl_one_host_at_one_request(
+    hosts: LocalHosts, pages: int, handler: str, delay: float, **overrides: Any
+) -> Crawler:
+    """Crawl pages 0 .. *pages*-1 of the first host, one request at a time,
+    *delay* seconds apart (no jitter)."""
+    return await crawl(
+        hosts.start_urls(0, pages),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        DOWNLOAD_DELAY=delay,
+        DOWNLOAD_DELAY_JITTER=0,
+        **overrides,
+    )
+
+
+def _arrival_gaps(arrivals: list[float]) -> list[float]:
+    return [later - earlier for earlier, later in itertools.pairwise(arrivals)]
 
 
 @pytest.mark.parametrize(
@@ -133,7 +156,7 @@ async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
     )
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 6
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    gaps = _arrival_gaps(arrivals)
     # The delay holds, and the host is served when it becomes ready (the
     # engine's own heartbeat would leave gaps of up to 5 s).
     assert min(gaps) >= 0.58
@@ -570,17 +593,10 @@ async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     hosts = local_hosts(
         [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=0.9)]
     )
-    await crawl(
-        hosts.start_urls(0, 6),
-        SCHEDULER=SCHEDULER,
-        DOWNLOAD_HANDLERS=_handlers(handler),
-        CONCURRENT_REQUESTS_PER_DOMAIN=1,
-        DOWNLOAD_DELAY=0.5,
-        DOWNLOAD_DELAY_JITTER=0,
-    )
+    await _crawl_one_host_at_one_request(hosts, 6, handler, 0.5)
     stats = hosts.stats(0)
     assert stats.served == 6
-    gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
+    gaps = _arrival_gaps(stats.arrivals)
     assert min(gaps) >= 0.475, gaps
 
 
@@ -595,18 +611,10 @@ async def test_download_delay_holds_from_the_first_page_with_robots_txt(
     delay, while the scheduler counted the delay from handing that page out,
     so the second page followed it 20 ms later."""
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
-    await crawl(
-        hosts.start_urls(0, 4),
-        SCHEDULER=SCHEDULER,
-        DOWNLOAD_HANDLERS=_handlers(handler),
-        ROBOTSTXT_OBEY=True,
-        CONCURRENT_REQUESTS_PER_DOMAIN=1,
-        DOWNLOAD_DELAY=0.5,
-        DOWNLOAD_DELAY_JITTER=0,
-    )
+    await _crawl_one_host_at_one_request(hosts, 4, handler, 0.5, ROBOTSTXT_OBEY=True)
     stats = hosts.stats(0)
     assert stats.served == 4
-    gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
+    gaps = _arrival_gaps(stats.arrivals)
     assert min(gaps) >= 0.475, gaps
 
 
@@ -633,14 +641,8 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     middleware does not make the host's next request wait a delay (each of
     them used to cost the crawl a whole DOWNLOAD_DELAY, 1 s here)."""
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
-    crawler = await crawl(
-        hosts.start_urls(0, 8),
-        SCHEDULER=SCHEDULER,
-        DOWNLOAD_HANDLERS=_handlers(handler),
-        CONCURRENT_REQUESTS_PER_DOMAIN=1,
-        DOWNLOAD_DELAY=1.0,
-        DOWNLOAD_DELAY_JITTER=0,
-        DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950},
+    crawler = await _crawl_one_host_at_one_request(
+        hosts, 8, handler, 1.0, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
     )
     stats = hosts.stats(0)
     assert stats.served == 4  # pages 0, 2, 4 and 6
@@ -648,7 +650,7 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     # Those 4 and the 2 answered on the way; 3 and 7 were refused.
     pages = sorted(int(url.rsplit("/", 1)[-1]) for url in crawler.spider.seen)
     assert pages == [0, 1, 2, 4, 5, 6]
-    gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
+    gaps = _arrival_gaps(stats.arrivals)
     # The delay holds between the requests the host saw, and the ones
     # answered in between did not add theirs (2 s a gap before).
     assert min(gaps) >= 0.975, gaps
