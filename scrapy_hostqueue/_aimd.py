@@ -30,13 +30,17 @@ The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
   retry_after_max)`` when the header is usable, else for
   ``backoff_base * 2**k`` capped at ``backoff_max``, drawn uniformly in the
   upper half of that ("equal jitter"); ``k`` grows with each back-off block
-  and returns to 0 after a response that is not a back-off;
-* ``error_budget`` connection failures in a row park the host for
+  and returns to 0 after a response that is not a back-off, and at a
+  cool-down;
+* ``error_budget`` failures in a row park the host for
   ``error_cooldown * 2**(n - 1)`` (the ``n``-th cool-down in a row); the
-  failure after ``error_max_cooldowns`` cool-downs gives the host up. Any HTTP
-  response resets the count of failures in a row, a success resets the
-  cool-downs too. Failures of requests that started before the host was
-  parked do not count toward the next budget.
+  failure after ``error_max_cooldowns`` cool-downs gives the host up. A
+  failure is a connection failure or timeout, or a back-off status counted
+  once per burst as its decrease is: a host that answers nothing but 503 is
+  given up as one that refuses connections is, instead of being waited for
+  ever longer. A response that is not a back-off status resets the count of
+  failures in a row and the cool-downs. Failures of requests that started
+  before the host was parked do not count toward the next budget.
 """
 
 from __future__ import annotations
@@ -262,8 +266,9 @@ class AimdTable:
         state = self.host(key)
         if state.given_up:
             return None
-        state.failures = 0
         adjustment = self._decrease(key, state, started, BACKOFF)
+        # A new burst pushed back: it spends the error budget like a failure.
+        counts = adjustment is not None and started >= state.parked_at
         if adjustment is None:
             adjustment = Adjustment(key, state.limit, state.limit, BACKOFF)
         if not state.warned:
@@ -283,6 +288,12 @@ class AimdTable:
             state.last_backoff_block = self.clock()
         # else: the request was in flight when the host was last blocked for
         # this burst; that block already covers it.
+        if counts:
+            state.failures += 1
+            if state.failures >= s.error_budget:
+                self._spend_budget(state, adjustment)
+                # After the cool-down the host is probed afresh.
+                state.backoff_exponent = 0
         return adjustment
 
     def on_failure(self, key: str, started: float) -> Adjustment | None:
@@ -294,25 +305,33 @@ class AimdTable:
         if started < state.parked_at:
             return adjustment
         state.failures += 1
-        s = self.settings
-        if state.failures < s.error_budget:
+        if state.failures < self.settings.error_budget:
             return adjustment
         if adjustment is None:
             adjustment = Adjustment(key, state.limit, state.limit, ERROR)
+        self._spend_budget(state, adjustment)
+        return adjustment
+
+    # -- internals -------------------------------------------------------
+
+    def _spend_budget(self, state: AimdHost, adjustment: Adjustment) -> None:
+        """The error budget is spent: park the host, or give it up after
+        ``error_max_cooldowns`` cool-downs. A longer block already in
+        *adjustment* (a Retry-After) is kept."""
+        s = self.settings
         state.failures = 0
         state.cooldowns += 1
         if state.cooldowns > s.error_max_cooldowns:
             state.given_up = True
             adjustment.give_up = True
-            return adjustment
+            return
         exponent = min(state.cooldowns - 1, _MAX_BACKOFF_EXPONENT)
-        adjustment.block = s.error_cooldown * 2.0**exponent
-        adjustment.block_reason = COOLDOWN
+        cooldown = s.error_cooldown * 2.0**exponent
+        if adjustment.block is None or cooldown >= adjustment.block:
+            adjustment.block = cooldown
+            adjustment.block_reason = COOLDOWN
         adjustment.parked = True
         state.parked_at = self.clock()
-        return adjustment
-
-    # -- internals -------------------------------------------------------
 
     def _decrease(
         self, key: str, state: AimdHost, started: float, reason: str

@@ -510,7 +510,9 @@ class AIMDMiddleware:
             self._last_errors[host] = detail
             dropped = scheduler.give_up(host)
             self.recorder.host_given_up(host, dropped)
-            logger.warning(
+            # ERROR, as Scrapy's RetryMiddleware logs each request it gives up:
+            # the host's pages are lost.
+            logger.error(
                 "Giving up host %s: %d failures in a row after %d cool-down(s) (last: %s); "
                 "its %d queued request(s), and any new one, go to their errbacks with "
                 "HostGivenUp (an IgnoreRequest)",

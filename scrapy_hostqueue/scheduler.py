@@ -74,8 +74,8 @@ class HostGivenUp(IgnoreRequest):
     Scrapy's ``IgnoreRequest``, as for requests robots.txt forbids.
 
     ``last_error`` names the host's last failure
-    (``"DownloadConnectionRefusedError: ..."``), or is None if it is no
-    longer known.
+    (``"DownloadConnectionRefusedError: ..."``, ``"HTTP 503"``), or is None if
+    it is no longer known.
     """
 
     def __init__(self, host: str, last_error: str | None = None) -> None:

@@ -258,7 +258,8 @@ def test_retry_after_applies_inside_a_burst_too() -> None:
 
 
 def test_missing_retry_after_backs_off_exponentially_with_jitter() -> None:
-    table, clock = make(backoff_base=1.0, backoff_max=10.0)
+    # An error budget that no run of back-offs here spends.
+    table, clock = make(backoff_base=1.0, backoff_max=10.0, error_budget=100)
     blocks = []
     for _ in range(7):
         adjustment = table.on_backoff("h", clock.tick(), None)
@@ -336,11 +337,11 @@ def test_zero_cooldowns_gives_up_at_the_first_spent_budget() -> None:
     assert outcome.give_up
 
 
-def test_any_response_resets_failures_and_a_success_resets_cooldowns() -> None:
+def test_a_response_resets_failures_and_cooldowns() -> None:
     table, clock = make(error_budget=3, error_cooldown=1.0, error_max_cooldowns=1)
     for _ in range(2):
         table.on_failure("h", clock.tick())
-    table.on_backoff("h", clock.tick(), 0)  # the host answered
+    table.on_success("h", clock.tick(), 1.0)  # the host answered, slowly
     for _ in range(2):
         outcome = table.on_failure("h", clock.tick())
         assert outcome is None or not outcome.parked
@@ -354,6 +355,72 @@ def test_any_response_resets_failures_and_a_success_resets_cooldowns() -> None:
     assert outcome.parked
     assert not outcome.give_up
     assert outcome.block == 1.0
+
+
+def test_back_off_statuses_in_a_row_park_then_give_up_the_host() -> None:
+    table, clock = make(
+        backoff_base=1.0,
+        backoff_max=100.0,
+        error_budget=3,
+        error_cooldown=1.5,
+        error_max_cooldowns=1,
+    )
+    outcomes = [table.on_backoff("h", clock.tick(), None) for _ in range(3)]
+    assert all(o is not None and not o.parked for o in outcomes[:2])
+    third = outcomes[2]
+    assert third is not None
+    assert third.parked
+    assert not third.give_up
+    assert third.block is not None
+    # The longer of the back-off block (2-4 s) and the cool-down (1.5 s).
+    assert 2.0 <= third.block <= 4.0
+    # After the cool-down the back-off starts again from its base.
+    outcome = table.on_backoff("h", clock.tick(), None)
+    assert outcome is not None
+    assert outcome.block is not None
+    assert 0.5 <= outcome.block <= 1.0
+    outcome = table.on_backoff("h", clock.tick(), None)
+    assert outcome is not None
+    assert not outcome.give_up
+    outcome = table.on_backoff("h", clock.tick(), None)
+    assert outcome is not None
+    assert outcome.give_up
+    assert table.host("h").given_up
+    assert table.on_backoff("h", clock.tick(), 1.0) is None
+
+
+def test_a_cool_down_longer_than_the_back_off_block_replaces_it() -> None:
+    table, clock = make(error_budget=2, error_cooldown=30.0)
+    table.on_backoff("h", clock.tick(), 2.0)
+    outcome = table.on_backoff("h", clock.tick(), 2.0)
+    assert outcome is not None
+    assert outcome.parked
+    assert (outcome.block, outcome.block_reason) == (30.0, COOLDOWN)
+    # A Retry-After longer than the cool-down stays the server's word.
+    clock.tick(31.0)
+    table.on_backoff("h", clock.tick(), 90.0)
+    outcome = table.on_backoff("h", clock.tick(), 90.0)
+    assert outcome is not None
+    assert outcome.parked
+    assert (outcome.block, outcome.block_reason) == (90.0, RETRY_AFTER)
+
+
+def test_back_offs_count_toward_the_error_budget_once_per_burst() -> None:
+    table, clock = make(error_budget=2)
+    starts = [clock.tick() for _ in range(4)]
+    clock.tick()
+    outcomes = [table.on_backoff("h", started, 1.0) for started in starts]
+    assert not any(o is not None and o.parked for o in outcomes)
+    assert table.host("h").failures == 1
+    # Connection failures and back-offs add up; a response resets them.
+    table.on_success("h", clock.tick(), 0.1)
+    table.on_backoff("h", clock.tick(), 1.0)
+    table.on_success("h", clock.tick(), 0.1)
+    outcome = table.on_failure("h", clock.tick())
+    assert outcome is None or not outcome.parked
+    outcome = table.on_backoff("h", clock.tick(), 1.0)
+    assert outcome is not None
+    assert outcome.parked
 
 
 def test_failures_of_requests_started_before_parking_do_not_count() -> None:

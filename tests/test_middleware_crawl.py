@@ -388,9 +388,51 @@ async def test_a_refusing_host_is_parked_then_given_up(
     assert stat(crawler, host_stat_key(refusing, "exception_count")) >= 9
     given_up = [r for r in caplog.records if "Giving up host" in r.getMessage()]
     assert len(given_up) == 1
-    assert given_up[0].levelno == logging.WARNING
+    assert given_up[0].levelno == logging.ERROR
     # Nothing of the refusing host reached the spider.
     assert not [url for url in spider_of(crawler).seen if refusing in url]
+
+
+@deferred_f_from_coro_f
+async def test_a_host_that_answers_only_503_is_given_up(
+    local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each 503 blocks the host ever longer (up to HOSTQUEUE_BACKOFF_MAX): without
+    # an end, a host under maintenance would hold the crawl's end for hours.
+    hosts = local_hosts([HostSpec(status=503), HostSpec(latency=0.01)])
+    failing = hosts.hostnames[0]
+    start = interleave(hosts.start_urls(0, 10), hosts.start_urls(1, 10))
+    crawler = get_crawler(
+        ErrbackSpider,
+        aimd_settings(
+            HOSTQUEUE_ERROR_BUDGET=2,
+            HOSTQUEUE_ERROR_COOLDOWN=0.2,
+            HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
+            HOSTQUEUE_BACKOFF_BASE=0.05,
+            HOSTQUEUE_BACKOFF_MAX=0.5,
+        ),
+    )
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=start)
+    assert stat(crawler, "finish_reason") == "finished"
+    assert stat(crawler, stat_key("hosts_parked_count")) == 1
+    assert stat(crawler, stat_key("hosts_given_up_count")) == 1
+    # Every page of the failing host reached its errback exactly once: a 503
+    # after its retries, or HostGivenUp naming the 503.
+    spider = crawler.spider
+    assert isinstance(spider, ErrbackSpider)
+    assert sorted(url for url, _ in spider.failures) == sorted(hosts.start_urls(0, 10))
+    given_up = [url for url, kind in spider.failures if issubclass(kind, HostGivenUp)]
+    assert given_up
+    assert spider.last_errors
+    assert all(error == "HTTP 503" for error in spider.last_errors), spider.last_errors
+    # The budget ran out after 4 back-off bursts (2 + 2, around one cool-down).
+    hosts.wait_idle()
+    assert hosts.stats(0).served <= 4 + 2  # and what was in flight with them
+    assert hosts.stats(1).served == 10
+    given_up_lines = [r for r in caplog.records if "Giving up host" in r.getMessage()]
+    assert len(given_up_lines) == 1
+    assert failing in given_up_lines[0].getMessage()
 
 
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
