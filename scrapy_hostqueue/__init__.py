@@ -12,6 +12,7 @@ __all__ = [
     "AIMDMiddleware",
     "Addon",
     "AiohttpDownloadHandler",
+    "HostBlocked",
     "HostGivenUp",
     "HostQueueScheduler",
     "HostQueueSettingsError",
@@ -25,6 +26,7 @@ _LAZY = {
     "AIMDMiddleware": "scrapy_hostqueue.middleware",
     "Addon": "scrapy_hostqueue.addon",
     "AiohttpDownloadHandler": "scrapy_hostqueue.handler",
+    "HostBlocked": "scrapy_hostqueue.scheduler",
     "HostGivenUp": "scrapy_hostqueue.scheduler",
     "HostQueueScheduler": "scrapy_hostqueue.scheduler",
     "HostQueueSettingsError": "scrapy_hostqueue._config",
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from scrapy_hostqueue.addon import Addon
     from scrapy_hostqueue.handler import AiohttpDownloadHandler
     from scrapy_hostqueue.middleware import AIMDMiddleware
-    from scrapy_hostqueue.scheduler import HostGivenUp, HostQueueScheduler
+    from scrapy_hostqueue.scheduler import HostBlocked, HostGivenUp, HostQueueScheduler
     from scrapy_hostqueue.start import StartRequestsMiddleware
 
 

@@ -55,11 +55,19 @@ META_AUTO_SLOT = "hostqueue_auto_slot"
 _DOWNLOAD_SLOT = "download_slot"
 
 
-class HostBlocked(Exception):
+class HostBlocked(IgnoreRequest):
     """Raised at the send gate for a request whose host got blocked (a
     Retry-After, a back-off) while the request waited there; the AIMD
     middleware sends it back to the scheduler, which holds it until the block
-    ends."""
+    ends.
+
+    Downloader middlewares ordered above the AIMD middleware see it in their
+    ``process_exception`` first. It is not a failure of the host or of a
+    proxy: a subclass of Scrapy's ``IgnoreRequest``, which middlewares that
+    handle download failures (retries, proxy bans) leave alone. Such a
+    middleware must return None for it, so that the request reaches the AIMD
+    middleware and goes back to the queue.
+    """
 
     def __init__(self, host: str, reason: str | None) -> None:
         super().__init__(f"host {host} is blocked ({reason}): the request goes back to the queue")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from scrapy import Request, signals
 from scrapy.crawler import Crawler
-from scrapy.exceptions import CloseSpider, DownloadFailedError
+from scrapy.exceptions import CloseSpider, DownloadFailedError, IgnoreRequest
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
@@ -24,7 +24,7 @@ from twisted.python.failure import Failure
 
 from scrapy_hostqueue import middleware as middleware_module
 from scrapy_hostqueue.middleware import CONNECTION_ERRORS
-from scrapy_hostqueue.scheduler import STATE_FILE, HostGivenUp
+from scrapy_hostqueue.scheduler import STATE_FILE, HostBlocked, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import OUR_HANDLER, SCHEDULER, SCRAPY_HTTP11, PageSpider, interleave, settings
@@ -511,6 +511,22 @@ async def test_a_host_turning_slow_drops_to_the_floor_and_climbs_back(
     assert stat(crawler, host_stat_key(hostname, "min_limit")) == 1
 
 
+class FailureWatcher:
+    """A project's downloader middleware above the AIMD middleware that treats
+    every download exception but ``IgnoreRequest`` as a failure (as
+    ban-detection and proxy-rotation middlewares do)."""
+
+    def __init__(self) -> None:
+        self.failures: list[Exception] = []
+        self.ignored: list[Exception] = []
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        if isinstance(exception, IgnoreRequest):
+            self.ignored.append(exception)
+        else:
+            self.failures.append(exception)
+
+
 @deferred_f_from_coro_f
 async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blocked(
     local_hosts: HostsFactory, tmp_path: Path
@@ -519,20 +535,24 @@ async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blo
     beyond its limit, which waits at the send gate. When the host answers 429
     with a long Retry-After, that request goes back to the scheduler rather
     than wait at the gate for the block's end: the crawl closes on time and
-    JOBDIR keeps the request."""
+    JOBDIR keeps the request. It crosses the middlewares above the AIMD
+    middleware as an IgnoreRequest, not as a failure."""
     hosts = local_hosts(
         [HostSpec(latency=0.3, links=0, throttle_above=1, throttle_status=429, retry_after="20")]
     )
     jobdir = tmp_path / "job"
     crawler = get_crawler(
         PageSpider,
-        aimd_settings(
-            OUR_HANDLER,
-            JOBDIR=str(jobdir),
-            CONCURRENT_REQUESTS_PER_DOMAIN=2,
-            HOSTQUEUE_AIMD_START=2,
-            CLOSESPIDER_TIMEOUT=2,
-        ),
+        {
+            **aimd_settings(
+                OUR_HANDLER,
+                JOBDIR=str(jobdir),
+                CONCURRENT_REQUESTS_PER_DOMAIN=2,
+                HOSTQUEUE_AIMD_START=2,
+                CLOSESPIDER_TIMEOUT=2,
+            ),
+            "DOWNLOADER_MIDDLEWARES": {**MIDDLEWARE, FailureWatcher: 600},
+        },
     )
     began = time.monotonic()
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 10))
@@ -540,6 +560,15 @@ async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blo
     assert stat(crawler, "finish_reason") == "closespider_timeout"
     assert elapsed < 6, elapsed
     assert stat(crawler, stat_key("requeued_count")) >= 1
+    assert crawler.engine is not None
+    (watcher,) = [
+        mw
+        for mw in crawler.engine.downloader.middleware.middlewares
+        if isinstance(mw, FailureWatcher)
+    ]
+    assert not watcher.failures, watcher.failures
+    assert watcher.ignored
+    assert [type(e) for e in watcher.ignored] == [HostBlocked] * len(watcher.ignored)
     server = hosts.stats(0)
     assert server.statuses[429] >= 1
     assert server.in_retry_after_window == 0
