@@ -199,11 +199,11 @@ class AimdTable:
     def host(self, key: str, ceiling: int | None = None) -> AimdHost:
         """The state of *key*, created at ``start`` on first sight.
 
-        *ceiling* lowers this host's ceiling below the global one (e.g. a
-        ``DOWNLOAD_SLOTS`` concurrency); it applies to a known host too.
+        *ceiling* replaces the global ceiling for this host, above or below
+        it (a ``DOWNLOAD_SLOTS`` concurrency); it applies to a known host too.
         """
         s = self.settings
-        host_ceiling = s.ceiling if ceiling is None else max(1, min(s.ceiling, ceiling))
+        host_ceiling = s.ceiling if ceiling is None else max(1, ceiling)
         state = self._hosts.get(key)
         if state is None:
             state = AimdHost(min(s.start, host_ceiling), host_ceiling)

@@ -81,10 +81,6 @@ def _default_jitter(settings: BaseSettings) -> float:
     return settings.getfloat("DOWNLOAD_DELAY_JITTER", 0.5)
 
 
-def slot_keys_with_settings(settings: BaseSettings) -> Iterable[str]:
-    return settings.getdict("DOWNLOAD_SLOTS").keys()
-
-
 def apply_to_slot(
     crawler: Crawler,
     key: str,

@@ -142,8 +142,9 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
 
     Per host: the most the scheduler may give one host, i.e. the AIMD ceiling
     (``CONCURRENT_REQUESTS_PER_DOMAIN`` unless ``HOSTQUEUE_AIMD_CEILING`` is
-    set) or, for the scheduler without the AIMD middleware, a larger
-    ``DOWNLOAD_SLOTS`` concurrency or ``CONCURRENT_REQUESTS_PER_IP``. Total:
+    set), a larger ``DOWNLOAD_SLOTS`` concurrency (that host's ceiling) or,
+    for the scheduler without the AIMD middleware, a larger
+    ``CONCURRENT_REQUESTS_PER_IP``. Total:
     ``HOSTQUEUE_MAX_ACTIVE_HOSTS`` (without that cap, ``CONCURRENT_REQUESTS``)
     x the ceiling, so that every host the scheduler is working on keeps its
     keep-alive connections between two of its requests

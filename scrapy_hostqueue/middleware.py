@@ -171,7 +171,12 @@ class AIMDMiddleware:
         self.recorder = get_recorder(crawler)
         self.scheduler: HostQueueScheduler | None = None
         settings = crawler.settings
-        self._explicit_slots = frozenset(internals.slot_keys_with_settings(settings))
+        #: Hosts whose DOWNLOAD_SLOTS entry gives a concurrency: their ceiling.
+        self._slot_ceilings = frozenset(
+            key
+            for key, slot in settings.getdict("DOWNLOAD_SLOTS").items()
+            if isinstance(slot, dict) and "concurrency" in slot
+        )
         self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
         self._robots_user_agent: str | None = settings.get("ROBOTSTXT_USER_AGENT") or None
         self._default_user_agent: str = settings.get("USER_AGENT") or ""
@@ -252,11 +257,16 @@ class AIMDMiddleware:
         """The limit of a host the scheduler meets (the policy hook).
 
         ``HOSTQUEUE_AIMD_START``, or what was learnt if the host is still
-        remembered; a ``DOWNLOAD_SLOTS`` (or per-IP) concurrency lowers the
-        host's ceiling.
+        remembered. A ``DOWNLOAD_SLOTS`` concurrency is the host's ceiling,
+        above or below ``HOSTQUEUE_AIMD_CEILING``; a lower
+        ``CONCURRENT_REQUESTS_PER_IP`` lowers it.
         """
-        cap = configured if (self._per_ip or host in self._explicit_slots) else None
-        limit = self.table.host(host, cap).limit
+        ceiling: int | None = None
+        if host in self._slot_ceilings:
+            ceiling = configured
+        elif self._per_ip:
+            ceiling = min(configured, self.config.aimd_ceiling)
+        limit = self.table.host(host, ceiling).limit
         self.recorder.limit_changed(host, limit)
         return limit
 

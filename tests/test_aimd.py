@@ -451,12 +451,15 @@ def test_the_table_is_bounded_lru() -> None:
     assert {"a", "c", "d"} <= {h for h in ("a", "b", "c", "d") if h in table}
 
 
-def test_a_host_ceiling_below_the_global_one() -> None:
+def test_a_host_ceiling_below_or_above_the_global_one() -> None:
     table, clock = make(start=4, ceiling=8)
     assert table.host("h", ceiling=3).limit == 3
     fast(table, clock, count=100)
     assert limit(table) == 3
-    assert table.host("big", ceiling=20).ceiling == 8
+    big = table.host("big", ceiling=20)
+    assert (big.ceiling, big.limit) == (20, 4)
+    fast(table, clock, "big", count=1000)
+    assert limit(table, "big") == 20
 
 
 # -- invariant ------------------------------------------------------------------

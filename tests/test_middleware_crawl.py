@@ -288,6 +288,25 @@ async def test_retry_after_values(
 
 @HANDLERS
 @deferred_f_from_coro_f
+async def test_a_download_slots_concurrency_is_the_hosts_ceiling_above_the_default(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    # A project's own API host may take more than every other site.
+    hosts = local_hosts([HostSpec(latency=0.05), HostSpec(latency=0.05)])
+    big, other = hosts.hostnames
+    crawler = make_crawler(
+        handler, CONCURRENT_REQUESTS_PER_DOMAIN=2, DOWNLOAD_SLOTS={big: {"concurrency": 6}}
+    )
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 120) + hosts.start_urls(1, 60))
+    hosts.wait_idle()
+    assert stat(crawler, host_stat_key(big, "max_limit")) == 6
+    assert stat(crawler, host_stat_key(other, "max_limit")) == 2
+    assert 2 < hosts.stats(0).max_in_flight <= 6
+    assert hosts.stats(1).max_in_flight <= 2
+
+
+@HANDLERS
+@deferred_f_from_coro_f
 async def test_robots_crawl_delay_spaces_request_starts(
     local_hosts: HostsFactory, handler: str
 ) -> None:
