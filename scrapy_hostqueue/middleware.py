@@ -37,6 +37,7 @@ from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
 from scrapy_hostqueue._retry_after import parse_retry_after
 from scrapy_hostqueue.scheduler import (
     MAX_REQUEUES,
+    META_AUTO_SLOT,
     META_REQUEUED,
     HostBlocked,
     HostGivenUp,
@@ -106,6 +107,7 @@ META_START = "hostqueue_start"
 CRAWL_DELAY_MARGIN = 0.05
 
 _CRAWL_DELAY = "crawl-delay"
+_DOWNLOAD_SLOT = "download_slot"
 
 
 def _is_hostqueue_scheduler(cls: object) -> bool:
@@ -187,6 +189,7 @@ class AIMDMiddleware:
         #: The last failure of each given-up host, for HostGivenUp.
         self._last_errors: dict[str, str] = {}
         self._warned_no_room: set[str] = set()
+        self._warned_slot_set_late = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -325,6 +328,11 @@ class AIMDMiddleware:
             if counted:
                 scheduler.adopt(request, host, now)
         elif request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES:
+            if _DOWNLOAD_SLOT in request.meta and host != scheduler.handed_out_for(request):
+                # A downloader middleware before this one set the slot after
+                # the request was queued under another host: it goes back, to
+                # be queued, limited and blocked under its slot.
+                return self._requeue_under_slot(request, host)
             # Requests handed out before the host got blocked (a 429 that
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
             # waited for robots.txt) go back to the scheduler, which holds them.
@@ -533,15 +541,30 @@ class AIMDMiddleware:
                 dropped,
             )
 
+    def _requeue_under_slot(self, request: Request, slot: str) -> Request:
+        if not self._warned_slot_set_late:
+            self._warned_slot_set_late = True
+            logger.warning(
+                "A downloader middleware set meta['download_slot'] (%r for %s) after "
+                "HostQueueScheduler had queued the request under another host. Such "
+                "requests go back to the scheduler once, to be queued, limited and "
+                "blocked under their slot; set download_slot in the spider or a "
+                "spider middleware to spare them that round trip.",
+                slot,
+                request,
+            )
+        requeued = self._requeue(request, slot, "download_slot set after scheduling")
+        # The slot is the middleware's, not the downloader's: the scheduler keeps it.
+        requeued.meta.pop(META_AUTO_SLOT, None)
+        return requeued
+
     def _requeue(self, request: Request, host: str, reason: str | None) -> Request:
         meta = dict(request.meta)
         meta[META_REQUEUED] = meta.get(META_REQUEUED, 0) + 1
         meta.pop(META_START, None)
         if self.crawler.stats is not None:
             self.crawler.stats.inc_value(stat_key("requeued_count"))
-        logger.debug(
-            "Host %s is blocked (%s): %s goes back to the scheduler", host, reason, request
-        )
+        logger.debug("%s goes back to the scheduler (host %s: %s)", request, host, reason)
         # dont_filter: the dupefilter has seen this request already.
         return request.replace(meta=meta, dont_filter=True)
 

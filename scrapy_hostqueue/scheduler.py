@@ -409,6 +409,11 @@ class HostQueueScheduler(BaseScheduler):
         left the downloader yet."""
         return request in self._handed_out
 
+    def handed_out_for(self, request: Request) -> str | None:
+        """The host *request* was handed out for (and counts for), or None if
+        it was not handed out or has left the downloader."""
+        return self._handed_out.get(request)
+
     def host_busy(self, host: str) -> bool:
         """Whether *host* has requests handed out and not yet done."""
         return self.frontier.inflight(host) > 0

@@ -305,6 +305,61 @@ async def test_a_download_slots_concurrency_is_the_hosts_ceiling_above_the_defau
     assert hosts.stats(1).max_in_flight <= 2
 
 
+class GroupingMiddleware:
+    """A project's downloader middleware (at the template's 543) that puts
+    hosts into one downloader slot, as for the subdomains of one site."""
+
+    SLOT = "site"
+
+    def process_request(self, request: Request) -> None:
+        request.meta["download_slot"] = self.SLOT
+
+
+def most_in_flight_at_once(arrivals: list[float], shorter_than_latency: float) -> int:
+    """The most requests that arrived within any window shorter than the
+    hosts' latency: each of them was still in flight when the last arrived."""
+    times = sorted(arrivals)
+    most = 0
+    for i, t in enumerate(times):
+        j = i
+        while j >= 0 and t - times[j] < shorter_than_latency:
+            j -= 1
+        most = max(most, i - j)
+    return most
+
+
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_a_download_slot_set_by_a_downloader_middleware_is_the_host(
+    local_hosts: HostsFactory, handler: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.2)] * 3)
+    crawler = get_crawler(
+        StoppableSpider,
+        {
+            **aimd_settings(
+                handler,
+                CONCURRENT_REQUESTS_PER_DOMAIN=4,
+                DOWNLOAD_SLOTS={GroupingMiddleware.SLOT: {"concurrency": 2}},
+            ),
+            "DOWNLOADER_MIDDLEWARES": {**MIDDLEWARE, GroupingMiddleware: 543},
+        },
+    )
+    start = [url for i in range(3) for url in hosts.start_urls(i, 8)]
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=start)
+    hosts.wait_idle()
+    stats = [hosts.stats(i) for i in range(3)]
+    assert sum(s.served for s in stats) == 24
+    arrivals = [t for s in stats for t in s.arrivals]
+    # Never more than the slot's 2 in flight across its three hosts.
+    assert most_in_flight_at_once(arrivals, 0.15) <= 2
+    assert stat(crawler, host_stat_key(GroupingMiddleware.SLOT, "max_limit")) == 2
+    assert stat(crawler, stat_key("requeued_count")) >= 24  # each went back once
+    warnings = [r for r in caplog.records if "download_slot" in r.getMessage()]
+    assert len(warnings) == 1
+
+
 @HANDLERS
 @deferred_f_from_coro_f
 async def test_robots_crawl_delay_spaces_request_starts(
