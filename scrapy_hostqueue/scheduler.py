@@ -123,17 +123,22 @@ UNUSED_QUEUE_SETTINGS = (
 
 
 def _warn_unused_queue_settings(settings: BaseSettings) -> None:
-    """One WARNING naming the queue settings the project set, since this
-    scheduler keeps its own queues and would silently ignore them."""
+    """One line naming the queue settings the project set, since this
+    scheduler keeps its own queues and would silently ignore them: INFO when
+    each is a FIFO queue class (the breadth-first recipe of Scrapy's docs,
+    which these queues already follow), else a WARNING."""
     default = SETTINGS_PRIORITIES["default"]
     named = [name for name in UNUSED_QUEUE_SETTINGS if (settings.getpriority(name) or 0) > default]
-    if named:
-        logger.warning(
-            "%s: not used by HostQueueScheduler, which keeps a queue per host, "
-            "FIFO among requests of the same priority (set DEPTH_PRIORITY to "
-            "crawl breadth-first, > 0, or depth-first, < 0)",
-            ", ".join(named),
-        )
+    if not named:
+        return
+    fifo = all("Fifo" in getattr(settings[name], "__name__", str(settings[name])) for name in named)
+    logger.log(
+        logging.INFO if fifo else logging.WARNING,
+        "%s: not used by HostQueueScheduler, which keeps a queue per host, "
+        "FIFO among requests of the same priority (set DEPTH_PRIORITY to "
+        "crawl breadth-first, > 0, or depth-first, < 0)",
+        ", ".join(named),
+    )
 
 
 #: The ``finish_reason`` of a crawl that refused its JOBDIR.

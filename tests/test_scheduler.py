@@ -399,23 +399,44 @@ def test_bad_settings_are_refused_naming_the_setting(name: str, value: object) -
 def test_queue_settings_it_does_not_use_are_named_in_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.scheduler"):
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.scheduler"):
         HostQueueScheduler.from_crawler(get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER)))
-    assert not caplog.records
+    assert not [r for r in caplog.records if "not used" in r.getMessage()]
     crawler = get_crawler(
         PageSpider,
         settings(
             SCHEDULER=SCHEDULER,
+            SCHEDULER_MEMORY_QUEUE="scrapy.squeues.LifoMemoryQueue",
+            SCHEDULER_DISK_QUEUE="scrapy.squeues.PickleFifoDiskQueue",
+        ),
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.scheduler"):
+        HostQueueScheduler.from_crawler(crawler)
+    [record] = [r for r in caplog.records if "not used" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert "SCHEDULER_MEMORY_QUEUE, SCHEDULER_DISK_QUEUE: not used" in message
+    assert "PRIORITY_QUEUE" not in message
+
+
+def test_fifo_queue_settings_of_the_breadth_first_recipe_are_named_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Scrapy's documented breadth-first settings: these queues are FIFO already.
+    crawler = get_crawler(
+        PageSpider,
+        settings(
+            SCHEDULER=SCHEDULER,
+            DEPTH_PRIORITY=1,
             SCHEDULER_MEMORY_QUEUE="scrapy.squeues.FifoMemoryQueue",
             SCHEDULER_DISK_QUEUE="scrapy.squeues.PickleFifoDiskQueue",
         ),
     )
-    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.scheduler"):
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.scheduler"):
         HostQueueScheduler.from_crawler(crawler)
-    [record] = caplog.records
-    message = record.getMessage()
-    assert "SCHEDULER_MEMORY_QUEUE, SCHEDULER_DISK_QUEUE: not used" in message
-    assert "PRIORITY_QUEUE" not in message
+    [record] = [r for r in caplog.records if "not used" in r.getMessage()]
+    assert record.levelno == logging.INFO
 
 
 @deferred_f_from_coro_f
