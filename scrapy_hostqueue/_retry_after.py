@@ -3,7 +3,9 @@
 Pure logic: no Scrapy or Twisted import. The value is either delay-seconds
 (``1*DIGIT``) or an HTTP-date in one of the three formats RFC 9110 requires a
 recipient to accept (IMF-fixdate, obsolete RFC 850, ANSI C ``asctime()``).
-The caller applies its own cap (``HOSTQUEUE_RETRY_AFTER_MAX``).
+A decimal number of seconds (``2.5``), which RFC 9110 does not allow but some
+rate limiters send, is read too: it still says how long to wait. The caller
+applies its own cap (``HOSTQUEUE_RETRY_AFTER_MAX``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ _ASCTIME = re.compile(
     rf"{_WEEKDAYS}\s+{_MONTH}\s+(?P<day>\d\d?)\s+{_TIME}\s+(?P<year>\d{{4}})",
     re.IGNORECASE,
 )
+# 2.5 (ASCII digits only, no sign, no exponent).
+_DECIMAL = re.compile(r"[0-9]+\.[0-9]+")
 
 
 def parse_retry_after(value: str | bytes | None, now: float) -> float | None:
@@ -51,7 +55,7 @@ def parse_retry_after(value: str | bytes | None, now: float) -> float | None:
 
     *now* is the current wall-clock time (``time.time()``), needed for an
     HTTP-date. Returns ``None`` when the value is missing or unusable
-    (garbage, a negative or fractional number, an impossible date), and
+    (garbage, a negative number, an exponent, an impossible date), and
     ``0.0`` for a date in the past. No upper bound is applied (the result may
     be ``math.inf`` for an absurdly long number).
     """
@@ -66,6 +70,8 @@ def parse_retry_after(value: str | bytes | None, now: float) -> float | None:
         # Absurdly long numbers mean "a very long time" (the caller caps it);
         # int() of thousands of digits would raise.
         return float(int(text)) if len(text) <= 20 else math.inf
+    if _DECIMAL.fullmatch(text):
+        return float(text) if len(text) <= 40 else math.inf
     when = _parse_http_date(text, now)
     if when is None:
         return None

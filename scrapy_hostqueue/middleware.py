@@ -124,6 +124,18 @@ class _CrawlDelay:
         self.last_sent = float("-inf")
 
 
+def _longest_retry_after(response: Response) -> float | None:
+    """The longest wait the response's ``Retry-After`` headers ask for (a
+    response may carry several), or None if none is usable."""
+    now = time.time()
+    waits = [
+        seconds
+        for value in response.headers.getlist(b"Retry-After")
+        if (seconds := parse_retry_after(value, now)) is not None
+    ]
+    return max(waits) if waits else None
+
+
 class AIMDMiddleware:
     """A downloader middleware that learns how much concurrency each host
     tolerates and holds hosts back when they ask for it.
@@ -436,7 +448,7 @@ class AIMDMiddleware:
             latency = now - started
         detail = f"HTTP {response.status}"
         if response.status in self.config.aimd_backoff_http_codes:
-            retry_after = parse_retry_after(response.headers.get(b"Retry-After"), time.time())
+            retry_after = _longest_retry_after(response)
             adjustment = self.table.on_backoff(host, started, retry_after)
             if retry_after is not None:
                 cap = self.config.retry_after_max

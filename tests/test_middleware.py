@@ -21,7 +21,7 @@ from scrapy.exceptions import (
     IgnoreRequest,
     ResponseDataLossError,
 )
-from scrapy.http import Response
+from scrapy.http import Headers, Response
 from scrapy.robotstxt import ProtegoRobotParser
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.httpobj import urlparse_cached
@@ -414,6 +414,25 @@ def test_retry_after_forms(
     [(host, when, got)] = scheduler.blocks
     assert (host, got) == (HOST, reason)
     assert low <= when - clock.now <= high
+
+
+@pytest.mark.parametrize(
+    ("values", "wait"),
+    [(["3", "1"], 3.0), (["1", "garbage", "2.5"], 2.5), (["garbage", "4"], 4.0)],
+)
+def test_of_several_retry_after_headers_the_longest_wait_counts(
+    monkeypatch: pytest.MonkeyPatch, values: list[str], wait: float
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch)
+    request = sent(mw)
+    request.meta["download_latency"] = 0.01
+    answer = Response(
+        request.url, status=429, headers=Headers({"Retry-After": values}), request=request
+    )
+    mw.process_response(request, answer)
+    [(_, when, reason)] = scheduler.blocks
+    assert reason == "retry-after"
+    assert when - clock.now == pytest.approx(wait)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,11 @@ NOW = float(calendar.timegm((2024, 3, 10, 12, 0, 0, 0, 0, 0)))
         ("007", 7.0),
         ("99999999999999999999", 1e20),  # huge: returned as is, the caller caps it
         ("9" * 5000, math.inf),
+        # Not RFC 9110's delay-seconds, but sent by some rate limiters: still a wait.
+        ("2.5", 2.5),
+        ("0.25", 0.25),
+        (" 10.0 ", 10.0),
+        ("9" * 50 + ".5", math.inf),
     ],
 )
 def test_delay_seconds(value: str | bytes, expected: float) -> None:
@@ -42,7 +47,10 @@ def test_delay_seconds(value: str | bytes, expected: float) -> None:
         "-1",
         "-120",
         "+5",
-        "1.5",
+        "-1.5",
+        "1.",
+        ".5",
+        "1.5.2",
         "1e3",
         "soon",
         "two",
