@@ -20,8 +20,9 @@ exactly one state:
   interval). Leaves on :meth:`Frontier.finish`.
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
   starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
-* CAPPED: idle, ready, but the active-host cap is reached. Sits in a FIFO,
-  released when an active host gives its place up.
+* CAPPED: idle, ready, but the active-host cap is reached. Sits in one of
+  two FIFOs (answering and silent hosts), released when an active host gives
+  its place up.
 * DRAINED: work in flight, nothing queued. Leaves on enqueue or finish.
 * ENDING: queued work and work in flight, but its turn is over while hosts
   wait for a place: it is handed nothing more. Leaves on finish.
@@ -39,6 +40,15 @@ A host whose turn is over while hosts wait in the CAPPED FIFO gets no new
 request (ENDING), so a host that always has requests in flight does not keep
 its place for ever. Kept places let the hosts being crawled keep their
 keep-alive connections.
+
+Hosts that answered their last request (``HostPolicy.answering``) go before
+silent ones (not heard from yet, or whose last request failed to connect or
+timed out): in the ring, at the same priority, and for a free place. Silent
+hosts that wait for a place end an answering host's turn, and get the next
+free place, only while they hold fewer than half of the places. Many hosts
+that hang until a timeout then take neither the whole download budget nor
+every place from the hosts that answer, and hosts never heard from still get
+their share of places.
 
 Structures hold ``(token, host)`` entries and skip stale ones lazily: every
 placement bumps the host's token, so moving a host is O(1) and no structure is
@@ -76,6 +86,7 @@ class HostPolicy:
     """
 
     __slots__ = (
+        "answering",
         "block_reason",
         "blocked_until",
         "given_up",
@@ -107,6 +118,10 @@ class HostPolicy:
         self.block_reason: str | None = None
         #: Queued requests were dropped; new ones are refused.
         self.given_up = False
+        #: The host answered its last request (an HTTP response), as opposed to
+        #: a host not heard from yet or whose last request failed to connect
+        #: or timed out. Answering hosts go first (see :class:`Frontier`).
+        self.answering = False
 
     def ready_at(self) -> float:
         return max(self.blocked_until, self.last_start + self.next_gap)
@@ -161,6 +176,7 @@ class _Fifo(Generic[T]):
 
 class _Host(Generic[T]):
     __slots__ = (
+        "capped_silent",
         "inflight",
         "key",
         "leased",
@@ -186,6 +202,8 @@ class _Host(Generic[T]):
         self.served = 0
         self.state = DRAINED
         self.token = 0
+        #: Counted among the silent hosts waiting for a place (while CAPPED).
+        self.capped_silent = False
 
     def head_rank(self) -> int:
         ranks, queues = self.ranks, self.queues
@@ -273,8 +291,14 @@ class Frontier(Generic[T]):
         self._timers: list[tuple[float, int, int, _Host[T]]] = []
         # FIFO tiebreak among equal keys of the timer and prefetch heaps.
         self._seq = 0
+        # Hosts waiting for a place: answering ones, and silent ones.
         self._capped: deque[tuple[int, _Host[T]]] = deque()
+        self._capped_silent: deque[tuple[int, _Host[T]]] = deque()
         self._waiting = 0  # hosts in the CAPPED state
+        self._waiting_silent = 0  # those of them that are silent
+        self._active_silent = 0  # silent hosts holding a place
+        #: Places silent hosts may take ahead of waiting answering hosts.
+        self._silent_share = max(1, max_active // 2)
         # Heap of (-head rank, seq, token, host): the highest rank first,
         # FIFO among equals, as in the ring.
         self._prefetchable: list[tuple[float, int, int, _Host[T]]] = []
@@ -372,7 +396,8 @@ class Frontier(Generic[T]):
             host = self._hosts[key] = _Host(key, policy)
         elif host.policy.given_up:
             return False
-        raises_head = host.queued and rank // self._ring_granularity > self._ring_rank(host)
+        granularity = self._ring_granularity
+        raises_head = host.queued and rank // granularity > host.head_rank() // granularity
         host.push(rank, item)
         self._queued += 1
         if host.state in (DRAINED, IDLE) or (host.state in (READY, PREFETCH) and raises_head):
@@ -457,6 +482,24 @@ class Frontier(Generic[T]):
         if policy.limit != limit:
             policy.limit = limit
             self._refresh(key)
+
+    def set_answering(self, key: str, answering: bool) -> None:
+        """Whether *key* answered its last request (an HTTP response), or is
+        silent (its last request failed to connect or timed out). A host the
+        frontier does not know is left alone."""
+        host = self._hosts.get(key)
+        policy = host.policy if host is not None else self.known_policy(key)
+        if policy is None or policy.answering == answering:
+            return
+        if host is not None and host.leased:
+            self._active_silent += -1 if answering else 1
+        policy.answering = answering
+        if host is None:
+            return
+        if host.state == CAPPED:
+            self._set_capped(host)  # into the FIFO of its class
+        elif host.state in (READY, PREFETCH):
+            self._place(host, self.clock())  # its rank in the ring changed
 
     def block_until(self, key: str, when: float, reason: str | None = None) -> None:
         """Start no request for *key* before *when* (extends, never shortens, a block)."""
@@ -543,6 +586,8 @@ class Frontier(Generic[T]):
             host.leased = True
             host.served = 0
             self.active += 1
+            if not host.policy.answering:
+                self._active_silent += 1
             self.max_active_seen = max(self.max_active_seen, self.active)
         host.served += 1
         self._draw_gap(host.policy, now)
@@ -558,6 +603,9 @@ class Frontier(Generic[T]):
     def _place(self, host: _Host[T], now: float) -> None:
         if host.state == CAPPED:
             self._waiting -= 1
+            if host.capped_silent:
+                self._waiting_silent -= 1
+            host.state = READY  # until placed below
         # An IDLE host with nothing queued is placed only when its grace is
         # over (its timer): then it retires.
         was_idle = host.state == IDLE
@@ -621,8 +669,14 @@ class Frontier(Generic[T]):
             self._compact()
 
     def _turn_over(self, host: _Host[T]) -> bool:
-        """Whether *host* has had its turn at its place while hosts wait for one."""
-        return bool(self._waiting) and host.leased and host.served >= self.turn
+        """Whether *host* has had its turn at its place while hosts wait for
+        one: for an answering host, answering hosts, or silent hosts holding
+        fewer than their share of the places."""
+        if not (self._waiting and host.leased and host.served >= self.turn):
+            return False
+        if not host.policy.answering or self._waiting > self._waiting_silent:
+            return True
+        return self._active_silent < self._silent_share
 
     def _leave(self, host: _Host[T], now: float, requeue: bool = False) -> None:
         """*host*, with nothing in flight, gives its active place up (if it
@@ -632,28 +686,49 @@ class Frontier(Generic[T]):
             return
         host.leased = False
         self.active -= 1
+        if not host.policy.answering:
+            self._active_silent -= 1
         if requeue:
             self._set_capped(host)
         self._release_capped(now)
 
     def _ring_rank(self, host: _Host[T]) -> int:
-        """The rank *host* competes with across hosts (see ``ring_granularity``)."""
-        return host.head_rank() // self._ring_granularity
+        """The rank *host* competes with across hosts (see ``ring_granularity``):
+        answering hosts before silent ones of the same priority."""
+        return (host.head_rank() // self._ring_granularity) * 2 + host.policy.answering
 
     def _set_capped(self, host: _Host[T]) -> None:
-        if host.state != CAPPED:
-            self._waiting += 1
+        if host.state == CAPPED:  # counted, in the FIFO of its class then
+            self._waiting -= 1
+            if host.capped_silent:
+                self._waiting_silent -= 1
+        silent = not host.policy.answering
+        self._waiting += 1
+        host.capped_silent = silent
+        if silent:
+            self._waiting_silent += 1
         host.token += 1
         host.state = CAPPED
-        self._capped.append((host.token, host))
-        if self._crowded(len(self._capped)):
+        fifo = self._capped_silent if silent else self._capped
+        fifo.append((host.token, host))
+        if self._crowded(len(fifo)):
             self._compact()
 
     def _release_capped(self, now: float) -> bool:
-        """Place capped hosts until one is READY; True if one is."""
-        capped = self._capped
-        while capped and (self.max_active <= 0 or self.active < self.max_active):
-            token, host = capped.popleft()
+        """Place capped hosts until one is READY; True if one is. Answering
+        hosts first, unless silent ones wait holding fewer than their share
+        of the places."""
+        while self._waiting and (self.max_active <= 0 or self.active < self.max_active):
+            silent_first = self._waiting_silent and self._active_silent < self._silent_share
+            first, second = (
+                (self._capped_silent, self._capped)
+                if silent_first
+                else (self._capped, self._capped_silent)
+            )
+            fifo = first if first else second
+            if not fifo:
+                return False
+            token, host = fifo.popleft()
             if host.token == token:
                 self._place(host, now)
                 if host.state == READY:
@@ -685,9 +760,10 @@ class Frontier(Generic[T]):
             live = [e for e in heap if e[3].token == e[2]]
             heapq.heapify(live)
             heap[:] = live
-        kept = [e for e in self._capped if e[1].token == e[0]]
-        self._capped.clear()
-        self._capped.extend(kept)
+        for fifo in (self._capped, self._capped_silent):
+            kept = [e for e in fifo if e[1].token == e[0]]
+            fifo.clear()
+            fifo.extend(kept)
         buckets = self._buckets
         for rank in list(buckets):
             bucket = buckets[rank]

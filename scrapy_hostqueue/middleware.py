@@ -478,6 +478,7 @@ class AIMDMiddleware:
         self.recorder.exception(host, type(exception).__name__)
         if not isinstance(exception, CONNECTION_ERRORS) or _malformed_answer(exception):
             return None
+        scheduler.host_silent(host)
         now = self.clock()
         adjustment = self.table.on_failure(host, started)
         if adjustment is not None:

@@ -431,6 +431,11 @@ class HostQueueScheduler(BaseScheduler):
         past the send gate; without, those handed out and not yet back."""
         return self._sending.get(host, 0) if self.prefetch else self.frontier.inflight(host)
 
+    def host_silent(self, host: str) -> None:
+        """*host*'s last request failed to connect or timed out: until it
+        answers again, hosts that answer go before it (see Frontier)."""
+        self.frontier.set_answering(host, False)
+
     def set_limit(self, host: str, limit: int) -> None:
         self.frontier.set_limit(host, limit)
         internals.apply_to_slot(self.crawler, host, concurrency=limit + self.prefetch)
@@ -755,6 +760,8 @@ class HostQueueScheduler(BaseScheduler):
     def _response_downloaded(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)
         self.recorder.response(host, response.status, request.meta.get("download_latency"))
+        # It answered: it goes before hosts not heard from (see Frontier).
+        self.frontier.set_answering(host, True)
 
     def _follow_autothrottle(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)

@@ -1090,6 +1090,8 @@ class ModelHost:
     blocked_until: float = 0.0
     last_start: float = -math.inf
     given_up: bool = False
+    #: Answered its last request: goes before silent hosts of the same rank.
+    answering: bool = False
     queue: list[tuple[int, int]] = field(default_factory=list)  # (rank, item)
     inflight: list[int] = field(default_factory=list)
     #: Holds an active-host place, and requests handed out since it took it.
@@ -1369,7 +1371,9 @@ class FrontierMachine(RuleBasedStateMachine):
         if len(host.inflight) >= host.limit:
             assert not sendable, f"prefetch for {key} went before {sorted(sendable)}"
         if self.cap == 0:
-            assert rank == max(h.head()[0] for h in (sendable or ready).values())
+            # The highest rank first; at the same rank, answering hosts first.
+            best = max((h.head()[0], h.answering) for h in (sendable or ready).values())
+            assert (rank, host.answering) == best
         assert self.popped[item] == 0, f"item {item} popped twice"
         assert len(host.inflight) + 1 <= self._full_at(host)
         if self.cap:
@@ -1443,6 +1447,13 @@ class FrontierMachine(RuleBasedStateMachine):
         self.frontier.block_until(key, when)
         host = self._touch(key)
         host.blocked_until = max(host.blocked_until, when)
+
+    @rule(key=st.sampled_from(HOST_KEYS), answering=st.booleans())
+    def set_answering(self, key: str, answering: bool) -> None:
+        self.frontier.set_answering(key, answering)
+        host = self.hosts.get(key)
+        if host is not None:  # a host the frontier does not know is left alone
+            host.answering = answering
 
     @rule(key=st.sampled_from(HOST_KEYS), limit=st.integers(1, 3))
     def set_limit(self, key: str, limit: int) -> None:
@@ -1562,6 +1573,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 assert policy.blocked_until == max(0.0, host.blocked_until)
                 assert policy.interval == host.interval
                 assert policy.given_up == host.given_up
+                assert policy.answering == host.answering
 
     def teardown(self) -> None:
         # Drain: every accepted item is popped or dropped exactly once.
@@ -1811,3 +1823,71 @@ def test_request_path_never_scans_the_hosts() -> None:
     assert frontier.live_hosts == 0
     assert frontier.give_up("h1") == []
     assert frontier.remove_queued("h2") == []
+
+
+# -- answering and silent hosts ---------------------------------------------------
+
+
+def test_answering_hosts_go_first_at_the_same_rank() -> None:
+    frontier, _ = make(limit=3)
+    for host in "sa":
+        for i in range(5):
+            frontier.push(host, 0, f"{host}{i}")
+    frontier.set_answering("a", True)
+    order = [got[0] for _ in range(6) if (got := frontier.pop()) is not None]
+    assert order == ["a", "a", "a", "s", "s", "s"]
+    # A higher priority still goes first.
+    frontier.push("s", 1, "s-urgent")
+    frontier.finish("a")
+    frontier.finish("s")
+    assert frontier.pop() == ("s", "s-urgent")
+    # Silent again (a failed connection): round-robin with the others.
+    frontier.set_answering("a", False)
+    frontier.finish("s")
+    served = {got[0] for _ in range(2) if (got := frontier.pop()) is not None}
+    assert served == {"a", "s"}
+
+
+def test_silent_hosts_holding_their_share_of_places_leave_answering_hosts_theirs() -> None:
+    # Two sites that answer, and six hosts whose one request hangs: with 4
+    # places, the silent hosts take at most half while the others wait.
+    frontier, _ = make(limit=1, max_active=4, turn=2)
+    for host in "ab":
+        for i in range(20):
+            frontier.push(host, 0, f"{host}{i}")
+        frontier.set_answering(host, True)
+    for i in range(6):
+        frontier.push(f"x{i}", 0, f"x{i}")
+    first = drain_pops(frontier)
+    assert sorted(host for host, _ in first) == ["a", "b", "x0", "x1"]
+    served = []
+    for _ in range(16):  # the hanging requests never finish meanwhile
+        for host in "ab":
+            if frontier.inflight(host):
+                frontier.finish(host)
+        served += [host for host, _ in drain_pops(frontier)]
+        assert frontier.active <= 4
+    assert served.count("a") == served.count("b") == 16
+    assert not [host for host in served if host.startswith("x")]
+    # When a hanging request ends, its place goes to the next silent host.
+    frontier.finish("x0")
+    assert [host for host, _ in drain_pops(frontier)] == ["x2"]
+
+
+def test_silent_hosts_still_get_places_from_busy_answering_hosts() -> None:
+    frontier, _ = make(limit=1, max_active=2, turn=2)
+    for host in "ab":
+        for i in range(20):
+            frontier.push(host, 0, f"{host}{i}")
+        frontier.set_answering(host, True)
+    frontier.push("x", 0, "x0")
+    order = []
+    for _ in range(6):
+        got = drain_pops(frontier)
+        order += [host for host, _ in got]
+        for host, _ in got:
+            if host != "x":
+                frontier.finish(host)
+    # x holds fewer than its share (1 of 2 places): an answering host's turn
+    # ends for it.
+    assert "x" in order[:6]

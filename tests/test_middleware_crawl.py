@@ -305,6 +305,48 @@ async def test_a_download_slots_concurrency_is_the_hosts_ceiling_above_the_defau
     assert hosts.stats(1).max_in_flight <= 2
 
 
+@deferred_f_from_coro_f
+async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
+    local_hosts: HostsFactory,
+) -> None:
+    """Four sites that answer and 30 hosts whose pages hang until the
+    download timeout, 8 places: the hanging hosts hold at most half of them
+    while the sites have work, so the sites are not sent behind them at the
+    end of each turn."""
+    healthy, hanging = 4, 30
+    hosts = local_hosts(
+        [HostSpec(latency=0.01, links=0)] * healthy + [HostSpec(fault="hang")] * hanging,
+        process=True,
+    )
+    first = [hosts.url(i) for i in range(healthy)]
+    rest = [url for i in range(healthy) for url in hosts.start_urls(i, 40)[1:]]
+    dead = [hosts.url(i) for i in range(healthy, healthy + hanging)]
+    crawler = get_crawler(
+        StoppableSpider,
+        {
+            **aimd_settings(
+                OUR_HANDLER,
+                CONCURRENT_REQUESTS_PER_DOMAIN=2,
+                HOSTQUEUE_TURN_REQUESTS=5,
+                DOWNLOAD_TIMEOUT=2,
+                RETRY_TIMES=0,
+            ),
+            "CONCURRENT_REQUESTS": 8,
+        },
+    )
+    await crawler.crawl_async(start_urls=first + dead + rest)
+    hosts.wait_idle(10)
+    stats = hosts.all_stats()
+    sites, dead_stats = stats[:healthy], stats[healthy:]
+    assert sum(s.served for s in sites) == healthy * 40
+    assert all(s.requests == 1 for s in dead_stats)
+    # The sites' pages were all fetched while the first hanging hosts still
+    # hung: no more than the 4 places of their share were reached before.
+    last_page = max(t for s in sites for t in s.arrivals)
+    reached = sum(1 for s in dead_stats for t in s.arrivals if t < last_page)
+    assert reached <= 4, reached
+
+
 class GroupingMiddleware:
     """A project's downloader middleware (at the template's 543) that puts
     hosts into one downloader slot, as for the subdomains of one site."""
