@@ -286,6 +286,13 @@ class ReceiverSpider(PageSpider):
                 dispatcher.getAllReceivers(self.crawler.signals.sender, signal)
             )
             for receiver in live:
+                # Only this crawl's: every crawler's signals share one sender,
+                # and a crawler kept alive elsewhere (log records of another
+                # test hold requests) still has its receivers connected.
+                if getattr(getattr(receiver, "__self__", None), "crawler", None) is not (
+                    self.crawler
+                ):
+                    continue
                 for name, function in extension.items():
                     if getattr(receiver, "__func__", None) is function:
                         self.receivers.add(name)
