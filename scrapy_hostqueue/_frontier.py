@@ -176,7 +176,6 @@ class _Fifo(Generic[T]):
 
 class _Host(Generic[T]):
     __slots__ = (
-        "capped_silent",
         "inflight",
         "key",
         "leased",
@@ -202,8 +201,6 @@ class _Host(Generic[T]):
         self.served = 0
         self.state = DRAINED
         self.token = 0
-        #: Counted among the silent hosts waiting for a place (while CAPPED).
-        self.capped_silent = False
 
     def head_rank(self) -> int:
         ranks, queues = self.ranks, self.queues
@@ -491,12 +488,16 @@ class Frontier(Generic[T]):
         policy = host.policy if host is not None else self.known_policy(key)
         if policy is None or policy.answering == answering:
             return
-        if host is not None and host.leased:
-            self._active_silent += -1 if answering else 1
-        policy.answering = answering
         if host is None:
+            policy.answering = answering
             return
-        if host.state == CAPPED:
+        if host.leased:
+            self._active_silent += -1 if answering else 1
+        capped = host.state == CAPPED
+        if capped:
+            self._uncap(host)  # counted in its old class
+        policy.answering = answering
+        if capped:
             self._set_capped(host)  # into the FIFO of its class
         elif host.state in (READY, PREFETCH):
             self._place(host, self.clock())  # its rank in the ring changed
@@ -602,10 +603,7 @@ class Frontier(Generic[T]):
 
     def _place(self, host: _Host[T], now: float) -> None:
         if host.state == CAPPED:
-            self._waiting -= 1
-            if host.capped_silent:
-                self._waiting_silent -= 1
-            host.state = READY  # until placed below
+            self._uncap(host)
         # An IDLE host with nothing queued is placed only when its grace is
         # over (its timer): then it retires.
         was_idle = host.state == IDLE
@@ -697,14 +695,19 @@ class Frontier(Generic[T]):
         answering hosts before silent ones of the same priority."""
         return (host.head_rank() // self._ring_granularity) * 2 + host.policy.answering
 
+    def _uncap(self, host: _Host[T]) -> None:
+        """Count CAPPED *host* no longer among the hosts waiting for a place
+        (its FIFO entry goes stale with its next token); the caller places it."""
+        self._waiting -= 1
+        if not host.policy.answering:
+            self._waiting_silent -= 1
+        host.state = READY  # until placed
+
     def _set_capped(self, host: _Host[T]) -> None:
-        if host.state == CAPPED:  # counted, in the FIFO of its class then
-            self._waiting -= 1
-            if host.capped_silent:
-                self._waiting_silent -= 1
+        if host.state == CAPPED:
+            self._uncap(host)
         silent = not host.policy.answering
         self._waiting += 1
-        host.capped_silent = silent
         if silent:
             self._waiting_silent += 1
         host.token += 1

@@ -1848,14 +1848,19 @@ def test_answering_hosts_go_first_at_the_same_rank() -> None:
     assert served == {"a", "s"}
 
 
+def push_answering_sites(frontier: Frontier[str], hosts: str, count: int = 20) -> None:
+    """Queue *count* requests for each of *hosts*, which have answered."""
+    for host in hosts:
+        for i in range(count):
+            frontier.push(host, 0, f"{host}{i}")
+        frontier.set_answering(host, True)
+
+
 def test_silent_hosts_holding_their_share_of_places_leave_answering_hosts_theirs() -> None:
     # Two sites that answer, and six hosts whose one request hangs: with 4
     # places, the silent hosts take at most half while the others wait.
     frontier, _ = make(limit=1, max_active=4, turn=2)
-    for host in "ab":
-        for i in range(20):
-            frontier.push(host, 0, f"{host}{i}")
-        frontier.set_answering(host, True)
+    push_answering_sites(frontier, "ab")
     for i in range(6):
         frontier.push(f"x{i}", 0, f"x{i}")
     first = drain_pops(frontier)
@@ -1876,10 +1881,7 @@ def test_silent_hosts_holding_their_share_of_places_leave_answering_hosts_theirs
 
 def test_silent_hosts_still_get_places_from_busy_answering_hosts() -> None:
     frontier, _ = make(limit=1, max_active=2, turn=2)
-    for host in "ab":
-        for i in range(20):
-            frontier.push(host, 0, f"{host}{i}")
-        frontier.set_answering(host, True)
+    push_answering_sites(frontier, "ab")
     frontier.push("x", 0, "x0")
     order = []
     for _ in range(6):

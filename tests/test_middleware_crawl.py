@@ -50,14 +50,16 @@ class StoppableSpider(PageSpider):
 def aimd_settings(handler: str = SCRAPY_HTTP11, **overrides: Any) -> dict[str, Any]:
     """Scrapy's HTTP/1.1 handler by default; the tests parametrized with
     ``HANDLERS`` also run with this project's handler (what the add-on wires),
-    with which the scheduler hands out prefetched requests."""
-    return settings(
-        SCHEDULER=SCHEDULER,
-        DOWNLOADER_MIDDLEWARES=MIDDLEWARE,
-        DOWNLOAD_HANDLERS={"http": handler, "https": handler},
-        CONCURRENT_REQUESTS=40,
-        **{"CLOSESPIDER_TIMEOUT": CRAWL_TIMEOUT, **overrides},
-    )
+    with which the scheduler hands out prefetched requests. *overrides*
+    replace any of these."""
+    defaults: dict[str, Any] = {
+        "SCHEDULER": SCHEDULER,
+        "DOWNLOADER_MIDDLEWARES": MIDDLEWARE,
+        "DOWNLOAD_HANDLERS": {"http": handler, "https": handler},
+        "CONCURRENT_REQUESTS": 40,
+        "CLOSESPIDER_TIMEOUT": CRAWL_TIMEOUT,
+    }
+    return settings(**{**defaults, **overrides})
 
 
 def make_crawler(handler: str = SCRAPY_HTTP11, **overrides: Any) -> Crawler:
@@ -321,18 +323,13 @@ async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
     first = [hosts.url(i) for i in range(healthy)]
     rest = [url for i in range(healthy) for url in hosts.start_urls(i, 40)[1:]]
     dead = [hosts.url(i) for i in range(healthy, healthy + hanging)]
-    crawler = get_crawler(
-        StoppableSpider,
-        {
-            **aimd_settings(
-                OUR_HANDLER,
-                CONCURRENT_REQUESTS_PER_DOMAIN=2,
-                HOSTQUEUE_TURN_REQUESTS=5,
-                DOWNLOAD_TIMEOUT=2,
-                RETRY_TIMES=0,
-            ),
-            "CONCURRENT_REQUESTS": 8,
-        },
+    crawler = make_crawler(
+        OUR_HANDLER,
+        CONCURRENT_REQUESTS=8,
+        CONCURRENT_REQUESTS_PER_DOMAIN=2,
+        HOSTQUEUE_TURN_REQUESTS=5,
+        DOWNLOAD_TIMEOUT=2,
+        RETRY_TIMES=0,
     )
     await crawler.crawl_async(start_urls=first + dead + rest)
     hosts.wait_idle(10)
@@ -376,16 +373,11 @@ async def test_a_download_slot_set_by_a_downloader_middleware_is_the_host(
     local_hosts: HostsFactory, handler: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     hosts = local_hosts([HostSpec(latency=0.2)] * 3)
-    crawler = get_crawler(
-        StoppableSpider,
-        {
-            **aimd_settings(
-                handler,
-                CONCURRENT_REQUESTS_PER_DOMAIN=4,
-                DOWNLOAD_SLOTS={GroupingMiddleware.SLOT: {"concurrency": 2}},
-            ),
-            "DOWNLOADER_MIDDLEWARES": {**MIDDLEWARE, GroupingMiddleware: 543},
-        },
+    crawler = make_crawler(
+        handler,
+        CONCURRENT_REQUESTS_PER_DOMAIN=4,
+        DOWNLOAD_SLOTS={GroupingMiddleware.SLOT: {"concurrency": 2}},
+        DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, GroupingMiddleware: 543},
     )
     start = [url for i in range(3) for url in hosts.start_urls(i, 8)]
     with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
@@ -457,6 +449,20 @@ class ErrbackSpider(StoppableSpider):
             self.last_errors.append(failure.value.last_error)
 
 
+async def crawl_with_errbacks(
+    caplog: pytest.LogCaptureFixture, start_urls: list[str], **overrides: Any
+) -> tuple[Crawler, ErrbackSpider]:
+    """A crawl of :class:`ErrbackSpider` with the middleware's INFO lines
+    captured, which must finish."""
+    crawler = get_crawler(ErrbackSpider, aimd_settings(**overrides))
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=start_urls)
+    assert stat(crawler, "finish_reason") == "finished"
+    spider = crawler.spider
+    assert isinstance(spider, ErrbackSpider)
+    return crawler, spider
+
+
 @deferred_f_from_coro_f
 async def test_a_refusing_host_is_parked_then_given_up(
     local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
@@ -464,23 +470,17 @@ async def test_a_refusing_host_is_parked_then_given_up(
     hosts = local_hosts([HostSpec(refuse=True), HostSpec(latency=0.01)])
     refusing = hosts.hostnames[0]
     start = interleave(hosts.start_urls(0, 30), hosts.start_urls(1, 30))
-    crawler = get_crawler(
-        ErrbackSpider,
-        aimd_settings(
-            HOSTQUEUE_ERROR_BUDGET=3,
-            HOSTQUEUE_ERROR_COOLDOWN=0.2,
-            HOSTQUEUE_ERROR_MAX_COOLDOWNS=2,
-            RETRY_TIMES=5,
-        ),
+    crawler, spider = await crawl_with_errbacks(
+        caplog,
+        start,
+        HOSTQUEUE_ERROR_BUDGET=3,
+        HOSTQUEUE_ERROR_COOLDOWN=0.2,
+        HOSTQUEUE_ERROR_MAX_COOLDOWNS=2,
+        RETRY_TIMES=5,
     )
-    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
-        await crawler.crawl_async(start_urls=start)
-    assert stat(crawler, "finish_reason") == "finished"
     # Every request of the refusing host reached its errback exactly once:
     # a connection error after its retries, or HostGivenUp once the host was
     # given up (queued then, or a retry that came later).
-    spider = crawler.spider
-    assert isinstance(spider, ErrbackSpider)
     failed_urls = [url for url, _ in spider.failures]
     assert sorted(failed_urls) == sorted(hosts.start_urls(0, 30))
     given_up = [url for url, kind in spider.failures if issubclass(kind, HostGivenUp)]
@@ -518,25 +518,19 @@ async def test_a_host_that_answers_only_503_is_given_up(
     hosts = local_hosts([HostSpec(status=503), HostSpec(latency=0.01)])
     failing = hosts.hostnames[0]
     start = interleave(hosts.start_urls(0, 10), hosts.start_urls(1, 10))
-    crawler = get_crawler(
-        ErrbackSpider,
-        aimd_settings(
-            HOSTQUEUE_ERROR_BUDGET=2,
-            HOSTQUEUE_ERROR_COOLDOWN=0.2,
-            HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
-            HOSTQUEUE_BACKOFF_BASE=0.05,
-            HOSTQUEUE_BACKOFF_MAX=0.5,
-        ),
+    crawler, spider = await crawl_with_errbacks(
+        caplog,
+        start,
+        HOSTQUEUE_ERROR_BUDGET=2,
+        HOSTQUEUE_ERROR_COOLDOWN=0.2,
+        HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
+        HOSTQUEUE_BACKOFF_BASE=0.05,
+        HOSTQUEUE_BACKOFF_MAX=0.5,
     )
-    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
-        await crawler.crawl_async(start_urls=start)
-    assert stat(crawler, "finish_reason") == "finished"
     assert stat(crawler, stat_key("hosts_parked_count")) == 1
     assert stat(crawler, stat_key("hosts_given_up_count")) == 1
     # Every page of the failing host reached its errback exactly once: a 503
     # after its retries, or HostGivenUp naming the 503.
-    spider = crawler.spider
-    assert isinstance(spider, ErrbackSpider)
     assert sorted(url for url, _ in spider.failures) == sorted(hosts.start_urls(0, 10))
     given_up = [url for url, kind in spider.failures if issubclass(kind, HostGivenUp)]
     assert given_up
@@ -659,16 +653,14 @@ async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blo
     jobdir = tmp_path / "job"
     crawler = get_crawler(
         PageSpider,
-        {
-            **aimd_settings(
-                OUR_HANDLER,
-                JOBDIR=str(jobdir),
-                CONCURRENT_REQUESTS_PER_DOMAIN=2,
-                HOSTQUEUE_AIMD_START=2,
-                CLOSESPIDER_TIMEOUT=2,
-            ),
-            "DOWNLOADER_MIDDLEWARES": {**MIDDLEWARE, FailureWatcher: 600},
-        },
+        aimd_settings(
+            OUR_HANDLER,
+            JOBDIR=str(jobdir),
+            CONCURRENT_REQUESTS_PER_DOMAIN=2,
+            HOSTQUEUE_AIMD_START=2,
+            CLOSESPIDER_TIMEOUT=2,
+            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, FailureWatcher: 600},
+        ),
     )
     began = time.monotonic()
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 10))
@@ -835,9 +827,14 @@ async def test_a_direct_download_awaited_by_a_request_of_its_host_goes_after_a_w
     has finished for a while, with a WARNING, instead of hanging the crawl."""
     monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 0.5)
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
-    crawl_settings = aimd_settings(SCRAPY_HTTP11, CONCURRENT_REQUESTS_PER_DOMAIN=1)
-    crawl_settings["DOWNLOADER_MIDDLEWARES"] = {**MIDDLEWARE, SameHostFetchMiddleware: 100}
-    crawler = get_crawler(PageSpider, crawl_settings)
+    crawler = get_crawler(
+        PageSpider,
+        aimd_settings(
+            SCRAPY_HTTP11,
+            CONCURRENT_REQUESTS_PER_DOMAIN=1,
+            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, SameHostFetchMiddleware: 100},
+        ),
+    )
     began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
         await crawler.crawl_async(start_urls=hosts.start_urls(0, 3))
