@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -41,7 +42,10 @@ logger = logging.getLogger(__name__)
 
 #: File in JOBDIR holding the queued requests and host blocks of a stopped crawl.
 STATE_FILE = "hostqueue.state"
-_STATE_VERSION = 1
+#: 2: every request pickled on its own (version 1 pickled their dicts in one
+#: go, so one request that could not be pickled lost the whole state).
+_STATE_VERSION = 2
+_READABLE_STATE_VERSIONS = (1, 2)
 #: ``request.meta`` key: how many times the request was sent back to the
 #: scheduler because its host had become blocked or too recent.
 META_REQUEUED = "hostqueue_requeued"
@@ -143,6 +147,10 @@ def _warn_unused_queue_settings(settings: BaseSettings) -> None:
 
 #: The ``finish_reason`` of a crawl that refused its JOBDIR.
 JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
+#: The ``finish_reason`` of a crawl whose ``JOBDIR/hostqueue.state`` cannot be
+#: read (damaged, from another version, or naming a callback the spider no
+#: longer has): it closes before any request, and the file is left as it was.
+JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
 
 
 def _scrapy_job_refusal(jobdir: str | None) -> str | None:
@@ -258,6 +266,11 @@ class HostQueueScheduler(BaseScheduler):
         self._wakeup_at = 0.0
         self._undo_hook: Any = None
         self._logged_unserializable = False
+        # The finish reason when the crawl must close before its first
+        # request (a JOBDIR this scheduler cannot resume), else None.
+        self._refusal: str | None = None
+        # Resumed from JOBDIR: requests and host blocks, for the start-up log.
+        self._resumed = (0, 0)
         self._gc_held = False
         self._gc_threshold_raised = False
         self._opened = False
@@ -284,6 +297,7 @@ class HostQueueScheduler(BaseScheduler):
             # way for a spider_opened handler that raises CloseSpider), before
             # any request; the job is left as it was.
             logger.error(refusal)
+            self._refusal = JOBDIR_OF_SCRAPY_SCHEDULER
             self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
             return None
         self._opened = True
@@ -312,7 +326,28 @@ class HostQueueScheduler(BaseScheduler):
             if young:  # 0: automatic collection was off, and stays off
                 gc_note += f", young GC generation collected every {young:,} allocations"
         if self.jobdir:
-            self._load_state()
+            try:
+                self._load_state()
+            except Exception as error:
+                # Closed before any request, without saving over the file:
+                # the job is left as it was, for the user to mend or drop.
+                logger.error(
+                    "Cannot resume the job in JOBDIR %r: %s cannot be read (%s: %s). "
+                    "The crawl closes before any request and leaves the file as it is. If "
+                    "the spider lost a callback that queued requests name, give it "
+                    "back; otherwise start a new JOBDIR, or delete %s to start "
+                    "this job again from its start requests, losing the requests "
+                    "queued in it (the dupefilter's requests.seen filters every "
+                    "request it has seen before).",
+                    self.jobdir,
+                    self._state_path(),
+                    type(error).__name__,
+                    error,
+                    self._state_path(),
+                )
+                self._refusal = JOBDIR_STATE_UNREADABLE
+                self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
+        resumed, blocks = self._resumed
         logger.info(
             "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
             "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s%s",
@@ -320,13 +355,18 @@ class HostQueueScheduler(BaseScheduler):
             cfg.max_active_hosts or "unlimited",
             self.prefetch,
             "AutoThrottle" if self._autothrottle else "the scheduler",
-            f", resumed {len(self.frontier)} requests from JOBDIR" if len(self.frontier) else "",
+            (
+                f", resumed {resumed:,} requests and {blocks:,} host blocks still in force"
+                " from JOBDIR"
+                if resumed or blocks
+                else ""
+            ),
             gc_note,
         )
         return self.df.open()
 
     def _refuse_job(self, spider: Spider) -> None:
-        raise CloseSpider(JOBDIR_OF_SCRAPY_SCHEDULER)
+        raise CloseSpider(self._refusal or JOBDIR_OF_SCRAPY_SCHEDULER)
 
     def close(self, reason: str) -> Deferred[None] | None:
         if self._wakeup is not None:
@@ -338,8 +378,18 @@ class HostQueueScheduler(BaseScheduler):
         if self._undo_hook is not None:
             self._undo_hook()
             self._undo_hook = None
-        if self.jobdir and self._opened:
-            self._save_state()
+        if self.jobdir and self._opened and self._refusal is None:
+            try:
+                self._save_state()
+            except Exception:
+                # The rest of the closing still runs: the dupefilter must
+                # write requests.seen whatever happened here.
+                logger.exception(
+                    "Could not save the queued requests to %s: they are lost at this "
+                    "stop (requests.seen keeps their links from being found again "
+                    "when the job resumes)",
+                    self._state_path(),
+                )
         if self._gc_held:
             self._gc_held = False
             _gc.release()
@@ -791,14 +841,17 @@ class HostQueueScheduler(BaseScheduler):
         return os.path.join(self.jobdir, STATE_FILE)
 
     def _save_state(self) -> None:
-        requests: list[tuple[str, dict[str, Any]]] = []
+        requests: list[tuple[str, bytes]] = []
         unserializable = 0
         # Requests of given-up hosts too: the host may be back next time.
         queued = [(host, request) for host, _rank, request in self.frontier.items()]
         for host, request in [*queued, *self._refused]:
             try:
-                requests.append((host, request.to_dict(spider=self.spider)))
-            except ValueError:
+                # Pickled one by one: a request whose meta cannot be pickled
+                # (a Selector, a Response) is lost alone, as with Scrapy's
+                # disk queues.
+                data = pickle.dumps(request.to_dict(spider=self.spider), protocol=4)
+            except Exception:
                 unserializable += 1
                 if self.debug or not self._logged_unserializable:
                     logger.warning(
@@ -807,6 +860,8 @@ class HostQueueScheduler(BaseScheduler):
                         request,
                     )
                     self._logged_unserializable = True
+            else:
+                requests.append((host, data))
         if unserializable:
             self.stats.inc_value("scheduler/unserializable", unserializable)
         now_mono, now_wall = time.monotonic(), time.time()
@@ -819,28 +874,51 @@ class HostQueueScheduler(BaseScheduler):
         state = {"version": _STATE_VERSION, "requests": requests, "blocks": blocks}
         path = self._state_path()
         tmp = f"{path}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f, protocol=4)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                pickle.dump(state, f, protocol=4)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         logger.info("Saved %d queued requests to %s", len(requests), path)
 
     def _load_state(self) -> None:
+        """Queue the requests and restore the blocks saved at the last stop.
+
+        Reads the whole file before changing anything: if any of it cannot be
+        read, it raises and nothing is queued.
+        """
         path = self._state_path()
         if not os.path.exists(path):
             return
         with open(path, "rb") as f:
             state = pickle.load(f)  # our own file, in the user's JOBDIR
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"{path} was written by an incompatible scrapy-hostqueue")
-        for _host, data in state["requests"]:
-            # Already seen by the dupefilter before the stop: not filtered again.
-            self._push(request_from_dict(data, spider=self.spider))
+        version = state.get("version") if isinstance(state, dict) else None
+        if version not in _READABLE_STATE_VERSIONS:
+            raise ValueError(f"written by an incompatible scrapy-hostqueue (version {version!r})")
+        requests = [
+            request_from_dict(
+                pickle.loads(data) if version >= 2 else data,
+                spider=self.spider,
+            )
+            for _host, data in state["requests"]
+        ]
         now_mono, now_wall = time.monotonic(), time.time()
-        for host, (until_wall, reason) in state["blocks"].items():
-            if until_wall > now_wall:
-                self.frontier.block_until(host, until_wall - now_wall + now_mono, reason)
+        blocks = [
+            (host, until_wall - now_wall + now_mono, reason)
+            for host, (until_wall, reason) in state["blocks"].items()
+            if until_wall > now_wall
+        ]
+        for request in requests:
+            # Already seen by the dupefilter before the stop: not filtered again.
+            self._push(request)
+        for host, until, reason in blocks:
+            self.frontier.block_until(host, until, reason)
+        self._resumed = (len(requests), len(blocks))
 
 
 def _gate_opens_at(policy: HostPolicy) -> float:

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import logging
 import os
+import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,12 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._frontier import IDLE
-from scrapy_hostqueue.scheduler import JOBDIR_OF_SCRAPY_SCHEDULER, STATE_FILE, request_rank
+from scrapy_hostqueue.scheduler import (
+    JOBDIR_OF_SCRAPY_SCHEDULER,
+    JOBDIR_STATE_UNREADABLE,
+    STATE_FILE,
+    request_rank,
+)
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
     OUR_HANDLER,
@@ -38,6 +44,8 @@ from tests.crawling import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from scrapy.crawler import Crawler
 
 HostsFactory = Callable[..., LocalHosts]
@@ -501,6 +509,148 @@ async def test_a_jobdir_with_requests_queued_by_scrapys_scheduler_is_refused(
     resumed = await crawl([hosts.url(0)], SCHEDULER=SCHEDULER, JOBDIR=finished)
     assert resumed.stats is not None
     assert resumed.stats.get_value("finish_reason") == "finished"
+
+
+class _PageCallbackSpider(PageSpider):
+    """Follows links to a callback of its own, which a later version of the
+    spider may lose."""
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        for request in super().parse(response):
+            yield request.replace(callback=self.parse_page)
+
+    def parse_page(self, response: Response) -> Iterable[Any]:
+        return self.parse(response)
+
+
+class _RenamedCallbackSpider(PageSpider):
+    """:class:`_PageCallbackSpider` after ``parse_page`` was renamed."""
+
+    def parse_item_page(self, response: Response) -> Iterable[Any]:
+        return self.parse(response)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other version", "lost callback"])
+@deferred_f_from_coro_f
+async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
+    local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    """A state file that cannot be read (damaged, from another version, or
+    naming a callback the spider lost) closes the crawl before any request
+    with an ERROR naming the file, and is not overwritten: once mended, the
+    job resumes and every page is fetched once."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)] * 2)
+    urls = [hosts.url(0), hosts.url(1)]
+    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    first = await crawl(
+        urls, follow=True, spider_cls=_PageCallbackSpider, CLOSESPIDER_PAGECOUNT=20, **common
+    )
+    path = tmp_path / "job" / STATE_FILE
+    saved = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(saved[: len(saved) // 2])
+    elif damage == "other version":
+        path.write_bytes(pickle.dumps({"version": 99, "requests": [], "blocks": {}}))
+    damaged = path.read_bytes()
+    served = sum(host.served for host in hosts.all_stats(arrivals=False))
+    spider_cls = _RenamedCallbackSpider if damage == "lost callback" else _PageCallbackSpider
+    with caplog.at_level(logging.ERROR):
+        refused = await crawl(urls, follow=True, spider_cls=spider_cls, **common)
+    assert refused.stats is not None
+    assert refused.stats.get_value("finish_reason") == JOBDIR_STATE_UNREADABLE
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors
+    assert all(str(path) in message for message in errors)
+    assert sum(host.served for host in hosts.all_stats(arrivals=False)) == served
+    assert path.read_bytes() == damaged
+    # Mended, the job goes on where it stopped.
+    path.write_bytes(saved)
+    resumed = await crawl(urls, follow=True, spider_cls=_PageCallbackSpider, **common)
+    assert isinstance(first.spider, PageSpider)
+    assert isinstance(resumed.spider, PageSpider)
+    seen = first.spider.seen + resumed.spider.seen
+    assert len(seen) == len(set(seen)) == 80
+
+
+@deferred_f_from_coro_f
+async def test_a_jobdir_state_of_the_first_format_is_resumed(
+    local_hosts: HostsFactory, tmp_path: Any
+) -> None:
+    """Version 1 of the state file held the requests' dicts, not their pickles."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=5, links=0)])
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    queued = [Request(url).to_dict() for url in hosts.start_urls(0, 5)[2:]]
+    state = {"version": 1, "requests": [(hosts.hostnames[0], d) for d in queued], "blocks": {}}
+    (jobdir / STATE_FILE).write_bytes(pickle.dumps(state, protocol=4))
+    resumed = await crawl([], SCHEDULER=SCHEDULER, JOBDIR=str(jobdir))
+    assert isinstance(resumed.spider, PageSpider)
+    assert sorted(resumed.spider.seen) == sorted(hosts.start_urls(0, 5)[2:])
+
+
+class _SelectorMetaSpider(PageSpider):
+    """Passes a Selector on in the meta of one in ten links, which pickle
+    cannot serialise."""
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        for request in super().parse(response):
+            page = int(request.url.rsplit("/", 1)[-1])
+            if page % 10 == 0:
+                request.meta["selector"] = response.css("a")
+            yield request
+
+
+@deferred_f_from_coro_f
+async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
+    local_hosts: HostsFactory, tmp_path: Any
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
+    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    first = await crawl(
+        [hosts.url(0)],
+        follow=True,
+        spider_cls=_SelectorMetaSpider,
+        CLOSESPIDER_PAGECOUNT=8,
+        **common,
+    )
+    assert first.stats is not None
+    lost = first.stats.get_value("scheduler/unserializable")
+    assert lost
+    resumed = await crawl([hosts.url(0)], follow=True, spider_cls=_SelectorMetaSpider, **common)
+    assert isinstance(first.spider, PageSpider)
+    assert isinstance(resumed.spider, PageSpider)
+    seen = first.spider.seen + resumed.spider.seen
+    # Every page but the lost ones (and the pages only they lead to) once.
+    assert len(seen) == len(set(seen))
+    assert len(resumed.spider.seen) > 0
+    assert 40 - len(seen) >= lost
+    assert hosts.stats(0).served == len(seen)
+
+
+@deferred_f_from_coro_f
+async def test_a_jobdir_state_that_cannot_be_written_still_closes_the_dupefilter(
+    local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk or a read-only JOBDIR: the ERROR says the queued requests
+    are lost, and the rest of the closing (requests.seen) still happens."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
+    jobdir = tmp_path / "job"
+    # A directory where the temporary state file goes makes its open() fail.
+    (jobdir / f"{STATE_FILE}.tmp").mkdir(parents=True)
+    with caplog.at_level(logging.ERROR):
+        first = await crawl(
+            [hosts.url(0)],
+            follow=True,
+            CLOSESPIDER_PAGECOUNT=8,
+            SCHEDULER=SCHEDULER,
+            JOBDIR=str(jobdir),
+        )
+    assert first.stats is not None
+    assert first.stats.get_value("finish_reason") == "closespider_pagecount"
+    assert any("Could not save" in r.getMessage() for r in caplog.records)
+    assert not (jobdir / STATE_FILE).exists()
+    # At least a 20-byte fingerprint for each of the pages fetched.
+    assert (jobdir / "requests.seen").stat().st_size > 8 * 20
 
 
 class _BlockingSpider(PageSpider):
