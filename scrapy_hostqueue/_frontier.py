@@ -344,16 +344,40 @@ class Frontier(Generic[T]):
         host = self._hosts.get(key)
         return host.state if host is not None else None
 
+    def _policies(self) -> Iterator[tuple[str, HostPolicy]]:
+        """``(key, policy)`` of every host, idle hosts that are still
+        remembered included (O(hosts))."""
+        for host in self._hosts.values():
+            yield host.key, host.policy
+        for idle in (self._retired, self._kept):
+            yield from idle.items()
+
     def blocked(self, now: float) -> Iterator[tuple[str, HostPolicy]]:
         """``(key, policy)`` of every host blocked beyond *now*, idle hosts
         that are still remembered included (O(hosts): for a crawl's close)."""
-        for host in self._hosts.values():
-            if host.policy.blocked_until > now:
-                yield host.key, host.policy
-        for idle in (self._retired, self._kept):
-            for key, policy in idle.items():
-                if policy.blocked_until > now:
-                    yield key, policy
+        for key, policy in self._policies():
+            if policy.blocked_until > now:
+                yield key, policy
+
+    def spaced(self, now: float) -> Iterator[tuple[str, float]]:
+        """``(key, when)`` of every host whose next request may not start
+        before *when*, later than *now*, for its interval between starts
+        (O(hosts): for a crawl's close)."""
+        for key, policy in self._policies():
+            when = policy.last_start + policy.next_gap
+            if when > now:
+                yield key, when
+
+    def space_until(self, key: str, when: float) -> None:
+        """Start no request for *key* before *when*, as if its last request
+        had started an interval before then (spacing restored after a stop);
+        extends, never shortens, the wait its own starts set."""
+        policy = self.policy(key)
+        now = self.clock()
+        if when > max(now, policy.last_start + policy.next_gap):
+            policy.last_start = now
+            policy.next_gap = when - now
+            self._refresh(key)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostPolicy]]:
         """``(key, queued, inflight, policy)`` of every live host (O(hosts): for

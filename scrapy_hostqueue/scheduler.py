@@ -871,7 +871,17 @@ class HostQueueScheduler(BaseScheduler):
             host: (policy.blocked_until - now_mono + now_wall, policy.block_reason)
             for host, policy in self.frontier.blocked(now_mono)
         }
-        state = {"version": _STATE_VERSION, "requests": requests, "blocks": blocks}
+        # When each host with an interval between starts (DOWNLOAD_DELAY,
+        # Crawl-delay) may start its next request: also after the resume.
+        spacing = {
+            host: when - now_mono + now_wall for host, when in self.frontier.spaced(now_mono)
+        }
+        state = {
+            "version": _STATE_VERSION,
+            "requests": requests,
+            "blocks": blocks,
+            "spacing": spacing,
+        }
         path = self._state_path()
         tmp = f"{path}.tmp"
         try:
@@ -913,11 +923,18 @@ class HostQueueScheduler(BaseScheduler):
             for host, (until_wall, reason) in state["blocks"].items()
             if until_wall > now_wall
         ]
+        spacing = [
+            (host, when_wall - now_wall + now_mono)
+            for host, when_wall in state.get("spacing", {}).items()
+            if when_wall > now_wall
+        ]
         for request in requests:
             # Already seen by the dupefilter before the stop: not filtered again.
             self._push(request)
         for host, until, reason in blocks:
             self.frontier.block_until(host, until, reason)
+        for host, when in spacing:
+            self.frontier.space_until(host, when)
         self._resumed = (len(requests), len(blocks))
 
 

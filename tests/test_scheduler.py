@@ -687,6 +687,34 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
     assert arrivals[0] - resumed_at >= 1.5
 
 
+class _StopAtFirstPageSpider(PageSpider):
+    def parse(self, response: Response) -> Any:
+        self.seen.append(response.url)
+        raise CloseSpider("stopped")
+
+
+@deferred_f_from_coro_f
+async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
+    local_hosts: HostsFactory, tmp_path: Any
+) -> None:
+    """Resumed at once, a host with a 3 s delay does not get its next request
+    before 3 s after the last one of the stopped crawl."""
+    hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
+    common = {
+        "SCHEDULER": SCHEDULER,
+        "JOBDIR": str(tmp_path / "job"),
+        "DOWNLOAD_SLOTS": {hosts.hostnames[0]: {"delay": 3.0, "jitter": 0}},
+    }
+    await crawl(hosts.start_urls(0, 5), spider_cls=_StopAtFirstPageSpider, **common)
+    [first] = hosts.stats(0).arrivals
+    resumed = await crawl(hosts.start_urls(0, 5), CLOSESPIDER_PAGECOUNT=1, **common)
+    assert isinstance(resumed.spider, PageSpider)
+    assert len(resumed.spider.seen) == 1
+    arrivals = hosts.stats(0).arrivals
+    assert len(arrivals) == 2
+    assert arrivals[1] - first >= 2.9
+
+
 @deferred_f_from_coro_f
 async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     local_hosts: HostsFactory,
