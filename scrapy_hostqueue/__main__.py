@@ -239,10 +239,17 @@ li {{ margin: 0.2em 0; white-space: nowrap; }}
 def plot(source: str, out: str, *, max_lines: int = 10) -> None:
     """Draw the timeline *source* into *out* (``.html``: SVG page, else PNG).
     Raises :class:`~scrapy_hostqueue.timeline.TimelineError` or :class:`PlotError`."""
+    html = out.lower().endswith((".html", ".htm"))
+    if not html and not out.lower().endswith(".png"):
+        # matplotlib would pick the format from any other name, or add ".png"
+        # to a name without one and write a file other than *out*.
+        raise PlotError(f"the output must end in .png or .html, got {out!r}")
+    if os.path.isdir(out):
+        raise PlotError(f"cannot write {out}: it is a directory")
     series = load(source, max_lines)
     title = f"Hosts over time: {os.path.basename(source)}"
     try:
-        if out.lower().endswith((".html", ".htm")):
+        if html:
             render_html(series, out, title)
         else:
             render_png(series, out, title)

@@ -8,6 +8,7 @@ error messages live in one place.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -289,6 +290,9 @@ class HostQueueConfig:
         # that long: meant for the links of a last response, not minutes.
         idle_grace = _number(settings, "HOSTQUEUE_IDLE_GRACE", 0.1, maximum=60.0)
         timeline = _raw(settings, "HOSTQUEUE_TIMELINE_FILE")
+        if isinstance(timeline, os.PathLike):
+            # A pathlib.Path, as Scrapy's own path settings take.
+            timeline = os.fspath(timeline)
         if timeline is not None and not isinstance(timeline, str):
             raise HostQueueSettingsError(
                 f"HOSTQUEUE_TIMELINE_FILE must be a file path, got {timeline!r}"

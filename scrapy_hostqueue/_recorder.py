@@ -6,14 +6,19 @@ the AIMD middleware and the download handler report events to one
 :class:`HostStatsRecorder` per crawler (:func:`get_recorder`).
 
 Bounded cardinality: per-host counters live in the recorder's own table of at
-most ``HOSTQUEUE_STATS_MAX_HOSTS`` hosts. When a host not in the table needs
-an entry and the table is full, the least busy entry is folded into the
-aggregate host ``_other`` and the newcomer takes its place with the evicted
-entry's busyness as a starting floor (the "Space-Saving" heavy-hitters rule),
-so a host that is busy overall keeps its own entry even if it shows up late
-in a crawl that meets many hosts. Per-host keys are written to the stats
-collector from that table at every periodic log line and when the spider
-closes; global keys are written as events happen.
+most :data:`TRACKED_PER_NAMED` times ``HOSTQUEUE_STATS_MAX_HOSTS`` hosts. When
+a host not in the table needs an entry and the table is full, the least busy
+entry is folded into the aggregate host ``_other`` and the newcomer takes its
+place with the evicted entry's busyness as a starting floor (the
+"Space-Saving" heavy-hitters rule), so a host that is busy overall keeps its
+own entry even if it shows up late in a crawl that meets many hosts. The
+table tracks more hosts than get keys so that the floor rises slowly: with
+room for only the named hosts, every newcomer would push out a host busier
+than itself as soon as the floor passed it, and the keys would name the last
+hosts met rather than the busiest. Per-host keys of the
+``HOSTQUEUE_STATS_MAX_HOSTS`` busiest entries (the rest of the table adds up
+under ``_other``) are written to the stats collector at every periodic log
+line and when the spider closes; global keys are written as events happen.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
 logger = logging.getLogger(__name__)
+
+#: Hosts the recorder's table tracks per host that gets its own stats keys.
+TRACKED_PER_NAMED = 4
 
 PREFIX = "hostqueue"
 #: Hosts beyond HOSTQUEUE_STATS_MAX_HOSTS add up under this host key.
@@ -183,6 +191,7 @@ class HostStatsRecorder:
         self.stats = stats
         self.enabled = config.stats_enabled
         self.max_hosts = config.stats_max_hosts
+        self._capacity = self.max_hosts * TRACKED_PER_NAMED
         self._table: dict[str, HostCounters] = {}
         # One (priority when pushed, tiebreak, host) entry per table entry;
         # priorities only grow, so a stale entry is re-pushed when popped.
@@ -201,7 +210,7 @@ class HostStatsRecorder:
         if entry is None:
             if self.max_hosts <= 0:
                 return self.other
-            if len(self._table) >= self.max_hosts:
+            if len(self._table) >= self._capacity:
                 self._evict()
             entry = self._table[host] = HostCounters(self._floor)
             heapq.heappush(self._heap, (entry.priority, next(self._seq), host))
@@ -223,7 +232,8 @@ class HostStatsRecorder:
 
     def named_hosts(self) -> list[str]:
         """Hosts that currently have their own keys, busiest first."""
-        return sorted(self._table, key=lambda host: -self._table[host].priority)
+        table = self._table
+        return heapq.nlargest(self.max_hosts, table, key=lambda host: table[host].priority)
 
     def table_size(self) -> int:
         """Entries held (named hosts), for tests of boundedness."""
@@ -232,10 +242,19 @@ class HostStatsRecorder:
     def host_stats(self) -> dict[str, float]:
         """Every per-host key and its value, as :meth:`flush` writes them."""
         result: dict[str, float] = {}
-        for host, entry in self._table.items():
-            for name, value in entry.values():
+        named = set(self.named_hosts())
+        other = self.other
+        if len(named) < len(self._table):
+            # The tracked hosts without keys of their own add up under _other.
+            other = HostCounters()
+            other.merge(self.other)
+            for host, entry in self._table.items():
+                if host not in named:
+                    other.merge(entry)
+        for host in named:
+            for name, value in self._table[host].values():
                 result[host_stat_key(host, name)] = value
-        for name, value in self.other.values(with_limit=False):
+        for name, value in other.values(with_limit=False):
             result[host_stat_key(OTHER_HOSTS, name)] = value
         return result
 

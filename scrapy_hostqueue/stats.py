@@ -227,6 +227,9 @@ class HostQueueStats:
             text = f"{key or NO_HOST} {on_wire(key)}/{policy.limit}"
             if policy.blocked_until > now:
                 text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
+            elif policy.interval:
+                # Why a host with room and work is slow: one request per interval.
+                text += f" (delay {policy.interval:g}s)"
             shown.append(text)
         logger.info(
             "Hosts: %d active, %d blocked, %d with work; %d requests queued; "

@@ -224,3 +224,10 @@ def test_a_timeline_file_that_is_a_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(HostQueueSettingsError, match="HOSTQUEUE_TIMELINE_FILE") as info:
         HostQueueStats.from_crawler(crawler)
     assert "directory" in str(info.value)
+
+
+def test_a_timeline_file_may_be_a_pathlib_path(tmp_path: Path) -> None:
+    """As Scrapy's own path settings (FEEDS, JOBDIR) take one."""
+    path = tmp_path / "timeline.jsonl"
+    assert config(HOSTQUEUE_TIMELINE_FILE=path).timeline_file == str(path)
+    refused("HOSTQUEUE_TIMELINE_FILE", 3)

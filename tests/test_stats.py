@@ -11,6 +11,7 @@ from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._recorder import TRACKED_PER_NAMED
 from scrapy_hostqueue.stats import (
     OTHER_HOSTS,
     HostStatsRecorder,
@@ -199,6 +200,27 @@ def test_a_busy_host_that_shows_up_late_keeps_its_own_keys() -> None:
     assert len(named) == 10
 
 
+def test_the_named_hosts_are_the_busiest_after_many_small_ones() -> None:
+    """Ten hosts of 30 pages, then 150 hosts of one: the ten keep their keys
+    (the table once held only the named hosts, and the newcomers, starting
+    from a floor that each eviction raised, pushed them all out)."""
+    recorder = make_recorder(HOSTQUEUE_STATS_MAX_HOSTS=10)
+    busy = [f"busy{i}.test" for i in range(10)]
+    for _ in range(30):
+        for host in busy:
+            recorder.request_done(host, 1, 1)
+            recorder.response(host, 200, 0.01)
+    for i in range(150):
+        recorder.request_done(f"once{i}.test", 1, 1)
+        recorder.response(f"once{i}.test", 200, 0.01)
+    assert sorted(recorder.named_hosts()) == busy
+    recorder.flush()
+    stats = recorder.stats.get_stats()
+    assert {key.split("/")[2] for key in host_keys(recorder)} == {*busy, OTHER_HOSTS}
+    assert all(stats[host_stat_key(host, "request_count")] == 30 for host in busy)
+    assert stats[host_stat_key(OTHER_HOSTS, "request_count")] == 150
+
+
 def test_flush_replaces_per_host_keys_of_evicted_hosts() -> None:
     recorder = make_recorder(HOSTQUEUE_STATS_MAX_HOSTS=1)
     recorder.request_done("first", 1, 1)
@@ -257,10 +279,10 @@ def test_100k_hosts_keep_the_stats_bounded() -> None:
     # At most ~20 keys per named host and the aggregate, plus a few global ones.
     assert len(stats) <= 20 * (max_hosts + 1) + 10
     assert max(sizes) <= 20 * (max_hosts + 1) + 10
-    assert recorder.table_size() <= 2 * max_hosts
+    assert recorder.table_size() <= 2 * TRACKED_PER_NAMED * max_hosts
     # Memory of the recorder's own structures does not grow with hosts either.
     assert _deep_size(recorder.other) < 50_000
-    assert _deep_size(recorder._table) < 1_000_000
+    assert _deep_size(recorder._table) < 5_000_000
     # And nothing is lost.
     assert stats[stat_key("hosts_seen_count")] == 100_000
     responses = sum(value for key, value in stats.items() if key.endswith("/response_count"))

@@ -206,6 +206,30 @@ async def test_log_line_and_timeline(
 
 
 @deferred_f_from_coro_f
+async def test_the_log_line_shows_a_hosts_download_delay(
+    local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host held back by its delay has room and work: without the delay
+    shown, the line made it look idle."""
+    # The second host, without a delay, is busy for about 0.5 s.
+    hosts = local_hosts([HostSpec(latency=0.005), HostSpec(latency=0.05)])
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    await crawl(
+        [*hosts.start_urls(0, 4), *hosts.start_urls(1, 40)],
+        **stats_settings(
+            HOSTQUEUE_LOG_INTERVAL=0.1,
+            DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": 0.3}},
+        ),
+    )
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Hosts: ")]
+    delayed = re.compile(rf"{re.escape(hosts.hostnames[0])} \d+/\d+ \(delay 0.3s\)")
+    assert any(delayed.search(line) for line in lines)
+    undelayed = re.compile(rf"{re.escape(hosts.hostnames[1])} \d+/\d+ \(delay")
+    assert any(f"{hosts.hostnames[1]} " in line for line in lines)
+    assert not any(undelayed.search(line) for line in lines)
+
+
+@deferred_f_from_coro_f
 async def test_timeline_under_the_stock_scheduler(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -223,3 +223,22 @@ def test_module_entry_point(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith("error: ")
     assert "missing" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["chart.jpgx", "chart", "", "outdir"])
+def test_plot_output_names_other_than_png_or_html_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """matplotlib picked a format from other names (a traceback for unknown
+    ones), or added .png to a name without one, and "wrote" named a file
+    that was not written."""
+    source = tmp_path / "t.jsonl"
+    write_sample_timeline(source)
+    (tmp_path / "outdir").mkdir()
+    before = set(tmp_path.iterdir())
+    assert cli(["plot", str(source), "-o", str(tmp_path / name) if name else ""]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ")
+    assert err.count("\n") == 1
+    assert "wrote" not in out
+    assert set(tmp_path.iterdir()) == before
