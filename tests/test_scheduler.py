@@ -60,7 +60,7 @@ async def _crawl_one_host_at_one_request(
 ) -> Crawler:
     """Crawl pages 0 .. *pages*-1 of the first host, one request at a time,
     *delay* seconds apart (no jitter)."""
-    return await crawl(
+    crawler = await crawl(
         hosts.start_urls(0, pages),
         SCHEDULER=SCHEDULER,
         DOWNLOAD_HANDLERS=_handlers(handler),
@@ -69,6 +69,10 @@ async def _crawl_one_host_at_one_request(
         DOWNLOAD_DELAY_JITTER=0,
         **overrides,
     )
+    # The host counts a page as served once it has written all of it, which
+    # may come a moment after the crawler read it and closed.
+    hosts.wait_idle()
+    return crawler
 
 
 def _arrival_gaps(arrivals: list[float]) -> list[float]:
