@@ -236,7 +236,8 @@ class HostStatsRecorder:
         return heapq.nlargest(self.max_hosts, table, key=lambda host: table[host].priority)
 
     def table_size(self) -> int:
-        """Entries held (named hosts), for tests of boundedness."""
+        """Entries held (the tracked hosts and their heap entries), for tests
+        of boundedness."""
         return len(self._table) + len(self._heap)
 
     def host_stats(self) -> dict[str, float]:
