@@ -244,8 +244,6 @@ def plot(source: str, out: str, *, max_lines: int = 10) -> None:
         # matplotlib would pick the format from any other name, or add ".png"
         # to a name without one and write a file other than *out*.
         raise PlotError(f"the output must end in .png or .html, got {out!r}")
-    if os.path.isdir(out):
-        raise PlotError(f"cannot write {out}: it is a directory")
     series = load(source, max_lines)
     title = f"Hosts over time: {os.path.basename(source)}"
     try:

@@ -123,8 +123,12 @@ class HostPolicy:
         #: or timed out. Answering hosts go first (see :class:`Frontier`).
         self.answering = False
 
+    def spaced_until(self) -> float:
+        """When the interval since the last request start allows the next."""
+        return self.last_start + self.next_gap
+
     def ready_at(self) -> float:
-        return max(self.blocked_until, self.last_start + self.next_gap)
+        return max(self.blocked_until, self.spaced_until())
 
     def __repr__(self) -> str:
         return (
@@ -364,7 +368,7 @@ class Frontier(Generic[T]):
         before *when*, later than *now*, for its interval between starts
         (O(hosts): for a crawl's close)."""
         for key, policy in self._policies():
-            when = policy.last_start + policy.next_gap
+            when = policy.spaced_until()
             if when > now:
                 yield key, when
 
@@ -374,7 +378,7 @@ class Frontier(Generic[T]):
         extends, never shortens, the wait its own starts set."""
         policy = self.policy(key)
         now = self.clock()
-        if when > max(now, policy.last_start + policy.next_gap):
+        if when > max(now, policy.spaced_until()):
             policy.last_start = now
             policy.next_gap = when - now
             self._refresh(key)

@@ -269,8 +269,6 @@ class HostQueueScheduler(BaseScheduler):
         # The finish reason when the crawl must close before its first
         # request (a JOBDIR this scheduler cannot resume), else None.
         self._refusal: str | None = None
-        # Resumed from JOBDIR: requests and host blocks, for the start-up log.
-        self._resumed = (0, 0)
         self._gc_held = False
         self._gc_threshold_raised = False
         self._opened = False
@@ -293,12 +291,8 @@ class HostQueueScheduler(BaseScheduler):
         self.spider = spider
         refusal = _scrapy_job_refusal(self.jobdir)
         if refusal is not None:
-            # The crawl closes once every component is open (the engine's
-            # way for a spider_opened handler that raises CloseSpider), before
-            # any request; the job is left as it was.
             logger.error(refusal)
-            self._refusal = JOBDIR_OF_SCRAPY_SCHEDULER
-            self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
+            self._refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
             return None
         self._opened = True
         self._undo_hook = internals.on_request_leaving_downloader(self.crawler, self._request_left)
@@ -325,9 +319,10 @@ class HostQueueScheduler(BaseScheduler):
             self._gc_threshold_raised = True
             if young:  # 0: automatic collection was off, and stays off
                 gc_note += f", young GC generation collected every {young:,} allocations"
+        resumed = blocks = 0
         if self.jobdir:
             try:
-                self._load_state()
+                resumed, blocks = self._load_state()
             except Exception as error:
                 # Closed before any request, without saving over the file:
                 # the job is left as it was, for the user to mend or drop.
@@ -345,9 +340,7 @@ class HostQueueScheduler(BaseScheduler):
                     error,
                     self._state_path(),
                 )
-                self._refusal = JOBDIR_STATE_UNREADABLE
-                self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
-        resumed, blocks = self._resumed
+                self._refuse(JOBDIR_STATE_UNREADABLE)
         logger.info(
             "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
             "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s%s",
@@ -365,8 +358,16 @@ class HostQueueScheduler(BaseScheduler):
         )
         return self.df.open()
 
+    def _refuse(self, reason: str) -> None:
+        """Close the crawl with *reason* once every component is open (the
+        engine's way for a spider_opened handler that raises CloseSpider),
+        before any request; close() then leaves the job as it was."""
+        self._refusal = reason
+        self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
+
     def _refuse_job(self, spider: Spider) -> None:
-        raise CloseSpider(self._refusal or JOBDIR_OF_SCRAPY_SCHEDULER)
+        assert self._refusal is not None
+        raise CloseSpider(self._refusal)
 
     def close(self, reason: str) -> Deferred[None] | None:
         if self._wakeup is not None:
@@ -864,18 +865,18 @@ class HostQueueScheduler(BaseScheduler):
                 requests.append((host, data))
         if unserializable:
             self.stats.inc_value("scheduler/unserializable", unserializable)
-        now_mono, now_wall = time.monotonic(), time.time()
+        now = time.monotonic()
+        # Times are saved on the wall clock: the monotonic one restarts.
+        to_wall = time.time() - now
         # Idle hosts too: a host blocked with nothing queued stays blocked
         # for the requests the resumed crawl will find for it.
         blocks = {
-            host: (policy.blocked_until - now_mono + now_wall, policy.block_reason)
-            for host, policy in self.frontier.blocked(now_mono)
+            host: (policy.blocked_until + to_wall, policy.block_reason)
+            for host, policy in self.frontier.blocked(now)
         }
         # When each host with an interval between starts (DOWNLOAD_DELAY,
         # Crawl-delay) may start its next request: also after the resume.
-        spacing = {
-            host: when - now_mono + now_wall for host, when in self.frontier.spaced(now_mono)
-        }
+        spacing = {host: when + to_wall for host, when in self.frontier.spaced(now)}
         state = {
             "version": _STATE_VERSION,
             "requests": requests,
@@ -896,15 +897,16 @@ class HostQueueScheduler(BaseScheduler):
             raise
         logger.info("Saved %d queued requests to %s", len(requests), path)
 
-    def _load_state(self) -> None:
-        """Queue the requests and restore the blocks saved at the last stop.
+    def _load_state(self) -> tuple[int, int]:
+        """Queue the requests and restore the blocks saved at the last stop;
+        returns how many requests and blocks still in force.
 
         Reads the whole file before changing anything: if any of it cannot be
         read, it raises and nothing is queued.
         """
         path = self._state_path()
         if not os.path.exists(path):
-            return
+            return 0, 0
         with open(path, "rb") as f:
             state = pickle.load(f)  # our own file, in the user's JOBDIR
         version = state.get("version") if isinstance(state, dict) else None
@@ -917,16 +919,17 @@ class HostQueueScheduler(BaseScheduler):
             )
             for _host, data in state["requests"]
         ]
-        now_mono, now_wall = time.monotonic(), time.time()
+        now = time.time()
+        to_monotonic = time.monotonic() - now
         blocks = [
-            (host, until_wall - now_wall + now_mono, reason)
-            for host, (until_wall, reason) in state["blocks"].items()
-            if until_wall > now_wall
+            (host, until + to_monotonic, reason)
+            for host, (until, reason) in state["blocks"].items()
+            if until > now
         ]
         spacing = [
-            (host, when_wall - now_wall + now_mono)
-            for host, when_wall in state.get("spacing", {}).items()
-            if when_wall > now_wall
+            (host, when + to_monotonic)
+            for host, when in state.get("spacing", {}).items()
+            if when > now
         ]
         for request in requests:
             # Already seen by the dupefilter before the stop: not filtered again.
@@ -935,7 +938,7 @@ class HostQueueScheduler(BaseScheduler):
             self.frontier.block_until(host, until, reason)
         for host, when in spacing:
             self.frontier.space_until(host, when)
-        self._resumed = (len(requests), len(blocks))
+        return len(requests), len(blocks)
 
 
 def _gate_opens_at(policy: HostPolicy) -> float:

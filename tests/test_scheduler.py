@@ -657,7 +657,13 @@ async def test_a_jobdir_state_that_cannot_be_written_still_closes_the_dupefilter
     assert (jobdir / "requests.seen").stat().st_size > 8 * 20
 
 
-class _BlockingSpider(PageSpider):
+class _StopAtFirstPageSpider(PageSpider):
+    def parse(self, response: Response) -> Any:
+        self.seen.append(response.url)
+        raise CloseSpider("stopped")
+
+
+class _BlockingSpider(_StopAtFirstPageSpider):
     """Blocks the host of its first response for 3 s and stops the crawl."""
 
     def parse(self, response: Response) -> Any:
@@ -665,8 +671,7 @@ class _BlockingSpider(PageSpider):
         assert isinstance(scheduler, HostQueueScheduler)
         host = scheduler.host_of(response.request)
         scheduler.block_until(host, time.monotonic() + 3, "test")
-        self.seen.append(response.url)
-        raise CloseSpider("stopped")
+        return super().parse(response)
 
 
 @deferred_f_from_coro_f
@@ -689,12 +694,6 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 5 - served_first
     assert arrivals[0] - resumed_at >= 1.5
-
-
-class _StopAtFirstPageSpider(PageSpider):
-    def parse(self, response: Response) -> Any:
-        self.seen.append(response.url)
-        raise CloseSpider("stopped")
 
 
 @deferred_f_from_coro_f
