@@ -26,6 +26,12 @@ _MISSING = object()
 #: cores, 7,000 cut the time spent in garbage collection by 55-70 %; 20,000
 #: gained little more.
 GC_YOUNG_THRESHOLD = 7_000
+#: Seconds opening a connection may take with the add-on's handler. A TCP
+#: connection that is not open after 10 s had no answer to its SYN nor to the
+#: three sent again after 1, 3 and 7 s: the address drops them, and waiting
+#: out Scrapy's DOWNLOAD_TIMEOUT (180 s) would hold the host's place and a
+#: download slot all that time.
+CONNECT_TIMEOUT = 10.0
 #: The longest a setting may make a host wait (a block, a cool-down, a delay):
 #: a day. Longer would stall a crawl that still has work for the host, and a
 #: graceful stop waits for requests already handed out.
@@ -243,6 +249,7 @@ class HostQueueConfig:
     error_max_cooldowns: int
     # Download handler
     dns_cache_ttl: float
+    connect_timeout: float  # 0 = bounded by the download's timeout only
     # Stats and diagnostics
     stats_enabled: bool
     stats_max_hosts: int
@@ -335,6 +342,9 @@ class HostQueueConfig:
             ),
             error_max_cooldowns=_integer(settings, "HOSTQUEUE_ERROR_MAX_COOLDOWNS", 3, minimum=0),
             dns_cache_ttl=_number(settings, "HOSTQUEUE_DNS_CACHE_TTL", 300.0),
+            connect_timeout=_number(
+                settings, "HOSTQUEUE_CONNECT_TIMEOUT", CONNECT_TIMEOUT, maximum=_MAX_WAIT
+            ),
             stats_enabled=_boolean(settings, "HOSTQUEUE_STATS_ENABLED", True),
             stats_max_hosts=_integer(settings, "HOSTQUEUE_STATS_MAX_HOSTS", 100),
             log_interval=_interval(

@@ -14,6 +14,10 @@
   ceiling, so the hosts the scheduler is working on keep their keep-alive
   connections; the total also bounds idle sockets;
 * a DNS cache with ``HOSTQUEUE_DNS_CACHE_TTL``;
+* opening a connection (name resolution, TCP, TLS, a proxy's tunnel) is
+  bounded by ``HOSTQUEUE_CONNECT_TIMEOUT`` as well as the download's timeout,
+  so that a host whose address drops connection attempts fails in seconds
+  rather than after the whole ``DOWNLOAD_TIMEOUT``;
 * per-host stats of connections opened and reused;
 * ``download_latency`` leaves out the time a request waited for a free
   connection in the pool (kept in ``meta["hostqueue_pool_wait"]``);
@@ -48,6 +52,7 @@ from scrapy.exceptions import (
     CannotResolveHostError,
     DownloadConnectionRefusedError,
     DownloadFailedError,
+    DownloadTimeoutError,
 )
 from scrapy.http import Headers
 from scrapy.utils.asyncio import is_asyncio_available
@@ -208,6 +213,29 @@ def _stale_connection(
     )
 
 
+class _ConnectTimeout(Exception):
+    """Opening a connection took longer than ``HOSTQUEUE_CONNECT_TIMEOUT``.
+
+    Not an ``OSError`` nor an aiohttp error, so that it crosses aiohttp and
+    Scrapy's handler as it is, to become a ``DownloadTimeoutError`` that says
+    which timeout ran out (Scrapy's would name ``DOWNLOAD_TIMEOUT``).
+    """
+
+    def __init__(self, endpoint: str, seconds: float) -> None:
+        super().__init__(endpoint, seconds)
+        self.endpoint = endpoint
+        self.seconds = seconds
+
+
+def _endpoint(req: ClientRequest) -> str:
+    """Where a request's connection goes, for error messages."""
+    where = f"{req.host}:{req.port}"
+    proxy = req.proxy
+    if proxy is not None:
+        where += f" through the proxy {proxy.host}:{proxy.port}"
+    return where
+
+
 class _Download:
     """What the connector learns about the download of the current task."""
 
@@ -251,6 +279,9 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
     """
 
     _shape_warned: ClassVar[bool] = False
+    #: Seconds opening a connection may take (name resolution, TCP, TLS, a
+    #: proxy's tunnel), 0 for no bound but the download's own timeout.
+    connect_timeout: float = 0.0
 
     @staticmethod
     def host_busy(host: str) -> bool:
@@ -282,7 +313,17 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
         # really closed before this one connects.
         await asyncio.sleep(0)
         try:
-            protocol = await super()._create_connection(req, traces, timeout)
+            opening = super()._create_connection(req, traces, timeout)
+            if not self.connect_timeout:
+                protocol = await opening
+            else:
+                opening_started = time.monotonic()
+                try:
+                    protocol = await asyncio.wait_for(opening, self.connect_timeout)
+                except asyncio.TimeoutError:
+                    if time.monotonic() - opening_started < self.connect_timeout:
+                        raise  # not this timeout
+                    raise _ConnectTimeout(_endpoint(req), self.connect_timeout) from None
         finally:
             if download is not None:
                 download.create_seconds += time.monotonic() - started
@@ -390,10 +431,11 @@ class _SharedPool:
         self.connector: _BoundedTCPConnector | None = None
         self._closed = False
         logger.info(
-            "Download pool: %s connections per host, %s in total, DNS cache %s",
+            "Download pool: %s connections per host, %s in total, DNS cache %s, connect timeout %s",
             self.per_host,
             self.total or "no limit",
             f"TTL {config.dns_cache_ttl:g} s" if self.dns_cache else "off",
+            f"{config.connect_timeout:g} s" if config.connect_timeout else "DOWNLOAD_TIMEOUT",
             extra={"crawler": crawler},
         )
 
@@ -471,6 +513,7 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         host_busy = getattr(scheduler, "host_busy", None)
         if host_busy is not None:
             connector.host_busy = host_busy  # type: ignore[method-assign]
+        connector.connect_timeout = pool.config.connect_timeout
         pool.connector = connector
         # The same session options as Scrapy's handler.
         session = aiohttp.ClientSession(
@@ -524,6 +567,13 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
     async def _download(self, request: Request) -> Response:
         try:
             return await self._fetch(request)
+        except _ConnectTimeout as timeout:
+            # Like Scrapy's own timeout, retried by RetryMiddleware and counted
+            # by the AIMD middleware against the host's error budget.
+            raise DownloadTimeoutError(
+                f"Opening a connection to {timeout.endpoint} for {request.url} took "
+                f"longer than {timeout.seconds:g} seconds (HOSTQUEUE_CONNECT_TIMEOUT)."
+            ) from None
         except (
             DownloadConnectionRefusedError,
             DownloadFailedError,

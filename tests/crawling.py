@@ -3,7 +3,9 @@ that starts from given URLs and (optionally) follows links."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import socket
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import scrapy
@@ -83,3 +85,22 @@ def interleave(*lists: list[str]) -> list[str]:
     for group in zip(*lists, strict=False):
         out.extend(group)
     return out
+
+
+@contextmanager
+def dropping_connections(address: str) -> Iterator[int]:
+    """A port on *address* that drops connection attempts, as an address behind
+    a firewall that drops packets does: it listens with a backlog of 0 and
+    never accepts, and its accept queue is filled at once, so that Linux drops
+    the SYN of every later attempt, which stays unanswered until the client
+    gives up. Yields the port."""
+    with ExitStack() as stack:
+        listener = stack.enter_context(socket.socket())
+        listener.bind((address, 0))
+        listener.listen(0)
+        port: int = listener.getsockname()[1]
+        for _ in range(3):
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            filler.connect_ex((address, port))
+        yield port

@@ -27,6 +27,7 @@ DURATIONS = [
     "HOSTQUEUE_CRAWL_DELAY_MAX",
     "HOSTQUEUE_ERROR_COOLDOWN",
     "HOSTQUEUE_DNS_CACHE_TTL",
+    "HOSTQUEUE_CONNECT_TIMEOUT",
     "HOSTQUEUE_LOG_INTERVAL",
     "HOSTQUEUE_TIMELINE_INTERVAL",
 ]
@@ -77,10 +78,18 @@ def test_a_duration_must_be_a_finite_number(name: str, value: Any) -> None:
         ("HOSTQUEUE_ERROR_COOLDOWN", 1e300),
         ("HOSTQUEUE_CRAWL_DELAY_MAX", 90_000),
         ("HOSTQUEUE_IDLE_GRACE", 1e12),
+        ("HOSTQUEUE_CONNECT_TIMEOUT", 1e6),
     ],
 )
 def test_waits_beyond_their_bound_are_refused(name: str, value: float) -> None:
     assert "<=" in refused(name, value)
+
+
+def test_connect_timeout_defaults_to_10_s_and_0_turns_it_off() -> None:
+    assert config().connect_timeout == 10.0
+    assert config(HOSTQUEUE_CONNECT_TIMEOUT="2.5").connect_timeout == 2.5
+    assert config(HOSTQUEUE_CONNECT_TIMEOUT=0).connect_timeout == 0.0
+    assert ">= 0" in refused("HOSTQUEUE_CONNECT_TIMEOUT", -1)
 
 
 @pytest.mark.parametrize("name", ["HOSTQUEUE_LOG_INTERVAL", "HOSTQUEUE_TIMELINE_INTERVAL"])

@@ -20,6 +20,7 @@ import socket
 import ssl
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -50,6 +51,7 @@ from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.handler import AiohttpDownloadHandler, _pool_limits
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
+from tests.crawling import dropping_connections
 
 HANDLER_PATH = "scrapy_hostqueue.AiohttpDownloadHandler"
 HANDLERS = {"http": HANDLER_PATH, "https": HANDLER_PATH}
@@ -757,6 +759,45 @@ async def test_timeout_from_meta() -> None:
         request = Request(hosts.url("127.0.0.2", "/slow"), meta={"download_timeout": 0.2})
         with pytest.raises(DownloadTimeoutError, match=r"0\.2 seconds"):
             await _download(handler, request)
+
+
+@deferred_f_from_coro_f
+async def test_connect_timeout_ends_an_attempt_the_address_drops() -> None:
+    settings = {"HOSTQUEUE_CONNECT_TIMEOUT": 0.3}
+    with dropping_connections("127.0.0.2") as port:
+        async with _handler(settings) as handler:
+            request = Request(f"http://127.0.0.2:{port}/", meta={"download_timeout": 30})
+            started = time.monotonic()
+            with pytest.raises(DownloadTimeoutError) as info:
+                await _download(handler, request)
+            waited = time.monotonic() - started
+    # The connect timeout ran out, not the download's 30 s, and the message
+    # says which, and where the connection was going.
+    assert waited < 10, waited
+    message = str(info.value)
+    assert "HOSTQUEUE_CONNECT_TIMEOUT" in message, message
+    assert f"127.0.0.2:{port}" in message and "0.3 seconds" in message, message
+
+
+@deferred_f_from_coro_f
+async def test_connect_timeout_0_leaves_the_download_timeout_alone() -> None:
+    with dropping_connections("127.0.0.2") as port:
+        async with _handler({"HOSTQUEUE_CONNECT_TIMEOUT": 0}) as handler:
+            request = Request(f"http://127.0.0.2:{port}/", meta={"download_timeout": 0.5})
+            with pytest.raises(DownloadTimeoutError) as info:
+                await _download(handler, request)
+    message = str(info.value)
+    assert "0.5 seconds" in message and "HOSTQUEUE" not in message, message
+
+
+@deferred_f_from_coro_f
+async def test_connect_timeout_leaves_open_connections_and_slow_answers_alone() -> None:
+    # An answer slower than the connect timeout on a connection that opened
+    # at once: only opening the connection is bounded.
+    settings = {"HOSTQUEUE_CONNECT_TIMEOUT": 0.2}
+    async with serving(["127.0.0.2"], _contract_route) as hosts, _handler(settings) as handler:
+        response = await _download(handler, Request(hosts.url("127.0.0.2", "/late-body")))
+    assert (response.status, response.body) == (200, b"late")
 
 
 @deferred_f_from_coro_f

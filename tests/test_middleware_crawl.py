@@ -10,6 +10,7 @@ import math
 import pickle
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ from scrapy_hostqueue.middleware import CONNECTION_ERRORS
 from scrapy_hostqueue.scheduler import STATE_FILE, HostBlocked, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests.crawling import OUR_HANDLER, SCHEDULER, SCRAPY_HTTP11, PageSpider, interleave, settings
+from tests.crawling import (
+    OUR_HANDLER,
+    SCHEDULER,
+    SCRAPY_HTTP11,
+    PageSpider,
+    dropping_connections,
+    interleave,
+    settings,
+)
 
 HostsFactory = Callable[..., LocalHosts]
 
@@ -342,6 +351,38 @@ async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
     last_page = max(t for s in sites for t in s.arrivals)
     reached = sum(1 for s in dead_stats for t in s.arrivals if t < last_page)
     assert reached <= 4, reached
+
+
+@deferred_f_from_coro_f
+async def test_hosts_whose_address_drops_connections_fail_at_the_connect_timeout(
+    local_hosts: HostsFactory,
+) -> None:
+    """Two sites and six hosts whose addresses drop connection attempts, with a
+    20 s download timeout: each attempt at a dropping host ends after
+    HOSTQUEUE_CONNECT_TIMEOUT, so the crawl has its pages, and every attempt
+    failed and retried, before a single download timeout could run out."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0)] * 2)
+    with ExitStack() as stack:
+        dead = [
+            f"http://{address}:{stack.enter_context(dropping_connections(address))}/"
+            for address in (f"127.0.3.{i}" for i in range(1, 7))
+        ]
+        crawler = make_crawler(
+            OUR_HANDLER,
+            DOWNLOAD_TIMEOUT=20,
+            HOSTQUEUE_CONNECT_TIMEOUT=0.3,
+            RETRY_TIMES=1,
+            CLOSESPIDER_TIMEOUT=15,
+        )
+        await crawler.crawl_async(
+            start_urls=dead + hosts.start_urls(0, 20) + hosts.start_urls(1, 20)
+        )
+    hosts.wait_idle()
+    assert stat(crawler, "finish_reason") == "finished"
+    assert sum(s.served for s in hosts.all_stats()) == 40
+    timeouts = "downloader/exception_type_count/scrapy.exceptions.DownloadTimeoutError"
+    assert stat(crawler, timeouts) == 12  # 6 hosts x (1 + RETRY_TIMES)
+    assert stat(crawler, "retry/count") == 6
 
 
 class GroupingMiddleware:
