@@ -136,6 +136,16 @@ def _longest_retry_after(response: Response) -> float | None:
     return max(waits) if waits else None
 
 
+#: A Retry-After beyond this many seconds (a year) is not quoted in the log.
+_SHOWN_WAIT_MAX = 365 * 86_400.0
+
+
+def _header_text(response: Response) -> str:
+    """The response's first ``Retry-After`` value as text, cut short."""
+    value = response.headers.get(b"Retry-After") or b""
+    return value[:40].decode("latin-1")
+
+
 class AIMDMiddleware:
     """A downloader middleware that learns how much concurrency each host
     tolerates and holds hosts back when they ask for it.
@@ -452,11 +462,16 @@ class AIMDMiddleware:
             adjustment = self.table.on_backoff(host, started, retry_after)
             if retry_after is not None:
                 cap = self.config.retry_after_max
-                detail += (
-                    f", Retry-After {retry_after:g}s"
-                    if retry_after <= cap
-                    else f", Retry-After over HOSTQUEUE_RETRY_AFTER_MAX={cap:g}s"
-                )
+                if retry_after <= cap:
+                    detail += f", Retry-After {retry_after:g}s"
+                else:
+                    # What the server asked for, unless past any sense.
+                    asked = f" {retry_after:.0f}s" if retry_after < _SHOWN_WAIT_MAX else ""
+                    detail += f", Retry-After{asked} over HOSTQUEUE_RETRY_AFTER_MAX={cap:g}s"
+            elif b"Retry-After" in response.headers:
+                # Said, so that a user does not wonder why the host did not
+                # wait as long as its header seemed to ask.
+                detail += f", Retry-After {_header_text(response)!r} unreadable"
         else:
             adjustment = self.table.on_success(host, started, latency)
         if adjustment is not None:

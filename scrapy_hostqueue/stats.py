@@ -10,7 +10,9 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import shlex
 import time
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -63,6 +65,25 @@ logger = logging.getLogger(__name__)
 
 # -- the extension ----------------------------------------------------------
 
+#: Timeline files (real paths) that a crawl of this process is writing.
+_timelines_written: set[str] = set()
+
+
+def _timeline_path(template: str, crawler: Crawler) -> str:
+    """HOSTQUEUE_TIMELINE_FILE with ``%(name)s`` (the spider's name) and
+    ``%(time)s`` (the start time, UTC, as in Scrapy's feed URIs) filled in."""
+    if "%" not in template:
+        return template
+    now = datetime.now(tz=timezone.utc).replace(microsecond=0, tzinfo=None)
+    values = {"name": crawler.spidercls.name, "time": now.isoformat().replace(":", "-")}
+    try:
+        return template % values
+    except (KeyError, ValueError, TypeError) as error:
+        raise HostQueueSettingsError(
+            f"HOSTQUEUE_TIMELINE_FILE: {template!r} cannot be filled in ({error!r}); "
+            "its placeholders are %(name)s and %(time)s, and a % of its own is written %%"
+        ) from None
+
 
 class HostQueueStats:
     """Scrapy extension: a periodic log line about hosts
@@ -87,6 +108,8 @@ class HostQueueStats:
         #: ``frontier``).
         self._on_wire: Callable[[str], int] | None = None
         self.timeline: TimelineWriter | None = None
+        #: HOSTQUEUE_TIMELINE_FILE with its placeholders filled in, or None.
+        self.timeline_path: str | None = None
         self._tasks: list[AsyncioLoopingCall | LoopingCall] = []
         # Requests of each host between request_reached_downloader and
         # request_left_downloader: at most CONCURRENT_REQUESTS entries.
@@ -94,6 +117,7 @@ class HostQueueStats:
         # Responses per host since the last timeline row (only with a timeline).
         self._fetched: dict[str, int] = {}
         self._started = self._last_tick = 0.0
+        self.timeline_rows = 0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -101,19 +125,22 @@ class HostQueueStats:
         if not config.log_interval and not config.timeline_file:
             # Switched off on purpose: no warning (Scrapy logs NotConfigured's message).
             raise NotConfigured
+        timeline_path = None
         if config.timeline_file:
-            if os.path.isdir(config.timeline_file):
+            timeline_path = _timeline_path(config.timeline_file, crawler)
+            if os.path.isdir(timeline_path):
                 raise HostQueueSettingsError(
                     f"HOSTQUEUE_TIMELINE_FILE must be a file path, got the directory "
-                    f"{config.timeline_file!r}"
+                    f"{timeline_path!r}"
                 )
-            directory = os.path.dirname(os.path.abspath(config.timeline_file))
+            directory = os.path.dirname(os.path.abspath(timeline_path))
             if not os.path.isdir(directory):
                 raise HostQueueSettingsError(
                     f"HOSTQUEUE_TIMELINE_FILE: directory {directory!r} does not exist "
-                    f"(got {config.timeline_file!r})"
+                    f"(got {timeline_path!r})"
                 )
         extension = cls(crawler, config)
+        extension.timeline_path = timeline_path
         connect = crawler.signals.connect
         connect(extension.spider_opened, signal=signals.spider_opened)
         connect(extension.spider_closed, signal=signals.spider_closed)
@@ -163,13 +190,26 @@ class HostQueueStats:
         if self.config.timeline_file:
             connect(self.response_downloaded, signal=signals.response_downloaded)
         self._started = self._last_tick = time.monotonic()
-        if self.config.timeline_file:
-            path = self.config.timeline_file
+        path = self.timeline_path
+        if path is not None:
+            held = os.path.realpath(path)
+            if held in _timelines_written:
+                logger.error(
+                    "HOSTQUEUE_TIMELINE_FILE: %s is being written by another crawl of this "
+                    "process; this crawl writes no timeline. Give each crawl its own file, "
+                    "e.g. with %%(name)s in the path for the spider's name.",
+                    path,
+                )
+                path = None
+        if path is not None:
             try:
-                self.timeline = TimelineWriter(path, self.config.stats_max_hosts)
+                self.timeline = TimelineWriter(
+                    path, self.config.stats_max_hosts, queues_known=self.frontier is not None
+                )
             except OSError as error:
                 logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", path, error)
             else:
+                _timelines_written.add(held)
                 self._start(self.sample, self.config.timeline_interval)
                 logger.info(
                     "Writing the host timeline to %s every %gs", path, self.config.timeline_interval
@@ -190,15 +230,27 @@ class HostQueueStats:
         if self.timeline is not None:
             self.sample()
         if self.timeline is not None:
-            self.timeline.close()
+            path = self.timeline.path
+            self._close_timeline()
+            chart = os.path.splitext(path)[0] + ".html"
+            if chart == path:  # a timeline named .html: the chart goes beside it
+                chart = path + ".html"
             logger.info(
-                "Host timeline: %d rows in %s (draw it: python -m scrapy_hostqueue plot %s "
-                "-o OUT.png)",
-                self.timeline.rows,
-                self.timeline.path,
-                self.timeline.path,
+                "Host timeline: %d rows in %s (draw it: python -m scrapy_hostqueue plot %s -o %s)",
+                self.timeline_rows,
+                path,
+                shlex.quote(path),
+                shlex.quote(chart),
             )
-            self.timeline = None
+
+    def _close_timeline(self) -> None:
+        timeline = self.timeline
+        if timeline is None:
+            return
+        self.timeline = None
+        self.timeline_rows = timeline.rows
+        timeline.close()
+        _timelines_written.discard(os.path.realpath(timeline.path))
 
     # -- periodic work -----------------------------------------------------------
 
@@ -286,6 +338,5 @@ class HostQueueStats:
             )
         except OSError as error:
             logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", timeline.path, error)
-            timeline.close()
-            self.timeline = None
+            self._close_timeline()
         self._last_tick = now

@@ -10,12 +10,13 @@ A host row::
 
 ``t`` is the end of the interval in seconds since the spider opened, ``dt`` its
 length, ``fetched`` the responses downloaded in it (retried and redirected ones
-included). ``in_flight`` (requests of the host inside Scrapy's downloader, from
-``request_reached_downloader`` to ``request_left_downloader``), ``queued``,
-``limit`` and ``blocked`` (a Retry-After, back-off or error cool-down block
-running) are sampled at ``t``. Under a scheduler other than
-``HostQueueScheduler``, ``queued`` and ``limit`` are ``null`` and ``blocked`` is
-``false``. Each interval has at most ``HOSTQUEUE_STATS_MAX_HOSTS`` host rows
+included). ``in_flight`` (the host's requests sent and not yet answered: with
+``HOSTQUEUE_PREFETCH``, those past the send gate; for a host that has left the
+scheduler's tables, and under another scheduler, its requests inside Scrapy's
+downloader), ``queued``, ``limit`` and ``blocked`` (a Retry-After, back-off or
+error cool-down block running) are sampled at ``t``. Under a scheduler other
+than ``HostQueueScheduler``, ``queued`` and ``limit`` are ``null`` and
+``blocked`` is ``false``. Each interval has at most ``HOSTQUEUE_STATS_MAX_HOSTS`` host rows
 (the busiest) and one aggregate row with ``"host": "_other"`` that adds up
 every other host, says how many there were (``hosts``) and how many were
 blocked (``blocked_hosts``), and has ``"limit": null``.
@@ -55,9 +56,12 @@ class HostSample:
 class TimelineWriter:
     """Appends one interval at a time to a JSON Lines file (truncated at start)."""
 
-    def __init__(self, path: str, max_hosts: int) -> None:
+    def __init__(self, path: str, max_hosts: int, *, queues_known: bool = True) -> None:
         self.path = path
         self.max_hosts = max_hosts
+        #: False under a scheduler that does not tell its queues: ``queued``
+        #: is then ``null`` in every row.
+        self.queues_known = queues_known
         self.rows = 0
         self._file: IO[str] | None = open(path, "w", encoding="utf-8")  # noqa: SIM115
 
@@ -105,9 +109,7 @@ class TimelineWriter:
             "host": OTHER_HOSTS,
             "in_flight": sum(sample.in_flight for sample in rest),
             "fetched": sum(fetched.get(sample.host, 0) for sample in rest),
-            "queued": None
-            if all(sample.queued is None for sample in samples)
-            else sum(sample.queued or 0 for sample in rest),
+            "queued": sum(sample.queued or 0 for sample in rest) if self.queues_known else None,
             "limit": None,
             "blocked": blocked_hosts > 0,
             "hosts": len(rest),

@@ -437,9 +437,16 @@ def test_of_several_retry_after_headers_the_longest_wait_counts(
 
 @pytest.mark.parametrize(
     ("header", "logged"),
-    [("15", "Retry-After 15s"), ("9" * 26, "Retry-After over HOSTQUEUE_RETRY_AFTER_MAX=60s")],
+    [
+        ("15", "Retry-After 15s"),
+        ("900", "Retry-After 900s over HOSTQUEUE_RETRY_AFTER_MAX=60s"),
+        ("9" * 26, "Retry-After over HOSTQUEUE_RETRY_AFTER_MAX=60s"),
+        ("12345678901.5", "Retry-After over HOSTQUEUE_RETRY_AFTER_MAX=60s"),
+        ("soon", "HTTP 429, Retry-After 'soon' unreadable"),
+        ("1e3", "HTTP 429, Retry-After '1e3' unreadable"),
+    ],
 )
-def test_the_back_off_warning_names_the_cap_when_retry_after_is_over_it(
+def test_the_back_off_warning_says_what_became_of_retry_after(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, header: str, logged: str
 ) -> None:
     mw, _, _ = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)

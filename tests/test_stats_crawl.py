@@ -3,8 +3,10 @@ against the local test hosts' own counts."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,8 +14,11 @@ from typing import Any
 import pytest
 from pydispatch import dispatcher
 from scrapy import signals
+from scrapy.crawler import Crawler
 from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.test import get_crawler
 
+from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.stats import HostQueueStats, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
@@ -354,3 +359,88 @@ async def test_per_request_receivers_only_where_their_counts_are_read(
     assert isinstance(crawler.spider, ReceiverSpider)
     assert crawler.spider.receivers == expected
     assert hosts.stats(0, arrivals=False).served == 3
+
+
+@deferred_f_from_coro_f
+async def test_an_empty_crawl_timeline_says_nothing_is_queued(tmp_path: Path) -> None:
+    """``null`` means a scheduler that does not tell its queues; this one
+    does, and had nothing queued."""
+    timeline = tmp_path / "timeline.jsonl"
+    await crawl([], **stats_settings(HOSTQUEUE_TIMELINE_FILE=str(timeline)))
+    rows = read_timeline(str(timeline))
+    assert rows
+    assert all(row["host"] == OTHER_HOSTS and row["queued"] == 0 for row in rows), rows
+
+
+class OtherSpider(PageSpider):
+    name = "other"
+
+
+@deferred_f_from_coro_f
+async def test_two_crawls_of_one_process_do_not_write_one_timeline(
+    local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both crawls opened the file for writing and cut each other's rows; the
+    second now writes none and says so, and %(name)s gives each its own."""
+    hosts = local_hosts([HostSpec(latency=0.01), HostSpec(latency=0.01)])
+
+    async def both(path: str) -> list[Crawler]:
+        settings = stats_settings(HOSTQUEUE_TIMELINE_FILE=path, HOSTQUEUE_TIMELINE_INTERVAL=0.05)
+        crawlers = [
+            get_crawler(spider, {**BASE_SETTINGS, **settings})
+            for spider in (PageSpider, OtherSpider)
+        ]
+        await asyncio.gather(
+            *(
+                crawler.crawl_async(start_urls=hosts.start_urls(i, 30))
+                for i, crawler in enumerate(crawlers)
+            )
+        )
+        return crawlers
+
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    shared = tmp_path / "timeline.jsonl"
+    await both(str(shared))
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "another crawl of this process" in errors[0], errors
+    rows = read_timeline(str(shared))  # whole rows of one crawl: it reads
+    hosts_written = {row["host"] for row in rows} - {OTHER_HOSTS}
+    assert len(hosts_written) == 1, hosts_written
+    served = {
+        hostname: hosts.stats(i, arrivals=False).served
+        for i, hostname in enumerate(hosts.hostnames)
+    }
+    (host,) = hosts_written
+    assert sum(row["fetched"] for row in rows if row["host"] == host) == served[host]
+
+    caplog.clear()
+    hosts.reset()
+    await both(str(tmp_path / "%(name)s.jsonl"))
+    assert not [r for r in caplog.records if r.levelno == logging.ERROR]
+    for name, i in (("pages", 0), ("other", 1)):
+        rows = read_timeline(str(tmp_path / f"{name}.jsonl"))
+        fetched = sum(row["fetched"] for row in rows if row["host"] == hosts.hostnames[i])
+        assert fetched == hosts.stats(i, arrivals=False).served == 30
+
+
+@deferred_f_from_coro_f
+async def test_the_closing_line_gives_a_plot_command_that_runs(
+    local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01)])
+    timeline = tmp_path / "host timeline.jsonl"
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    await crawl(hosts.start_urls(0, 5), **stats_settings(HOSTQUEUE_TIMELINE_FILE=str(timeline)))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Host timeline")]
+    command = line.split("draw it: ", 1)[1].rstrip(")")
+    # The path has a space: quoted, it stays one argument; HTML needs no extra.
+    words = shlex.split(command)
+    assert words[:4] == ["python", "-m", "scrapy_hostqueue", "plot"], words
+    assert cli(words[3:]) == 0
+    assert (tmp_path / "host timeline.html").read_text(encoding="utf-8").startswith("<!DOCTYPE")
+
+
+def test_timeline_file_placeholders_are_checked_at_start() -> None:
+    settings = stats_settings(HOSTQUEUE_TIMELINE_FILE="/tmp/%(spider)s.jsonl")
+    with pytest.raises(HostQueueSettingsError, match=r"HOSTQUEUE_TIMELINE_FILE.*%\(name\)s"):
+        HostQueueStats.from_crawler(get_crawler(PageSpider, settings))
