@@ -476,6 +476,7 @@ class AIMDMiddleware:
             adjustment = self.table.on_success(host, started, latency)
         if adjustment is not None:
             self._apply(scheduler, adjustment, now, latency, detail)
+        self._keep_only_known(scheduler, host)
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
@@ -500,7 +501,18 @@ class AIMDMiddleware:
             name = type(exception).__name__
             detail = f"{name}: {exception}" if str(exception) else name
             self._apply(scheduler, adjustment, now, now - started, detail)
+        self._keep_only_known(scheduler, host)
         return None
+
+    def _keep_only_known(self, scheduler: HostQueueScheduler, host: str) -> None:
+        """Forget *host* if the scheduler no longer knows it. With
+        ``HOSTQUEUE_REMEMBER_HOSTS = 0`` the scheduler forgets an idle host at
+        once, before the answer to a request it did not hand out (a
+        robots.txt) reaches this middleware: what was learned from that
+        answer would stay in the table, which only the scheduler's forgetting
+        empties, for the rest of the crawl."""
+        if scheduler.frontier.known_policy(host) is None:
+            self.forget_host(host)
 
     # -- applying the rule --------------------------------------------------
 

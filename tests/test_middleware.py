@@ -622,6 +622,24 @@ def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts
     assert len(mw.table) <= 2 + 2 + 1  # both memories of idle hosts, and HOST
 
 
+def test_robots_txt_answers_leave_nothing_behind_when_no_idle_host_is_remembered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With HOSTQUEUE_REMEMBER_HOSTS = 0 the scheduler forgets an idle host at
+    # once; what the middleware learns from a robots.txt answer (which no
+    # scheduler hand-out covers) was kept for good, an entry per host of a
+    # broad crawl.
+    scheduler = StandInScheduler()
+    scheduler.frontier = Frontier(scheduler._make_policy, remember=0)
+    mw, scheduler, _ = middleware(monkeypatch, scheduler, HOSTQUEUE_REMEMBER_HOSTS=0)
+    for i in range(20):
+        request = sent(mw, f"http://other{i}.test/robots.txt", scheduled=False)
+        mw.process_response(request, response(request, 503 if i % 2 else 200))
+        failing = sent(mw, f"http://failing{i}.test/robots.txt", scheduled=False)
+        mw.process_exception(failing, DownloadConnectionRefusedError("refused"))
+    assert len(mw.table) == 0
+
+
 def test_what_was_learned_about_a_host_is_forgotten_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
