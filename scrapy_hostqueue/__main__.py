@@ -14,7 +14,7 @@ import math
 import os
 import statistics
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy_hostqueue.timeline import (
     OTHER_HOSTS,
@@ -64,14 +64,36 @@ def _label(name: str) -> str:
 
 
 def load(path: str, max_lines: int = 10) -> Series:
-    rows = read_timeline(path)
-    # Rates over an interval shorter than the sampling interval (the last one,
-    # cut by the spider closing) are spread over one sampling interval, so a
-    # few responses in a few milliseconds do not draw a spike.
+    return build_series(_join_short_last_interval(read_timeline(path)), max_lines)
+
+
+def _join_short_last_interval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last interval, cut short by the spider closing, joins the one
+    before it when it is shorter than half the usual interval: its responses
+    are then a rate over both, so a few responses in a few milliseconds do
+    not draw a spike, and every stair of the rate panel still has the
+    interval's responses as its area."""
+    times = sorted({float(row["t"]) for row in rows})
+    if len(times) < 2:
+        return rows
+    before, last = times[-2], times[-1]
     typical = statistics.median(float(row["dt"]) for row in rows)
+    if last - before >= typical / 2:
+        return rows
+    kept = [row for row in rows if float(row["t"]) not in (before, last)]
+    # The joined interval runs from the start of the one before to the end.
+    window = max(float(row["dt"]) for row in rows if float(row["t"]) == before) + last - before
+    joined: dict[str, dict[str, Any]] = {}
     for row in rows:
-        row["dt"] = max(float(row["dt"]), typical)
-    return build_series(rows, max_lines)
+        if float(row["t"]) == before:
+            # Sampled before the end only: nothing in flight at the end.
+            joined[row["host"]] = dict(row, t=last, dt=window, in_flight=0)
+    for row in rows:
+        if float(row["t"]) == last:
+            earlier = joined.get(row["host"])
+            fetched = row["fetched"] + (earlier["fetched"] if earlier is not None else 0)
+            joined[row["host"]] = dict(row, dt=window, fetched=fetched)
+    return kept + list(joined.values())
 
 
 # -- PNG --------------------------------------------------------------------

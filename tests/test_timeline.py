@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -11,6 +12,7 @@ from xml.etree import ElementTree
 
 import pytest
 
+from scrapy_hostqueue.__main__ import load
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.timeline import (
     OTHER_HOSTS,
@@ -146,6 +148,33 @@ def test_series_groups_small_hosts() -> None:
     assert list(series.in_flight) == ["a", "b", OTHER_HOSTS]
     assert series.in_flight[OTHER_HOSTS] == [3.0, 3.0]
     assert series.rate["a"] == [10.0, 10.0]
+
+
+@pytest.mark.parametrize("last_interval", [0.1, 0.3, 0.7])
+def test_each_rate_stair_has_its_intervals_responses_as_area(
+    tmp_path: Path, last_interval: float
+) -> None:
+    """The last interval, cut short when the spider closed, was drawn at its
+    responses over a whole interval, so the chart showed too few of them."""
+    writer = TimelineWriter(str(tmp_path / "t.jsonl"), max_hosts=5)
+    fetched = [{"a.test": 10, "b.test": 4}, {"a.test": 10}, {"a.test": 6, "c.test": 2}]
+    ends = [1.0, 2.0, 2.0 + last_interval]
+    for i, (t, counts) in enumerate(zip(ends, fetched, strict=True)):
+        dt = t - (ends[i - 1] if i else 0.0)
+        samples = [HostSample(host, 1, 0, 4) for host in counts]
+        writer.write(t, dt, samples, counts)
+    writer.close()
+    series = load(str(tmp_path / "t.jsonl"))
+    edges = [series.start, *series.times]
+    widths = [end - start for start, end in itertools.pairwise(edges)]
+    for host in ("a.test", "b.test", "c.test"):
+        area = sum(rate * width for rate, width in zip(series.rate[host], widths, strict=True))
+        assert area == pytest.approx(sum(counts.get(host, 0) for counts in fetched)), host
+    # No spike: the last stair is no steeper than the rate over the whole crawl.
+    assert series.rate["a.test"][-1] <= 26 / ends[-1] * 1.5
+    # In flight at the end is what was sampled at the end.
+    assert series.in_flight["b.test"][-1] == 0
+    assert series.in_flight["a.test"][-1] == 1
 
 
 def test_plot_html_is_self_contained(tmp_path: Path) -> None:
