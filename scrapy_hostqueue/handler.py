@@ -313,17 +313,18 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
         # really closed before this one connects.
         await asyncio.sleep(0)
         try:
-            opening = super()._create_connection(req, traces, timeout)
-            if not self.connect_timeout:
-                protocol = await opening
-            else:
-                opening_started = time.monotonic()
-                try:
-                    protocol = await asyncio.wait_for(opening, self.connect_timeout)
-                except asyncio.TimeoutError:
-                    if time.monotonic() - opening_started < self.connect_timeout:
-                        raise  # not this timeout
-                    raise _ConnectTimeout(_endpoint(req), self.connect_timeout) from None
+            opening_started = time.monotonic()
+            try:
+                # No bound (None) with a connect timeout of 0.
+                protocol = await asyncio.wait_for(
+                    super()._create_connection(req, traces, timeout), self.connect_timeout or None
+                )
+            except asyncio.TimeoutError:
+                if not self.connect_timeout or (
+                    time.monotonic() - opening_started < self.connect_timeout
+                ):
+                    raise  # not this timeout
+                raise _ConnectTimeout(_endpoint(req), self.connect_timeout) from None
         finally:
             if download is not None:
                 download.create_seconds += time.monotonic() - started

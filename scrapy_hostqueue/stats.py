@@ -99,7 +99,9 @@ class HostQueueStats:
     stock crawl with this project's.
     """
 
-    def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
+    def __init__(
+        self, crawler: Crawler, config: HostQueueConfig, timeline_path: str | None = None
+    ) -> None:
         self.crawler = crawler
         self.config = config
         self.recorder = get_recorder(crawler)
@@ -109,7 +111,7 @@ class HostQueueStats:
         self._on_wire: Callable[[str], int] | None = None
         self.timeline: TimelineWriter | None = None
         #: HOSTQUEUE_TIMELINE_FILE with its placeholders filled in, or None.
-        self.timeline_path: str | None = None
+        self.timeline_path = timeline_path
         self._tasks: list[AsyncioLoopingCall | LoopingCall] = []
         # Requests of each host between request_reached_downloader and
         # request_left_downloader: at most CONCURRENT_REQUESTS entries.
@@ -117,7 +119,6 @@ class HostQueueStats:
         # Responses per host since the last timeline row (only with a timeline).
         self._fetched: dict[str, int] = {}
         self._started = self._last_tick = 0.0
-        self.timeline_rows = 0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -139,8 +140,7 @@ class HostQueueStats:
                     f"HOSTQUEUE_TIMELINE_FILE: directory {directory!r} does not exist "
                     f"(got {timeline_path!r})"
                 )
-        extension = cls(crawler, config)
-        extension.timeline_path = timeline_path
+        extension = cls(crawler, config, timeline_path)
         connect = crawler.signals.connect
         connect(extension.spider_opened, signal=signals.spider_opened)
         connect(extension.spider_closed, signal=signals.spider_closed)
@@ -229,15 +229,16 @@ class HostQueueStats:
         self._tasks.clear()
         if self.timeline is not None:
             self.sample()
-        if self.timeline is not None:
-            path = self.timeline.path
+        timeline = self.timeline
+        if timeline is not None:
             self._close_timeline()
+            path = timeline.path
             chart = os.path.splitext(path)[0] + ".html"
             if chart == path:  # a timeline named .html: the chart goes beside it
                 chart = path + ".html"
             logger.info(
                 "Host timeline: %d rows in %s (draw it: python -m scrapy_hostqueue plot %s -o %s)",
-                self.timeline_rows,
+                timeline.rows,
                 path,
                 shlex.quote(path),
                 shlex.quote(chart),
@@ -248,7 +249,6 @@ class HostQueueStats:
         if timeline is None:
             return
         self.timeline = None
-        self.timeline_rows = timeline.rows
         timeline.close()
         _timelines_written.discard(os.path.realpath(timeline.path))
 

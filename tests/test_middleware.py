@@ -67,10 +67,11 @@ class StandInScheduler(HostQueueScheduler):
     """The scheduler API the middleware uses, on the real frontier, without an
     engine (the real one needs a running crawl)."""
 
-    def __init__(self, configured: int = 8) -> None:  # no super(): no crawler needed
+    def __init__(self, configured: int = 8, remember: int = 10_000) -> None:
+        # No super(): no crawler needed.
         self._policy_hook: Any = None
         self._configured = configured
-        self.frontier = Frontier(self._make_policy)
+        self.frontier = Frontier(self._make_policy, remember=remember)
         self.blocks: list[tuple[str, float, str]] = []
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
@@ -592,11 +593,9 @@ def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts
     # HOSTQUEUE_REMEMBER_HOSTS bounds the memory of idle hosts; a host with
     # work queued is not idle and must keep what the middleware learned
     # (failures, cool-downs) however many other hosts answer meanwhile.
-    scheduler = StandInScheduler()
-    scheduler.frontier = Frontier(scheduler._make_policy, remember=2)
     mw, scheduler, clock = middleware(
         monkeypatch,
-        scheduler,
+        StandInScheduler(remember=2),
         HOSTQUEUE_REMEMBER_HOSTS=2,
         HOSTQUEUE_ERROR_BUDGET=2,
         HOSTQUEUE_ERROR_COOLDOWN=5,
@@ -629,9 +628,7 @@ def test_robots_txt_answers_leave_nothing_behind_when_no_idle_host_is_remembered
     # once; what the middleware learns from a robots.txt answer (which no
     # scheduler hand-out covers) was kept for good, an entry per host of a
     # broad crawl.
-    scheduler = StandInScheduler()
-    scheduler.frontier = Frontier(scheduler._make_policy, remember=0)
-    mw, scheduler, _ = middleware(monkeypatch, scheduler, HOSTQUEUE_REMEMBER_HOSTS=0)
+    mw, _, _ = middleware(monkeypatch, StandInScheduler(remember=0), HOSTQUEUE_REMEMBER_HOSTS=0)
     for i in range(20):
         request = sent(mw, f"http://other{i}.test/robots.txt", scheduled=False)
         mw.process_response(request, response(request, 503 if i % 2 else 200))
@@ -643,9 +640,9 @@ def test_robots_txt_answers_leave_nothing_behind_when_no_idle_host_is_remembered
 def test_what_was_learned_about_a_host_is_forgotten_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    scheduler = StandInScheduler()
-    scheduler.frontier = Frontier(scheduler._make_policy, remember=3)
-    mw, scheduler, clock = middleware(monkeypatch, scheduler, HOSTQUEUE_AIMD_START=4)
+    mw, scheduler, clock = middleware(
+        monkeypatch, StandInScheduler(remember=3), HOSTQUEUE_AIMD_START=4
+    )
     request = sent(mw)
     clock.now += 1
     mw.process_response(request, response(request, latency=60))  # slow: halved, no block
