@@ -9,7 +9,11 @@ The caller (the middleware) applies it to the scheduler.
 The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
 
 * a success faster than ``fast_latency`` extends the host's run of fast
-  successes; when the run reaches ``L * p`` the limit becomes
+  successes if the host's limit was what held it back while the request was
+  in flight (the caller says: ``limited``); one from a host with fewer
+  requests in flight than its limit all along (held back by its delay, or
+  with too little work queued) says nothing about a higher limit and leaves
+  the run as it is. When the run reaches ``L * p`` the limit becomes
   ``min(L + 1, C)`` and the run restarts. ``p`` is 1, except when ``L + 1``
   would reach the level where the host last pushed back (``probe_level``):
   then ``p`` is a penalty, :data:`PROBE_PENALTY` at the first push-back at a
@@ -224,9 +228,13 @@ class AimdTable:
 
     # -- outcomes --------------------------------------------------------
 
-    def on_success(self, key: str, started: float, latency: float) -> Adjustment | None:
+    def on_success(
+        self, key: str, started: float, latency: float, limited: bool = True
+    ) -> Adjustment | None:
         """A response that is not a back-off status, *latency* seconds long,
-        for a request that started at *started*. None when nothing changed."""
+        for a request that started at *started*. *limited*: the host had as
+        many requests in flight as its limit at some moment while this one
+        was in flight. None when nothing changed."""
         state = self.host(key)
         if state.given_up:
             return None
@@ -242,6 +250,10 @@ class AimdTable:
         if started < state.last_decrease:
             # Sent under the limit that just proved too high: no evidence
             # for a higher one.
+            return None
+        if not limited:
+            # The host never used its whole limit meanwhile: a higher one
+            # would not have been tried, so this answer cannot vouch for it.
             return None
         state.run += 1
         if state.limit >= state.ceiling:

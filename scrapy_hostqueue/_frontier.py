@@ -89,6 +89,7 @@ class HostPolicy:
         "answering",
         "block_reason",
         "blocked_until",
+        "full_at",
         "given_up",
         "interval",
         "jitter",
@@ -113,6 +114,10 @@ class HostPolicy:
         #: When the caller last put one of the host's requests on the wire (the
         #: scheduler's send gate; hand-out and send differ with prefetch).
         self.last_sent = float("-inf")
+        #: When the host last had as many requests in flight as its limit (a
+        #: hand-out or an adopted request filled it). Only such a host has shown
+        #: that its limit is what holds it back (see the AIMD middleware).
+        self.full_at = float("-inf")
         #: No request starts before this time (Retry-After, back-off).
         self.blocked_until = 0.0
         self.block_reason: str | None = None
@@ -577,6 +582,8 @@ class Frontier(Generic[T]):
         if host is None:
             host = self._hosts[key] = _Host(key, self._recall(key))
         host.inflight += 1
+        if host.inflight >= host.policy.limit:
+            host.policy.full_at = now
         if host.policy.interval:
             self._draw_gap(host.policy, now)
         self._place(host, now)
@@ -611,6 +618,8 @@ class Frontier(Generic[T]):
 
     def _start(self, host: _Host[T], now: float) -> None:
         host.inflight += 1
+        if host.inflight >= host.policy.limit:
+            host.policy.full_at = now
         if not host.leased:
             host.leased = True
             host.served = 0

@@ -151,7 +151,8 @@ class AIMDMiddleware:
     tolerates and holds hosts back when they ask for it.
 
     * AIMD: a host starts at ``HOSTQUEUE_AIMD_START`` requests in flight,
-      gains one after a run of fast responses and is halved (never below
+      gains one after a run of fast responses given while its limit was
+      filled (a host that never fills it keeps it) and is halved (never below
       ``HOSTQUEUE_AIMD_FLOOR``) on a back-off status, a slow response or a
       connection failure, at most once per burst.
     * ``Retry-After`` on a back-off status blocks the host in the scheduler
@@ -473,11 +474,25 @@ class AIMDMiddleware:
                 # wait as long as its header seemed to ask.
                 detail += f", Retry-After {_header_text(response)!r} unreadable"
         else:
-            adjustment = self.table.on_success(host, started, latency)
+            adjustment = self.table.on_success(
+                host, started, latency, self._limit_held_back(scheduler, host, started)
+            )
         if adjustment is not None:
             self._apply(scheduler, adjustment, now, latency, detail)
         self._keep_only_known(scheduler, host)
         return response
+
+    @staticmethod
+    def _limit_held_back(scheduler: HostQueueScheduler, host: str, started: float) -> bool:
+        """Whether *host* had its limit in flight while a request that
+        started at *started* was: now (the request still counts until it
+        leaves the downloader), or when a later request filled the limit.
+        Only then may a run of fast answers raise the limit. A host held back
+        by its delay, or with too few URLs queued, would otherwise climb to
+        the ceiling on answers to one request at a time, and meet the next
+        burst of its URLs with the whole ceiling at once."""
+        policy = scheduler.policy(host)
+        return policy.full_at >= started or scheduler.frontier.inflight(host) >= policy.limit
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
         if isinstance(exception, HostBlocked):

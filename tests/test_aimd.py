@@ -63,6 +63,22 @@ def limit(table: AimdTable, host: str = "h") -> int:
 # -- additive increase ------------------------------------------------------
 
 
+def test_fast_successes_while_the_limit_was_not_filled_raise_nothing() -> None:
+    # A host held back by its delay, or with too few URLs, answers one request
+    # at a time: no evidence that it takes more than it was given.
+    table, clock = make()
+    for _ in range(50):
+        started = clock.tick()
+        assert table.on_success("h", started, FAST_LATENCY, limited=False) is None
+    assert limit(table) == 2
+    # Nor do they break a run: the filled-limit answers before and after add up.
+    table.on_success("h", clock.tick(), FAST_LATENCY)
+    table.on_success("h", clock.tick(), FAST_LATENCY, limited=False)
+    adjustment = table.on_success("h", clock.tick(), FAST_LATENCY)
+    assert adjustment is not None
+    assert adjustment.new_limit == 3
+
+
 def test_a_run_of_fast_successes_as_long_as_the_limit_adds_one() -> None:
     table, clock = make()
     assert limit(table) == 2

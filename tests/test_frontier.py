@@ -287,6 +287,28 @@ def test_lowering_the_limit_below_inflight_waits_for_enough_finishes() -> None:
     assert frontier.pop() is None
 
 
+def test_full_at_is_when_a_start_last_filled_the_limit() -> None:
+    frontier, clock = make(limit=2)
+    for i in range(4):
+        frontier.push("a", 0, str(i))
+    frontier.pop()
+    assert frontier.policy("a").full_at == float("-inf")  # 1 of 2
+    clock.advance(1)
+    frontier.pop()
+    assert frontier.policy("a").full_at == 101.0  # 2 of 2
+    frontier.finish("a")
+    clock.advance(1)
+    frontier.pop()
+    assert frontier.policy("a").full_at == 102.0  # filled again
+    frontier.finish("a")
+    frontier.finish("a")
+    clock.advance(1)
+    frontier.pop()
+    assert frontier.policy("a").full_at == 102.0  # 1 of 2 does not
+    frontier.adopt("a", clock())
+    assert frontier.policy("a").full_at == 103.0  # an adopted request fills it too
+
+
 def test_prefetch_goes_only_when_no_host_can_send() -> None:
     clock = FakeClock()
     frontier: Frontier[str] = Frontier(lambda key: HostPolicy(1), prefetch=1, clock=clock)

@@ -82,9 +82,15 @@ class StandInScheduler(HostQueueScheduler):
         self.prefetch = 0
 
     def hand_out(self, request: Request) -> Request:
-        """Count *request* as handed out by next_request()."""
-        self._handed_out[request] = self.host_of(request)
+        """Count *request* as handed out by next_request(), and in flight for
+        its host until :meth:`leave`."""
+        host = self._handed_out[request] = self.host_of(request)
+        self.frontier.adopt(host, self.frontier.clock())
         return request
+
+    def leave(self, request: Request) -> None:
+        """*request* left the downloader."""
+        self.frontier.finish(self._handed_out.pop(request))
 
     def _make_policy(self, host: str) -> HostPolicy:
         limit = self._configured
@@ -122,6 +128,7 @@ def middleware(
     mw.clock = mw.table.clock = clock
     if scheduler is None:
         scheduler = StandInScheduler()
+    scheduler.frontier.clock = clock
     monkeypatch.setattr(internals, "current_scheduler", lambda crawler: scheduler)
     mw.spider_opened(PageSpider())
     return mw, scheduler, clock
@@ -141,6 +148,12 @@ def response(
 ) -> Response:
     request.meta["download_latency"] = latency
     return Response(request.url, status=status, headers=headers, request=request)
+
+
+def answer(mw: AIMDMiddleware, request: Request, status: int = 200, latency: float = 0.01) -> None:
+    """*request* is answered and leaves the downloader."""
+    mw.process_response(request, response(request, status, latency))
+    mw._scheduler().leave(request)  # type: ignore[attr-defined]
 
 
 def limit(scheduler: StandInScheduler, host: str = HOST) -> int:
@@ -490,15 +503,40 @@ def test_fast_and_slow_responses(monkeypatch: pytest.MonkeyPatch) -> None:
     mw, scheduler, clock = middleware(
         monkeypatch, HOSTQUEUE_AIMD_SLOW_LATENCY=1.0, HOSTQUEUE_AIMD_FAST_LATENCY=0.2
     )
-    for _ in range(2):
-        request = sent(mw)
-        mw.process_response(request, response(request, latency=0.05))
+    # Two in flight at once: the host used its whole limit of 2.
+    burst = [sent(mw), sent(mw)]
+    for request in burst:
+        answer(mw, request, latency=0.05)
     assert limit(scheduler) == 3
     clock.now += 1
     request = sent(mw)
     clock.now += 2
     mw.process_response(request, response(request, latency=2.0))
     assert limit(scheduler) == 1
+
+
+def test_only_answers_while_the_host_filled_its_limit_raise_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mw, scheduler, clock = middleware(monkeypatch)
+    # One request at a time (a host held back by its delay, or short of
+    # URLs): it never had its limit of 2 in flight.
+    for _ in range(40):
+        clock.now += 0.1
+        answer(mw, sent(mw))
+    assert limit(scheduler) == 2
+    assert scheduler.limits == []
+    # Answered while its host has its limit in flight, a request vouches for
+    # the limit; so does one that was alone when it started, if a later
+    # hand-out filled the limit while it was in flight.
+    first = sent(mw)
+    clock.now += 0.01
+    second = sent(mw)
+    clock.now += 0.01
+    answer(mw, second)
+    assert limit(scheduler) == 2
+    answer(mw, first)
+    assert limit(scheduler) == 3
 
 
 def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -606,7 +644,7 @@ def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts
 
     def others_answer(first: int) -> None:
         for i in range(first, first + 10):
-            mw.process_response(request := sent(mw, f"http://other{i}.test/"), response(request))
+            answer(mw, sent(mw, f"http://other{i}.test/"))
 
     for _ in range(2):
         clock.now += 1
@@ -645,14 +683,14 @@ def test_what_was_learned_about_a_host_is_forgotten_with_it(
     )
     request = sent(mw)
     clock.now += 1
-    mw.process_response(request, response(request, latency=60))  # slow: halved, no block
+    answer(mw, request, latency=60)  # slow: halved, no block
     assert limit(scheduler) == 2
     assert HOST in mw.table
     for i in range(2):
-        mw.process_response(request := sent(mw, f"http://other{i}.test/"), response(request))
+        answer(mw, sent(mw, f"http://other{i}.test/"))
     assert limit(scheduler) == 2  # still remembered
     for i in range(2, 6):
-        mw.process_response(request := sent(mw, f"http://other{i}.test/"), response(request))
+        answer(mw, sent(mw, f"http://other{i}.test/"))
     assert HOST not in mw.table
     assert scheduler.frontier.known_policy(HOST) is None
     assert limit(scheduler) == 4  # met again: from the start

@@ -297,6 +297,43 @@ async def test_retry_after_values(
 # -- Crawl-delay ------------------------------------------------------------------
 
 
+class ChainThenBurstSpider(PageSpider):
+    """Fetches ``chain`` pages one after the other (each found on the one
+    before), then ``burst`` pages found together on the last of them."""
+
+    chain = 30
+    burst = 8
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        self.seen.append(response.url)
+        page = int(response.url.rsplit("/", 1)[1])
+        base = response.url.rsplit("/", 1)[0]
+        if page < self.chain:
+            yield Request(f"{base}/{page + 1}")
+        elif page == self.chain:
+            for extra in range(self.burst):
+                yield Request(f"{base}/{self.chain + 1 + extra}")
+
+
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_a_host_answering_one_request_at_a_time_meets_a_burst_at_its_start_limit(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    # 30 fast answers, never more than one request in flight: they used to
+    # raise the limit to the ceiling of 8, and the 8 URLs found next all went
+    # to the host at once. A limit is raised only by answers given while it
+    # was filled, so the burst starts at 2 and climbs from there.
+    hosts = local_hosts([HostSpec(latency=0.02)])
+    crawler = get_crawler(ChainThenBurstSpider, aimd_settings(handler, HOSTQUEUE_AIMD_CEILING=8))
+    await crawler.crawl_async(start_urls=[hosts.page_url(0, 0)])
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    assert server.served == 1 + 30 + 8, server
+    assert server.max_in_flight <= 3, server
+    assert stat(crawler, host_stat_key(hosts.hostnames[0], "max_limit")) <= 4
+
+
 @HANDLERS
 @deferred_f_from_coro_f
 async def test_a_download_slots_concurrency_is_the_hosts_ceiling_above_the_default(
