@@ -1,7 +1,8 @@
 """``python -m scrapy_hostqueue plot FILE -o OUT.png|OUT.html``
 
-Draws a host timeline (``HOSTQUEUE_TIMELINE_FILE``) as two stacked panels over
-time: requests in flight per host, and responses per second per host. PNG
+Draws a host timeline (``HOSTQUEUE_TIMELINE_FILE``) as stacked panels over
+time: requests in flight per host, responses per second per host and, when
+some downloads failed (a dead or hanging host), failures per second. PNG
 needs matplotlib (``pip install 'scrapy-hostqueue[plot]'``); an ``.html`` output
 is a self-contained page with inline SVG and no network loads.
 """
@@ -42,6 +43,8 @@ COLORS = (
 )
 OTHER_COLOR = "#9d9d9d"
 PANELS = (("in_flight", "requests in flight"), ("rate", "responses / s"))
+#: Drawn only when some download failed, so that a dead host shows.
+FAILED_PANEL = ("failed", "failed downloads / s (no response)")
 
 
 class PlotError(Exception):
@@ -57,6 +60,12 @@ def _colors(names: list[str]) -> dict[str, str]:
             colors[name] = COLORS[i % len(COLORS)]
             i += 1
     return colors
+
+
+def _panels(series: Series) -> tuple[tuple[str, str], ...]:
+    if any(any(values) for values in series.failed.values()):
+        return (*PANELS, FAILED_PANEL)
+    return PANELS
 
 
 def _label(name: str) -> str:
@@ -91,8 +100,11 @@ def _join_short_last_interval(rows: list[dict[str, Any]]) -> list[dict[str, Any]
     for row in rows:
         if float(row["t"]) == last:
             earlier = joined.get(row["host"])
-            fetched = row["fetched"] + (earlier["fetched"] if earlier is not None else 0)
-            joined[row["host"]] = dict(row, dt=window, fetched=fetched)
+            counts = {
+                name: row.get(name, 0) + (earlier.get(name, 0) if earlier is not None else 0)
+                for name in ("fetched", "failed")
+            }
+            joined[row["host"]] = dict(row, dt=window, **counts)
     return kept + list(joined.values())
 
 
@@ -110,13 +122,14 @@ def render_png(series: Series, out: str, title: str) -> None:
         ) from None
     names = list(series.in_flight)
     colors = _colors(names)
-    figure = Figure(figsize=(10, 6.5), layout="constrained")
+    panels = _panels(series)
+    figure = Figure(figsize=(10, 3.25 * len(panels)), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(2, 1, sharex=True)
-    for ax, (attr, ylabel) in zip(axes, PANELS, strict=True):
+    axes = figure.subplots(len(panels), 1, sharex=True)
+    for ax, (attr, ylabel) in zip(axes, panels, strict=True):
         data: dict[str, list[float]] = getattr(series, attr)
         for name in names:
-            if attr == "rate":
+            if attr != "in_flight":
                 # A rate holds over the interval that ends at its time: stairs.
                 ax.stairs(
                     data[name],
@@ -135,7 +148,7 @@ def render_png(series: Series, out: str, title: str) -> None:
         ax.set_xlim(left=min(0.0, series.start))
         ax.grid(True, alpha=0.3)
     axes[0].set_title(title)
-    axes[1].set_xlabel("seconds since the spider opened")
+    axes[-1].set_xlabel("seconds since the spider opened")
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     figure.savefig(out, dpi=100)
 
@@ -199,7 +212,7 @@ def _svg_panel(series: Series, attr: str, ylabel: str, colors: dict[str, str]) -
         points: list[str] = []
         previous = series.start
         for t, value in zip(times, values, strict=True):
-            if attr == "rate":
+            if attr != "in_flight":
                 # A rate holds over the interval that ends at t: draw steps.
                 points.append(f"{sx(previous):.1f},{sy(value):.1f}")
             points.append(f"{sx(t):.1f},{sy(value):.1f}")
@@ -220,7 +233,7 @@ def render_html(series: Series, out: str, title: str) -> None:
         f"{html.escape(_label(name))}</li>"
         for name in names
     )
-    panels = "\n".join(_svg_panel(series, attr, label, colors) for attr, label in PANELS)
+    panels = "\n".join(_svg_panel(series, attr, label, colors) for attr, label in _panels(series))
     page = f"""<!DOCTYPE html>
 <html lang="en">
 <head>

@@ -118,6 +118,11 @@ class HostQueueStats:
         self._in_downloader: dict[str, int] = {}
         # Responses per host since the last timeline row (only with a timeline).
         self._fetched: dict[str, int] = {}
+        # Downloads that ended without a response, per host, since the last
+        # row, and the requests in the downloader not answered yet (at most
+        # CONCURRENT_REQUESTS; only with a timeline).
+        self._failed: dict[str, int] = {}
+        self._unanswered: set[Request] = set()
         self._started = self._last_tick = 0.0
 
     @classmethod
@@ -154,6 +159,8 @@ class HostQueueStats:
     def request_reached_downloader(self, request: Request) -> None:
         host = self._host(request)
         self._in_downloader[host] = self._in_downloader.get(host, 0) + 1
+        if self.timeline is not None:
+            self._unanswered.add(request)
 
     def request_left_downloader(self, request: Request) -> None:
         host = self._host(request)
@@ -162,8 +169,15 @@ class HostQueueStats:
             self._in_downloader[host] = count
         else:
             self._in_downloader.pop(host, None)
+        if self._unanswered and request in self._unanswered:
+            # It left the download handler with an exception (a connection
+            # refused, a DNS failure, a timeout): a dead or hanging host.
+            self._unanswered.discard(request)
+            if self.timeline is not None:
+                self._failed[host] = self._failed.get(host, 0) + 1
 
     def response_downloaded(self, request: Request) -> None:
+        self._unanswered.discard(request)
         if self.timeline is not None:
             host = self._host(request)
             self._fetched[host] = self._fetched.get(host, 0) + 1
@@ -313,8 +327,9 @@ class HostQueueStats:
                     policy.block_reason,
                 )
         # Hosts that left the frontier (or, under another scheduler, any host)
-        # but had requests in the downloader or responses in the interval.
-        for host in [*in_downloader, *fetched]:
+        # but had requests in the downloader, responses or failures in the
+        # interval.
+        for host in [*in_downloader, *fetched, *self._failed]:
             if host not in samples:
                 known = frontier.known_policy(host) if frontier is not None else None
                 samples[host] = HostSample(
@@ -332,10 +347,10 @@ class HostQueueStats:
             return
         now = time.monotonic()
         fetched, self._fetched = self._fetched, {}
+        samples = self._samples(now, fetched)
+        failed, self._failed = self._failed, {}
         try:
-            timeline.write(
-                now - self._started, now - self._last_tick, self._samples(now, fetched), fetched
-            )
+            timeline.write(now - self._started, now - self._last_tick, samples, fetched, failed)
         except OSError as error:
             logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", timeline.path, error)
             self._close_timeline()

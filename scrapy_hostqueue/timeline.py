@@ -6,11 +6,14 @@ Written by :class:`~scrapy_hostqueue.stats.HostQueueStats` when
 A host row::
 
     {"t": 12.0, "dt": 1.0, "host": "example.com", "in_flight": 4, "fetched": 37,
-     "queued": 120, "limit": 4, "blocked": false}
+     "failed": 0, "queued": 120, "limit": 4, "blocked": false}
 
 ``t`` is the end of the interval in seconds since the spider opened, ``dt`` its
 length, ``fetched`` the responses downloaded in it (retried and redirected ones
-included). ``in_flight`` (the host's requests sent and not yet answered: with
+included), ``failed`` the downloads that ended in it without a response (a
+connection refused or reset, a DNS failure, a timeout: what a dead or hanging
+host gives; files written before it existed have no ``failed``, read as 0).
+``in_flight`` (the host's requests sent and not yet answered: with
 ``HOSTQUEUE_PREFETCH``, those past the send gate; for a host that has left the
 scheduler's tables, and under another scheduler, its requests inside Scrapy's
 downloader), ``queued``, ``limit`` and ``blocked`` (a Retry-After, back-off or
@@ -71,19 +74,27 @@ class TimelineWriter:
         dt: float,
         samples: list[HostSample],
         fetched: dict[str, int],
+        failed: dict[str, int] | None = None,
     ) -> None:
         """One interval: the busiest *max_hosts* hosts, then the aggregate row."""
         if self._file is None:
             raise ValueError(f"timeline {self.path} is closed")
+        failed = failed or {}
 
         def busyness(sample: HostSample) -> tuple[int, int]:
-            return sample.in_flight + fetched.get(sample.host, 0), sample.queued or 0
+            host = sample.host
+            return (
+                sample.in_flight + fetched.get(host, 0) + failed.get(host, 0),
+                sample.queued or 0,
+            )
 
         sampled = {sample.host for sample in samples}
         # A host that finished within the interval is no longer sampled; its
-        # responses still count.
+        # responses and failures still count.
         samples = samples + [
-            HostSample(host, 0, None, None) for host in fetched if host not in sampled
+            HostSample(host, 0, None, None)
+            for host in dict.fromkeys([*fetched, *failed])
+            if host not in sampled
         ]
         top = heapq.nlargest(self.max_hosts, samples, key=busyness)
         named = {sample.host for sample in top}
@@ -96,6 +107,7 @@ class TimelineWriter:
                 "host": sample.host,
                 "in_flight": sample.in_flight,
                 "fetched": fetched.get(sample.host, 0),
+                "failed": failed.get(sample.host, 0),
                 "queued": sample.queued,
                 "limit": sample.limit,
                 "blocked": sample.blocked_for > 0,
@@ -109,6 +121,7 @@ class TimelineWriter:
             "host": OTHER_HOSTS,
             "in_flight": sum(sample.in_flight for sample in rest),
             "fetched": sum(fetched.get(sample.host, 0) for sample in rest),
+            "failed": sum(failed.get(sample.host, 0) for sample in rest),
             "queued": sum(sample.queued or 0 for sample in rest) if self.queues_known else None,
             "limit": None,
             "blocked": blocked_hosts > 0,
@@ -133,7 +146,9 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
     missing = [name for name in _FIELDS if name not in row]
     if missing:
         raise TimelineError(f"{where}: missing {', '.join(missing)}")
-    for name in ("t", "dt", "in_flight", "fetched", "queued"):
+    # Files written before "failed" existed have none: no failures.
+    row.setdefault("failed", 0)
+    for name in ("t", "dt", "in_flight", "fetched", "failed", "queued"):
         value = row[name]
         if value is None and name == "queued":
             continue
@@ -183,6 +198,8 @@ class Series:
     in_flight: dict[str, list[float]]
     #: host -> responses per second over the interval ending at each time
     rate: dict[str, list[float]]
+    #: host -> downloads that failed (no response) per second, likewise
+    failed: dict[str, list[float]]
 
 
 def _natural(name: str) -> list[tuple[int, int | str]]:
@@ -199,20 +216,27 @@ def build_series(rows: list[dict[str, Any]], max_lines: int = 10) -> Series:
     totals: dict[str, float] = {}
     for row in rows:
         if row["host"] != OTHER_HOSTS:
-            totals[row["host"]] = totals.get(row["host"], 0) + row["fetched"] + row["in_flight"]
+            busy = row["fetched"] + row.get("failed", 0) + row["in_flight"]
+            totals[row["host"]] = totals.get(row["host"], 0) + busy
     shown = heapq.nlargest(max_lines, totals, key=lambda host: (totals[host], host))
     # Ordered by name, not by volume, so a host keeps its place (and colour)
     # from one chart to the next, e.g. a stock crawl against this project's.
     names = [*sorted(shown, key=_natural), OTHER_HOSTS]
     in_flight = {name: [0.0] * len(times) for name in names}
     rate = {name: [0.0] * len(times) for name in names}
+    failed = {name: [0.0] * len(times) for name in names}
     for row in rows:
         name = row["host"] if row["host"] in in_flight else OTHER_HOSTS
         i = index[float(row["t"])]
         in_flight[name][i] += row["in_flight"]
         if row["dt"] > 0:
             rate[name][i] += row["fetched"] / row["dt"]
-    if not any(in_flight[OTHER_HOSTS]) and not any(rate[OTHER_HOSTS]):
-        del in_flight[OTHER_HOSTS], rate[OTHER_HOSTS]
+            failed[name][i] += row.get("failed", 0) / row["dt"]
+    if (
+        not any(in_flight[OTHER_HOSTS])
+        and not any(rate[OTHER_HOSTS])
+        and not any(failed[OTHER_HOSTS])
+    ):
+        del in_flight[OTHER_HOSTS], rate[OTHER_HOSTS], failed[OTHER_HOSTS]
     start = max(0.0, min(float(row["t"]) - float(row["dt"]) for row in rows))
-    return Series(times, min(start, times[0]), in_flight, rate)
+    return Series(times, min(start, times[0]), in_flight, rate, failed)

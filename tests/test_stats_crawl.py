@@ -210,6 +210,34 @@ async def test_log_line_and_timeline(
 
 
 @deferred_f_from_coro_f
+async def test_a_dead_host_shows_its_failed_downloads_in_the_timeline(
+    local_hosts: HostsFactory, tmp_path: Path
+) -> None:
+    # A host that refuses connections answers nothing: without failures in
+    # the timeline it was a flat 0, like an idle host.
+    hosts = local_hosts([HostSpec(latency=0.01, pages=20), HostSpec(refuse=True)])
+    up, down = hosts.hostnames
+    timeline = tmp_path / "timeline.jsonl"
+    crawler = await crawl(
+        hosts.start_urls(0, 20) + [hosts.page_url(1, page) for page in range(5)],
+        **stats_settings(HOSTQUEUE_TIMELINE_FILE=str(timeline), HOSTQUEUE_TIMELINE_INTERVAL=0.1),
+    )
+    assert crawler.stats is not None
+    attempts = crawler.stats.get_value("downloader/exception_count")
+    assert attempts == 5 * 3  # each URL and its 2 retries
+    rows = read_timeline(str(timeline))
+    assert sum(row["failed"] for row in rows if row["host"] == down) == attempts
+    assert sum(row["fetched"] for row in rows if row["host"] == down) == 0
+    assert sum(row["failed"] for row in rows if row["host"] == up) == 0
+    assert sum(row["fetched"] for row in rows if row["host"] == up) == hosts.stats(0).served
+    page = tmp_path / "chart.html"
+    assert cli(["plot", str(timeline), "-o", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert text.count("<svg") == 3
+    assert down in text
+
+
+@deferred_f_from_coro_f
 async def test_the_log_line_shows_a_hosts_download_delay(
     local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
 ) -> None:

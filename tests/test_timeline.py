@@ -47,6 +47,7 @@ def test_writer_rows(tmp_path: Path) -> None:
             "host": "fast.test",
             "in_flight": 4,
             "fetched": 20,
+            "failed": 0,
             "queued": 10,
             "limit": 4,
             "blocked": False,
@@ -57,6 +58,7 @@ def test_writer_rows(tmp_path: Path) -> None:
             "host": "slow.test",
             "in_flight": 2,
             "fetched": 1,
+            "failed": 0,
             "queued": 3,
             "limit": 2,
             "blocked": True,
@@ -68,6 +70,7 @@ def test_writer_rows(tmp_path: Path) -> None:
             "host": OTHER_HOSTS,
             "in_flight": 0,
             "fetched": 3,
+            "failed": 0,
             "queued": 1,
             "limit": None,
             "blocked": False,
@@ -135,6 +138,71 @@ def test_reader_rejects_missing_and_binary_files(tmp_path: Path) -> None:
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
     with pytest.raises(TimelineError):
         read_timeline(str(binary))
+
+
+def test_a_host_that_only_fails_is_named_with_its_failures(tmp_path: Path) -> None:
+    # A dead host answers nothing: in flight 0, no responses. Its failures
+    # make it one of the busiest, ahead of a host idle with work queued.
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(str(path), max_hosts=2)
+    samples = [
+        HostSample("fast.test", in_flight=4, queued=10, limit=4),
+        HostSample("idle.test", in_flight=0, queued=5, limit=2),
+    ]
+    # dead.test was given up meanwhile: no longer sampled, still written.
+    writer.write(1.0, 1.0, samples, {"fast.test": 20}, {"dead.test": 6, "idle.test": 0})
+    writer.close()
+    rows = {row["host"]: row for row in read_timeline(str(path))}
+    assert set(rows) == {"fast.test", "dead.test", OTHER_HOSTS}
+    assert (rows["dead.test"]["failed"], rows["dead.test"]["fetched"]) == (6, 0)
+    assert rows["fast.test"]["failed"] == 0
+    assert (rows[OTHER_HOSTS]["hosts"], rows[OTHER_HOSTS]["failed"]) == (1, 0)
+
+
+def test_files_written_before_failures_were_counted_still_plot(tmp_path: Path) -> None:
+    path, out = tmp_path / "old.jsonl", tmp_path / "chart.html"
+    row = {"dt": 1.0, "host": "a", "in_flight": 1, "fetched": 3, "queued": 0}
+    row.update(limit=2, blocked=False)
+    path.write_text("".join(json.dumps(dict(row, t=t)) + "\n" for t in (1.0, 2.0)))
+    assert [r["failed"] for r in read_timeline(str(path))] == [0, 0]
+    assert cli(["plot", str(path), "-o", str(out)]) == 0
+    assert out.read_text(encoding="utf-8").count("<svg") == 2
+
+
+def test_failures_get_a_panel_of_their_own(tmp_path: Path) -> None:
+    source, out = tmp_path / "t.jsonl", tmp_path / "chart.html"
+    writer = TimelineWriter(str(source), max_hosts=5)
+    for t in (1.0, 2.0, 3.0):
+        writer.write(t, 1.0, [HostSample("up.test", 2, 5, 2)], {"up.test": 8}, {"down.test": 4})
+    writer.close()
+    series = load(str(source))
+    assert series.failed["down.test"] == [4.0, 4.0, 4.0]
+    assert series.rate["down.test"] == [0.0, 0.0, 0.0]
+    assert series.failed["up.test"] == [0.0, 0.0, 0.0]
+    assert cli(["plot", str(source), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.count("<svg") == 3
+    assert "failed downloads / s" in page
+
+
+def test_failures_panel_in_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from PIL import Image  # matplotlib needs Pillow
+
+    source, out = tmp_path / "t.jsonl", tmp_path / "chart.png"
+    writer = TimelineWriter(str(source), max_hosts=5)
+    for t in (1.0, 2.0):
+        writer.write(t, 1.0, [HostSample("up.test", 2, 5, 2)], {"up.test": 8}, {"down.test": 4})
+    writer.close()
+    assert cli(["plot", str(source), "-o", str(out)]) == 0
+    with Image.open(out) as image:
+        three = image.size
+    write_sample_timeline(source)
+    assert cli(["plot", str(source), "-o", str(out)]) == 0
+    with Image.open(out) as image:
+        two = image.size
+    # One panel more: the figure is half as tall again.
+    assert three[1] == pytest.approx(two[1] * 1.5, rel=0.02)
 
 
 def test_series_groups_small_hosts() -> None:
