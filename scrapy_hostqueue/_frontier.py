@@ -17,7 +17,8 @@ exactly one state:
   request waiting downstream never takes a global slot from a host that
   could send at once.
 * FULL: in flight at or above its limit (plus ``prefetch`` if it has no
-  interval). Leaves on :meth:`Frontier.finish`.
+  interval; ``silent_limit``, without prefetch, for a silent host). Leaves on
+  :meth:`Frontier.finish`, or when a silent host answers.
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
   starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in one of
@@ -259,6 +260,7 @@ class Frontier(Generic[T]):
         turn: int = 1,
         grace: float = 0.0,
         prefetch: int = 0,
+        silent_limit: int = 0,
         remember: int = 10_000,
         ring_granularity: int = 1,
         clock: Callable[[], float] = time.monotonic,
@@ -268,6 +270,8 @@ class Frontier(Generic[T]):
             raise ValueError(f"ring_granularity must be >= 1, got {ring_granularity!r}")
         if turn < 1:
             raise ValueError(f"turn must be >= 1, got {turn!r}")
+        if silent_limit < 0:
+            raise ValueError(f"silent_limit must be >= 0, got {silent_limit!r}")
         if not grace >= 0:
             raise ValueError(f"grace must be >= 0, got {grace!r}")
         self.grace = grace
@@ -278,6 +282,9 @@ class Frontier(Generic[T]):
         #: Requests a host may have handed out beyond its limit; they wait
         #: for a send slot downstream (see HostQueueScheduler.acquire_send_slot).
         self.prefetch = prefetch
+        #: At most this many requests in flight for a silent host, and no
+        #: prefetch (0: its limit, as for any host).
+        self.silent_limit = silent_limit
         self._remember = remember
         #: Called with a host's key when the frontier forgets the host for good
         #: (its policy leaves both memories of idle hosts), so that state kept
@@ -333,6 +340,13 @@ class Frontier(Generic[T]):
         policy = self._kept.pop(key, None) or self._policy_factory(key)
         self._remember_policy(key, policy)
         return policy
+
+    def in_flight_cap(self, policy: HostPolicy) -> int:
+        """How many requests a host with *policy* may have in flight now: its
+        limit, or ``silent_limit`` if that is lower and the host is silent."""
+        if self.silent_limit and not policy.answering:
+            return min(policy.limit, self.silent_limit)
+        return policy.limit
 
     def known_policy(self, key: str) -> HostPolicy | None:
         """The policy of *key* if the frontier knows the host, without creating one."""
@@ -532,8 +546,10 @@ class Frontier(Generic[T]):
         policy.answering = answering
         if capped:
             self._set_capped(host)  # into the FIFO of its class
-        elif host.state in (READY, PREFETCH):
-            self._place(host, self.clock())  # its rank in the ring changed
+        elif host.state in (READY, PREFETCH) or (self.silent_limit and host.state == FULL):
+            # Its rank in the ring changed, and with silent_limit, how many
+            # requests it may have in flight.
+            self._place(host, self.clock())
 
     def block_until(self, key: str, when: float, reason: str | None = None) -> None:
         """Start no request for *key* before *when* (extends, never shortens, a block)."""
@@ -670,10 +686,15 @@ class Frontier(Generic[T]):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
             host.state = ENDING
-        elif host.inflight >= policy.limit + (0 if policy.interval else self.prefetch):
+        elif host.inflight >= (
+            self.in_flight_cap(policy)
+            if policy.interval or (self.silent_limit and not policy.answering)
+            else policy.limit + self.prefetch
+        ):
             # A host with a delay between request starts gets no prefetch: its
             # next request may not go before the delay anyway, and it would
-            # hold download budget meanwhile.
+            # hold download budget meanwhile. Nor does a silent host, held to
+            # silent_limit until it answers.
             host.state = FULL
         elif not host.leased and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).

@@ -233,6 +233,11 @@ class HostQueueScheduler(BaseScheduler):
             turn=config.turn_requests,
             grace=config.idle_grace,
             prefetch=self.prefetch,
+            # A host not heard from yet, or whose last request failed to
+            # connect or timed out, gets one request at a time until it
+            # answers: a dead or hanging host holds one download slot, not
+            # its whole limit, and an unknown host is not sent a burst.
+            silent_limit=1,
             remember=config.remember_hosts,
             # Across hosts only the priority counts: a host whose next request
             # is a start request takes its turn like any other.
@@ -551,7 +556,7 @@ class HostQueueScheduler(BaseScheduler):
     def _may_send(self, host: str) -> bool:
         policy = self.frontier.policy(host)
         return (
-            self._sending.get(host, 0) < policy.limit
+            self._sending.get(host, 0) < self.frontier.in_flight_cap(policy)
             and _gate_opens_at(policy) <= time.monotonic()
             and host not in self._backing_off_hosts
         )
@@ -681,7 +686,8 @@ class HostQueueScheduler(BaseScheduler):
         """Whether *host* may have one more request on the wire now."""
         if self.prefetch:
             return self._may_send(host)
-        return self.frontier.inflight(host) < self.frontier.policy(host).limit
+        frontier = self.frontier
+        return frontier.inflight(host) < frontier.in_flight_cap(frontier.policy(host))
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
         """Wait until a request of *host* leaves the downloader or its limit

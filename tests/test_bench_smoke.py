@@ -433,3 +433,20 @@ def test_the_start_stall_bench_compares_both_variants(capsys: pytest.CaptureFixt
         assert median is not None, out
         assert 0 < float(median[1]) < float(median[2])
     assert re.search(r"without / with: median [0-9.]+x", out), out
+
+
+def test_the_dead_hosts_bench_counts_what_the_hanging_hosts_had_in_flight(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import dead_hosts
+
+    argv = ["--rounds", "1", "--sites", "2", "--dead", "2", "--per-host", "30", "--budget", "40"]
+    assert dead_hosts.main([*argv, "--configs", "hq-scheduler"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(
+        r"hq-scheduler: 40 site pages in ([0-9.]+) s; a dead host had at most (\d+) in flight", out
+    )
+    assert found is not None, out
+    assert 0 < float(found[1]) < 3  # before the first hanging request timed out
+    assert found[2] == "1"
+    assert re.search(r"median hq-scheduler: [0-9.]+ s", out), out

@@ -309,6 +309,40 @@ def test_full_at_is_when_a_start_last_filled_the_limit() -> None:
     assert frontier.policy("a").full_at == 103.0  # an adopted request fills it too
 
 
+def test_a_silent_host_has_silent_limit_in_flight_until_it_answers() -> None:
+    frontier: Frontier[str] = Frontier(
+        lambda key: HostPolicy(3), silent_limit=1, prefetch=1, clock=FakeClock()
+    )
+    for i in range(10):
+        frontier.push("a", 0, str(i))
+    assert len(drain_pops(frontier)) == 1  # not heard from: no prefetch either
+    assert frontier.state("a") == FULL
+    frontier.set_answering("a", True)  # its first answer, still in flight
+    assert len(drain_pops(frontier)) == 3  # its limit and one prefetched
+    assert frontier.inflight("a") == 4
+    frontier.set_answering("a", False)  # a request timed out
+    for left in (3, 2, 1):
+        frontier.finish("a")
+        assert frontier.inflight("a") == left
+        assert frontier.pop() is None
+    frontier.finish("a")
+    assert frontier.pop() == ("a", "4")
+    assert frontier.pop() is None
+
+
+def test_without_silent_limit_a_silent_host_has_its_limit() -> None:
+    frontier, _ = make(limit=3)
+    for i in range(5):
+        frontier.push("a", 0, str(i))
+    assert not frontier.policy("a").answering
+    assert len(drain_pops(frontier)) == 3
+
+
+def test_silent_limit_below_zero_is_refused() -> None:
+    with pytest.raises(ValueError, match="silent_limit"):
+        Frontier(lambda key: HostPolicy(1), silent_limit=-1)
+
+
 def test_prefetch_goes_only_when_no_host_can_send() -> None:
     clock = FakeClock()
     frontier: Frontier[str] = Frontier(lambda key: HostPolicy(1), prefetch=1, clock=clock)
@@ -1151,6 +1185,7 @@ class FrontierMachine(RuleBasedStateMachine):
         self.idle_seq = 0
         self.remember = 0
         self.prefetch = 0
+        self.silent_limit = 0
         self.default_limit = DEFAULT_LIMIT
         self.hosts: dict[str, ModelHost] = {}  # live or remembered
         self.retired: OrderedDict[str, None] = OrderedDict()
@@ -1169,6 +1204,7 @@ class FrontierMachine(RuleBasedStateMachine):
         grace=st.sampled_from([0.0, 0.5, 2.0]),
         remember=st.sampled_from([1, 3, 100]),
         prefetch=st.integers(0, 1),
+        silent_limit=st.integers(0, 1),
         default_limit=st.integers(1, 2),
     )
     def setup(
@@ -1179,6 +1215,7 @@ class FrontierMachine(RuleBasedStateMachine):
         grace: float,
         remember: int,
         prefetch: int,
+        silent_limit: int,
         default_limit: int,
     ) -> None:
         self.cap = cap
@@ -1186,6 +1223,7 @@ class FrontierMachine(RuleBasedStateMachine):
         self.grace = grace
         self.remember = remember
         self.prefetch = prefetch
+        self.silent_limit = silent_limit
         self.default_limit = default_limit
         self.frontier = Frontier(
             lambda key: HostPolicy(default_limit),
@@ -1193,6 +1231,7 @@ class FrontierMachine(RuleBasedStateMachine):
             turn=turn,
             grace=grace,
             prefetch=prefetch,
+            silent_limit=silent_limit,
             remember=remember,
             clock=self.clock,
             rng=random.Random(0),
@@ -1304,7 +1343,10 @@ class FrontierMachine(RuleBasedStateMachine):
 
     def _full_at(self, h: ModelHost) -> int:
         """In flight from which *h* is handed nothing: a host with an
-        interval between starts gets no prefetch."""
+        interval between starts gets no prefetch; a silent one, with
+        ``silent_limit``, has at most that many and no prefetch."""
+        if self.silent_limit and not h.answering:
+            return min(h.limit, self.silent_limit)
         return h.limit + (0 if h.interval else self.prefetch)
 
     def _servable(self) -> dict[str, ModelHost]:
