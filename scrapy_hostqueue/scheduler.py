@@ -233,11 +233,6 @@ class HostQueueScheduler(BaseScheduler):
             turn=config.turn_requests,
             grace=config.idle_grace,
             prefetch=self.prefetch,
-            # A host not heard from yet, or whose last request failed to
-            # connect or timed out, gets one request at a time until it
-            # answers: a dead or hanging host holds one download slot, not
-            # its whole limit, and an unknown host is not sent a burst.
-            silent_limit=1,
             remember=config.remember_hosts,
             # Across hosts only the priority counts: a host whose next request
             # is a start request takes its turn like any other.
@@ -458,8 +453,17 @@ class HostQueueScheduler(BaseScheduler):
 
     def attach_policy(self, hook: PolicyHook) -> None:
         """Let *hook* choose the limit of every host from now on, and tell it
-        when a host is forgotten."""
+        when a host is forgotten.
+
+        From then on a silent host (not heard from yet, or whose last request
+        failed to connect or timed out) also gets one request at a time until
+        it answers: an unknown host is sent no burst, and a dead or hanging
+        one holds one download slot, not its whole limit. Only with a policy
+        (the AIMD middleware), whose error budget gives up a host that never
+        answers: without one, a dead host's every request is tried, and one
+        at a time they would keep the crawl going long after the rest."""
         self._policy_hook = hook
+        self.frontier.silent_limit = 1
         self.frontier.on_forget = hook.forget_host
 
     def host_of(self, request: Request) -> str:

@@ -297,6 +297,39 @@ async def test_retry_after_values(
 # -- Crawl-delay ------------------------------------------------------------------
 
 
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_a_host_not_heard_from_has_one_request_at_a_time(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """Two hosts that hang and a site, 8 download slots and a limit of 4: the
+    hanging hosts took 4 slots each, all 8, and the site waited for their
+    download timeout. A host gets more than one request in flight only once
+    it has answered, so they hold one slot each."""
+    hosts = local_hosts([HostSpec(fault="hang")] * 2 + [HostSpec(latency=0.01, pages=40)])
+    hanging = [hosts.page_url(i, page) for page in range(4) for i in range(2)]
+    crawler = make_crawler(
+        handler,
+        CONCURRENT_REQUESTS=8,
+        CONCURRENT_REQUESTS_PER_DOMAIN=4,
+        HOSTQUEUE_AIMD_START=4,
+        DOWNLOAD_TIMEOUT=1,
+        RETRY_TIMES=0,
+    )
+    await crawler.crawl_async(start_urls=hanging + hosts.start_urls(2, 40))
+    stats = hosts.all_stats()
+    for dead in stats[:2]:
+        assert dead.requests == 4, dead
+        assert dead.max_in_flight == 1, dead
+    site = stats[2]
+    assert site.served == 40
+    # Once it answered, the site had its limit, and had it long before the
+    # first hanging request timed out.
+    assert site.max_in_flight == 4
+    first_hang = min(dead.arrivals[0] for dead in stats[:2])
+    assert max(site.arrivals) < first_hang + 1.0
+
+
 class ChainThenBurstSpider(PageSpider):
     """Fetches ``chain`` pages one after the other (each found on the one
     before), then ``burst`` pages found together on the last of them."""
