@@ -376,7 +376,18 @@ class AIMDMiddleware:
         if crawl_delay is not None:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
+        self._note_full(scheduler, host, now)
         return None
+
+    @staticmethod
+    def _note_full(scheduler: HostQueueScheduler, host: str, now: float) -> None:
+        """The frontier notes when a hand-out fills a host's limit; requests
+        handed out together pass here a moment later, each one after that
+        note: note it again, so that each of them counts as sent while the
+        limit was filled (see _limit_held_back)."""
+        policy = scheduler.policy(host)
+        if scheduler.frontier.inflight(host) >= policy.limit:
+            policy.full_at = now
 
     @staticmethod
     def _direct_delay(
@@ -449,9 +460,15 @@ class AIMDMiddleware:
 
     def process_response(self, request: Request, response: Response) -> Response:
         started = request.meta.get(META_START)
-        if started is None or "cached" in response.flags:
+        if started is None:
             return response
         scheduler = self._scheduler()
+        if "cached" in response.flags:
+            # Says nothing about the host's pace, but a crawl replayed from the
+            # HTTP cache must not go one request at a time, as for a host not
+            # heard from.
+            scheduler.answered(scheduler.handed_out_for(request) or scheduler.host_of(request))
+            return response
         host = self._known_host(scheduler, request)
         now = self.clock()
         latency = request.meta.get("download_latency")

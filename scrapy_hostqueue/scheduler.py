@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -242,6 +243,9 @@ class HostQueueScheduler(BaseScheduler):
         # and the requests waiting for it.
         self._sending: dict[str, int] = {}
         self._holding: set[Request] = set()
+        # Requests the send gate sent back to the scheduler (HostBlocked),
+        # until they are gone.
+        self._sent_back: weakref.WeakSet[Request] = weakref.WeakSet()
         # Requests whose back-off status (429, 503) the handler has read and
         # the AIMD middleware has not seen yet, and how many per host: the
         # host sends nothing more until it has blocked the host.
@@ -531,6 +535,7 @@ class HostQueueScheduler(BaseScheduler):
             return
         policy = self.frontier.policy(host)
         if policy.blocked_until > time.monotonic() and self._may_send_back(request):
+            self._sent_back.add(request)
             raise HostBlocked(host, policy.block_reason)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if waiters is None:
@@ -632,6 +637,7 @@ class HostQueueScheduler(BaseScheduler):
             if future.done():  # a cancelled download
                 continue
             if self._may_send_back(request):
+                self._sent_back.add(request)
                 future.set_exception(HostBlocked(host, reason))
             else:
                 staying.append((future, request))
@@ -821,8 +827,20 @@ class HostQueueScheduler(BaseScheduler):
     def _response_downloaded(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)
         self.recorder.response(host, response.status, request.meta.get("download_latency"))
-        # It answered: it goes before hosts not heard from (see Frontier).
+        # It answered: it goes before hosts not heard from (see Frontier). The
+        # host it was handed out for, which a downloader middleware after the
+        # AIMD one may have given another download_slot (a proxy's).
+        self.answered(self._handed_out.get(request) or self._adopted.get(request) or host)
+
+    def answered(self, host: str) -> None:
+        """*host* answered a request (it may now have its whole limit in flight)."""
         self.frontier.set_answering(host, True)
+
+    def sent_back_from_gate(self, request: Request) -> bool:
+        """Whether *request* left the download handler because the send gate
+        sent it back to the scheduler (its host got blocked), not because the
+        download failed."""
+        return request in self._sent_back
 
     def _follow_autothrottle(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)

@@ -109,6 +109,9 @@ class HostQueueStats:
         #: The scheduler's count of a host's requests on the wire (set with
         #: ``frontier``).
         self._on_wire: Callable[[str], int] | None = None
+        #: Whether the scheduler's send gate sent a request back (set with
+        #: ``frontier``).
+        self._sent_back: Callable[[Request], bool] | None = None
         self.timeline: TimelineWriter | None = None
         #: HOSTQUEUE_TIMELINE_FILE with its placeholders filled in, or None.
         self.timeline_path = timeline_path
@@ -172,8 +175,10 @@ class HostQueueStats:
         if self._unanswered and request in self._unanswered:
             # It left the download handler with an exception (a connection
             # refused, a DNS failure, a timeout): a dead or hanging host.
+            # Not one the send gate sent back to wait out its host's block.
             self._unanswered.discard(request)
-            if self.timeline is not None:
+            sent_back = self._sent_back is not None and self._sent_back(request)
+            if self.timeline is not None and not sent_back:
                 self._failed[host] = self._failed.get(host, 0) + 1
 
     def response_downloaded(self, request: Request) -> None:
@@ -188,6 +193,7 @@ class HostQueueStats:
         if isinstance(frontier, Frontier):
             self.frontier = frontier
             self._on_wire = scheduler.on_wire
+            self._sent_back = scheduler.sent_back_from_gate
         else:
             logger.info(
                 "HostQueueStats: the scheduler is %s, not HostQueueScheduler: host "

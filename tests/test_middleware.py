@@ -544,6 +544,34 @@ def test_only_answers_while_the_host_filled_its_limit_raise_it(
     assert limit(scheduler) == 3
 
 
+def test_each_request_of_a_burst_that_fills_the_limit_vouches_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The engine hands out a burst in one go; each request passes this
+    # middleware a moment later, after the frontier noted the limit filled.
+    mw, scheduler, clock = middleware(monkeypatch)
+    burst = [scheduler.hand_out(Request(f"{URL}/{i}")) for i in range(2)]
+    for request in burst:
+        clock.now += 0.01
+        assert mw.process_request(request) is None
+    clock.now += 0.01
+    answer(mw, burst[0])  # two in flight: the limit is filled now
+    assert limit(scheduler) == 2
+    answer(mw, burst[1])  # alone now, but sent while two were out
+    assert limit(scheduler) == 3
+
+
+def test_a_cached_answer_counts_as_heard_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A crawl replayed from the HTTP cache is not held to one request per host.
+    mw, scheduler, _ = middleware(monkeypatch)
+    request = sent(mw)
+    scheduler.frontier.set_answering(HOST, False)
+    mw.process_response(request, Response(URL, status=200, flags=["cached"], request=request))
+    policy = scheduler.policy(HOST)
+    assert policy.answering
+    assert scheduler.frontier.in_flight_cap(policy) == policy.limit == 2
+
+
 def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
     mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     request = sent(mw)

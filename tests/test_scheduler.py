@@ -908,6 +908,23 @@ async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
     assert arrivals[0] - resumed_at >= 1.5
 
 
+def test_an_answer_marks_the_host_it_was_handed_out_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A downloader middleware after the AIMD one (a rotating proxy's) may
+    give a request another download_slot: the answer is still the host's."""
+    crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER))
+    monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)
+    scheduler = HostQueueScheduler.from_crawler(crawler)
+    scheduler.open(PageSpider())
+    assert scheduler.enqueue_request(Request("http://example.com/1"))
+    request = scheduler.next_request()
+    assert request is not None
+    request.meta["download_slot"] = "proxy-7"
+    response = Response(request.url, request=request)
+    scheduler._response_downloaded(response, request, PageSpider())
+    assert scheduler.frontier.policy("example.com").answering
+    assert scheduler.frontier.known_policy("proxy-7") is None
+
+
 @deferred_f_from_coro_f
 async def test_the_send_gate_holds_a_host_while_its_back_off_status_crosses_the_middlewares(
     monkeypatch: pytest.MonkeyPatch,

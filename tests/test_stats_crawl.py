@@ -238,6 +238,34 @@ async def test_a_dead_host_shows_its_failed_downloads_in_the_timeline(
 
 
 @deferred_f_from_coro_f
+async def test_requests_the_send_gate_sends_back_are_not_failed_downloads(
+    local_hosts: HostsFactory, tmp_path: Path
+) -> None:
+    # With the add-on a request waits at the send gate; when its host answers
+    # 429 with Retry-After it goes back to the scheduler: no download failed.
+    hosts = local_hosts(
+        [HostSpec(latency=0.05, pages=30, throttle_above=2, retry_after="0.5", links=0)]
+    )
+    timeline = tmp_path / "timeline.jsonl"
+    crawler = await crawl(
+        hosts.start_urls(0, 30),
+        **stats_settings(
+            ADDONS={"scrapy_hostqueue.Addon": 0},
+            DOWNLOAD_HANDLERS={"http": OUR_HANDLER, "https": OUR_HANDLER},
+            HOSTQUEUE_AIMD_START=4,
+            HOSTQUEUE_TIMELINE_FILE=str(timeline),
+            HOSTQUEUE_TIMELINE_INTERVAL=0.1,
+        ),
+    )
+    assert crawler.stats is not None
+    sent_back = "downloader/exception_type_count/scrapy_hostqueue.scheduler.HostBlocked"
+    assert crawler.stats.get_value(sent_back, 0) >= 1
+    rows = read_timeline(str(timeline))
+    assert sum(row["failed"] for row in rows) == 0
+    assert hosts.stats(0).served >= 30
+
+
+@deferred_f_from_coro_f
 async def test_the_log_line_shows_a_hosts_download_delay(
     local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
