@@ -62,7 +62,9 @@ def main(argv: list[str]) -> int:
     if unknown:
         parser.error(f"unknown configuration(s) {', '.join(unknown)}; from {', '.join(CONFIGS)}")
     if min(args.sites, args.per_host, args.budget, args.rounds) < 1 or args.dead < 0:
-        parser.error("--sites, --per-host, --budget and --rounds must be at least 1, --dead at least 0")
+        parser.error(
+            "--sites, --per-host, --budget and --rounds must be at least 1, --dead at least 0"
+        )
     if args.budget > args.sites * args.per_host:
         parser.error("--budget is more pages than the sites have")
     specs = [HostSpec(latency=0.02, links=0)] * args.sites + [HostSpec(fault="hang")] * args.dead
