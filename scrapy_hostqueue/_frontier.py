@@ -341,6 +341,18 @@ class Frontier(Generic[T]):
         self._remember_policy(key, policy)
         return policy
 
+    def limit_filled(self, key: str) -> bool:
+        """Whether *key* has its whole limit in flight now."""
+        host = self._hosts.get(key)
+        return host is not None and host.inflight >= host.policy.limit
+
+    def note_full(self, key: str, now: float) -> None:
+        """Note *now* as the last moment *key* had its whole limit in flight
+        (``HostPolicy.full_at``), if it has."""
+        host = self._hosts.get(key)
+        if host is not None:
+            self._note_full(host, now)
+
     def in_flight_cap(self, policy: HostPolicy) -> int:
         """How many requests a host with *policy* may have in flight now: its
         limit, or ``silent_limit`` if that is lower and the host is silent."""
@@ -598,8 +610,7 @@ class Frontier(Generic[T]):
         if host is None:
             host = self._hosts[key] = _Host(key, self._recall(key))
         host.inflight += 1
-        if host.inflight >= host.policy.limit:
-            host.policy.full_at = now
+        self._note_full(host, now)
         if host.policy.interval:
             self._draw_gap(host.policy, now)
         self._place(host, now)
@@ -634,8 +645,7 @@ class Frontier(Generic[T]):
 
     def _start(self, host: _Host[T], now: float) -> None:
         host.inflight += 1
-        if host.inflight >= host.policy.limit:
-            host.policy.full_at = now
+        self._note_full(host, now)
         if not host.leased:
             host.leased = True
             host.served = 0
@@ -645,6 +655,21 @@ class Frontier(Generic[T]):
             self.max_active_seen = max(self.max_active_seen, self.active)
         host.served += 1
         self._draw_gap(host.policy, now)
+
+    @staticmethod
+    def _note_full(host: _Host[T], now: float) -> None:
+        if host.inflight >= host.policy.limit:
+            host.policy.full_at = now
+
+    def _handed_out_at_most(self, policy: HostPolicy) -> int:
+        """In flight from which a host is handed nothing more: its limit plus
+        ``prefetch``, except that a host with a delay between request starts
+        gets no prefetch (its next request may not go before the delay
+        anyway, and would hold download budget meanwhile), nor does a silent
+        one, held to ``silent_limit`` until it answers."""
+        if policy.interval or (self.silent_limit and not policy.answering):
+            return self.in_flight_cap(policy)
+        return policy.limit + self.prefetch
 
     def _draw_gap(self, policy: HostPolicy, now: float) -> None:
         """A request started at *now*: draw the gap before the next may."""
@@ -686,15 +711,7 @@ class Frontier(Generic[T]):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
             host.state = ENDING
-        elif host.inflight >= (
-            self.in_flight_cap(policy)
-            if policy.interval or (self.silent_limit and not policy.answering)
-            else policy.limit + self.prefetch
-        ):
-            # A host with a delay between request starts gets no prefetch: its
-            # next request may not go before the delay anyway, and it would
-            # hold download budget meanwhile. Nor does a silent host, held to
-            # silent_limit until it answers.
+        elif host.inflight >= self._handed_out_at_most(policy):
             host.state = FULL
         elif not host.leased and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).

@@ -376,18 +376,12 @@ class AIMDMiddleware:
         if crawl_delay is not None:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
-        self._note_full(scheduler, host, now)
+        # The frontier noted when a hand-out filled the host's limit; requests
+        # handed out together pass here a moment later, each one after that
+        # note: noted again, each counts as sent while the limit was filled
+        # (see _limit_held_back).
+        scheduler.frontier.note_full(host, now)
         return None
-
-    @staticmethod
-    def _note_full(scheduler: HostQueueScheduler, host: str, now: float) -> None:
-        """The frontier notes when a hand-out fills a host's limit; requests
-        handed out together pass here a moment later, each one after that
-        note: note it again, so that each of them counts as sent while the
-        limit was filled (see _limit_held_back)."""
-        policy = scheduler.policy(host)
-        if scheduler.frontier.inflight(host) >= policy.limit:
-            policy.full_at = now
 
     @staticmethod
     def _direct_delay(
@@ -467,7 +461,7 @@ class AIMDMiddleware:
             # Says nothing about the host's pace, but a crawl replayed from the
             # HTTP cache must not go one request at a time, as for a host not
             # heard from.
-            scheduler.answered(scheduler.handed_out_for(request) or scheduler.host_of(request))
+            scheduler.answered(request)
             return response
         host = self._known_host(scheduler, request)
         now = self.clock()
@@ -508,8 +502,7 @@ class AIMDMiddleware:
         by its delay, or with too few URLs queued, would otherwise climb to
         the ceiling on answers to one request at a time, and meet the next
         burst of its URLs with the whole ceiling at once."""
-        policy = scheduler.policy(host)
-        return policy.full_at >= started or scheduler.frontier.inflight(host) >= policy.limit
+        return scheduler.policy(host).full_at >= started or scheduler.frontier.limit_filled(host)
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
         if isinstance(exception, HostBlocked):

@@ -535,8 +535,7 @@ class HostQueueScheduler(BaseScheduler):
             return
         policy = self.frontier.policy(host)
         if policy.blocked_until > time.monotonic() and self._may_send_back(request):
-            self._sent_back.add(request)
-            raise HostBlocked(host, policy.block_reason)
+            raise self._send_back(request, host, policy.block_reason)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if waiters is None:
             waiters = self._send_waiters[host] = deque()
@@ -569,6 +568,12 @@ class HostQueueScheduler(BaseScheduler):
             and _gate_opens_at(policy) <= time.monotonic()
             and host not in self._backing_off_hosts
         )
+
+    def _send_back(self, request: Request, host: str, reason: str | None) -> HostBlocked:
+        """The exception that sends *request*, held at the send gate, back to
+        the scheduler (see sent_back_from_gate)."""
+        self._sent_back.add(request)
+        return HostBlocked(host, reason)
 
     def _may_send_back(self, request: Request) -> bool:
         """Whether a request held at the send gate by a block may go back to
@@ -637,8 +642,7 @@ class HostQueueScheduler(BaseScheduler):
             if future.done():  # a cancelled download
                 continue
             if self._may_send_back(request):
-                self._sent_back.add(request)
-                future.set_exception(HostBlocked(host, reason))
+                future.set_exception(self._send_back(request, host, reason))
             else:
                 staying.append((future, request))
         if staying:
@@ -827,14 +831,16 @@ class HostQueueScheduler(BaseScheduler):
     def _response_downloaded(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)
         self.recorder.response(host, response.status, request.meta.get("download_latency"))
-        # It answered: it goes before hosts not heard from (see Frontier). The
-        # host it was handed out for, which a downloader middleware after the
-        # AIMD one may have given another download_slot (a proxy's).
-        self.answered(self._handed_out.get(request) or self._adopted.get(request) or host)
+        # It answered: it goes before hosts not heard from (see Frontier).
+        self.answered(request)
 
-    def answered(self, host: str) -> None:
-        """*host* answered a request (it may now have its whole limit in flight)."""
-        self.frontier.set_answering(host, True)
+    def answered(self, request: Request) -> None:
+        """*request* was answered: its host may now have its whole limit in
+        flight. The host it was handed out (or adopted) for, which a
+        downloader middleware after the AIMD one may have given another
+        download_slot (a proxy's)."""
+        host = self._handed_out.get(request) or self._adopted.get(request)
+        self.frontier.set_answering(host or self.host_of(request), True)
 
     def sent_back_from_gate(self, request: Request) -> bool:
         """Whether *request* left the download handler because the send gate
