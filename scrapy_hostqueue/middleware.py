@@ -424,7 +424,7 @@ class AIMDMiddleware:
                 await sleep(min(wait, _DIRECT_WAIT_SLICE))
                 continue
             if waited_for_room >= _DIRECT_PATIENCE:
-                self._warn_no_room(host)
+                self._warn_no_room(scheduler, host)
                 break
             began = self.clock()
             if await scheduler.wait_for_room(host, _DIRECT_WAIT_SLICE):
@@ -438,13 +438,28 @@ class AIMDMiddleware:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
 
-    def _warn_no_room(self, host: str) -> None:
+    def _warn_no_room(self, scheduler: HostQueueScheduler, host: str) -> None:
         if host in self._warned_no_room:
             return
         self._warned_no_room.add(host)
+        frontier = scheduler.frontier
+        policy = frontier.policy(host)
+        if frontier.in_flight_cap(policy) < policy.limit:
+            # Only with the send gate: without, such a request is held to
+            # the limit (see HostQueueScheduler.has_room).
+            logger.warning(
+                "Host %s: a request that skips the scheduler (engine.download_async) "
+                "waited %gs while the host, silent (not heard from yet, or its last "
+                "request failed to connect or timed out), had its one request at a "
+                "time on the wire, and goes as one more, within the limit of %d.",
+                host,
+                _DIRECT_PATIENCE,
+                policy.limit,
+            )
+            return
         logger.warning(
             "Host %s: a request that skips the scheduler (engine.download_async) "
-            "waited %.0fs for a place under the host's limit while none of its "
+            "waited %gs for a place under the host's limit while none of its "
             "requests finished, and goes beyond the limit. A downloader middleware "
             "that downloads from a host while one of that host's requests waits for "
             "it needs a limit of 2 or more.",

@@ -468,6 +468,9 @@ class HostQueueScheduler(BaseScheduler):
         at a time they would keep the crawl going long after the rest."""
         self._policy_hook = hook
         self.frontier.silent_limit = 1
+        # It has answered once its response headers are in: a large first
+        # download need not finish before the host gets its limit.
+        self.crawler.signals.connect(self._headers_received, signal=signals.headers_received)
         self.frontier.on_forget = hook.forget_host
 
     def host_of(self, request: Request) -> str:
@@ -697,11 +700,18 @@ class HostQueueScheduler(BaseScheduler):
         return policy is not None and policy.given_up
 
     def has_room(self, host: str) -> bool:
-        """Whether *host* may have one more request on the wire now."""
+        """Whether *host* may have one more request on the wire now.
+
+        With the send gate, against the requests past it. Without, against
+        every request handed out and not back, some of which may still be
+        in a downloader middleware, perhaps waiting for this very download
+        (a login or token middleware): the host's limit then, not the one
+        request a silent host is handed at a time, or a host not heard from
+        yet would keep such a download waiting for its first answer, which
+        waits for the download."""
         if self.prefetch:
             return self._may_send(host)
-        frontier = self.frontier
-        return frontier.inflight(host) < frontier.in_flight_cap(frontier.policy(host))
+        return self.frontier.inflight(host) < self.frontier.policy(host).limit
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
         """Wait until a request of *host* leaves the downloader or its limit
@@ -834,13 +844,29 @@ class HostQueueScheduler(BaseScheduler):
         # It answered: it goes before hosts not heard from (see Frontier).
         self.answered(request)
 
-    def answered(self, request: Request) -> None:
+    def _headers_received(self, request: Request, **_: Any) -> None:
+        host = self.answered(request)
+        if host is None:
+            return
+        # Its response is not in yet, so nothing else makes the engine ask
+        # for its next request, nor opens its send gate.
+        internals.wake_engine(self.crawler)
+        if host in self._send_waiters:
+            self._open_gate(host)
+        if host in self._room_waiters:
+            self._wake_room_waiters(host)
+
+    def answered(self, request: Request) -> str | None:
         """*request* was answered: its host may now have its whole limit in
         flight. The host it was handed out (or adopted) for, which a
         downloader middleware after the AIMD one may have given another
-        download_slot (a proxy's)."""
-        host = self._handed_out.get(request) or self._adopted.get(request)
-        self.frontier.set_answering(host or self.host_of(request), True)
+        download_slot (a proxy's). Returns that host if it was silent."""
+        host = self._handed_out.get(request) or self._adopted.get(request) or self.host_of(request)
+        policy = self.frontier.known_policy(host)
+        if policy is None or policy.answering:
+            return None
+        self.frontier.set_answering(host, True)
+        return host
 
     def sent_back_from_gate(self, request: Request) -> bool:
         """Whether *request* left the download handler because the send gate

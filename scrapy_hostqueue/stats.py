@@ -296,9 +296,13 @@ class HostQueueStats:
         on_wire = self._on_wire
         assert on_wire is not None
         for key, _queued, _inflight, policy in busiest:
-            text = f"{key or NO_HOST} {on_wire(key)}/{policy.limit}"
+            cap = frontier.in_flight_cap(policy)
+            text = f"{key or NO_HOST} {on_wire(key)}/{cap}"
             if policy.blocked_until > now:
                 text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
+            elif cap < policy.limit:
+                # Why a host with work and a limit of 4 has one in flight.
+                text += f" (silent, {cap} at a time until it answers; limit {policy.limit})"
             elif policy.interval:
                 # Why a host with room and work is slow: one request per interval.
                 text += f" (delay {policy.interval:g}s)"
@@ -328,7 +332,8 @@ class HostQueueStats:
                     # wait at the send gate: count what was sent.
                     on_wire(key),
                     queued,
-                    policy.limit,
+                    # What it may have in flight: 1 while silent (see Frontier).
+                    frontier.in_flight_cap(policy),
                     max(0.0, policy.blocked_until - now),
                     policy.block_reason,
                 )

@@ -134,6 +134,8 @@ def middleware(
     if scheduler is None:
         scheduler = StandInScheduler()
     scheduler.frontier.clock = clock
+    # The scheduler's own crawler: attach_policy connects it to a signal.
+    scheduler.crawler = crawler
     monkeypatch.setattr(internals, "current_scheduler", lambda crawler: scheduler)
     mw.spider_opened(PageSpider())
     return mw, scheduler, clock

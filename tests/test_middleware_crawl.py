@@ -956,3 +956,116 @@ async def test_a_direct_download_awaited_by_a_request_of_its_host_goes_after_a_w
     assert len(spider.seen) == 3
     warnings = [r for r in caplog.records if "beyond the limit" in r.getMessage()]
     assert len(warnings) == 1
+
+
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_a_direct_download_awaited_by_the_first_request_of_a_new_host_goes_at_once(
+    local_hosts: HostsFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    handler: str,
+) -> None:
+    """A host not heard from yet is handed one request at a time, but a
+    download that request waits for in a downloader middleware is held to
+    the host's limit, not to that one request: it goes at once. Before, with
+    Scrapy's HTTP/1.1 handler, it waited out the patience (10 s) on every new
+    host, then went with a WARNING."""
+    monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 3.0)
+    hosts = local_hosts([HostSpec(latency=0.01, links=0)])
+    crawler = get_crawler(
+        PageSpider,
+        aimd_settings(
+            handler,
+            CONCURRENT_REQUESTS_PER_DOMAIN=4,
+            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, SameHostFetchMiddleware: 100},
+        ),
+    )
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=hosts.start_urls(0, 6))
+    assert stat(crawler, "finish_reason") == "finished"
+    spider = crawler.spider
+    assert isinstance(spider, PageSpider)
+    assert len(spider.seen) == 6
+    assert not [r for r in caplog.records if "beyond the limit" in r.getMessage()]
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    assert server.served == 6 + 1
+    assert server.max_in_flight <= 4, server
+
+
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_a_new_host_gets_its_limit_once_its_first_headers_are_in(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """A host not heard from yet is handed one request at a time; its first
+    response headers, not the end of a large first body, give it its limit.
+    Before, the host's second request reached it only after the first body's
+    whole second."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0, fault="slow-body", trickle=1.0)])
+    crawler = get_crawler(PageSpider, aimd_settings(handler))
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
+    spider = crawler.spider
+    assert isinstance(spider, PageSpider)
+    assert len(spider.seen) == 4
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    assert server.served == 4
+    arrivals = sorted(server.arrivals)
+    # The second arrived while the first body was still coming (1 s).
+    assert arrivals[1] - arrivals[0] < 0.7, arrivals
+    assert server.max_in_flight == 2, server
+
+
+class OtherHostDownloadSpider(PageSpider):
+    """On each response from ``from_host``, downloads a page of ``to_host``
+    with ``engine.download_async``."""
+
+    from_host = ""
+    to_host = ""
+
+    async def parse(self, response: Response) -> AsyncIterator[Any]:  # type: ignore[override]
+        self.seen.append(response.url)
+        if response.url.startswith(self.from_host):
+            assert self.crawler.engine is not None
+            answer = await self.crawler.engine.download_async(
+                Request(f"{self.to_host}/page/999", dont_filter=True)
+            )
+            self.statuses.append(answer.status)
+        return
+        yield
+
+
+@deferred_f_from_coro_f
+async def test_a_direct_download_behind_a_silent_hosts_one_request_says_so(
+    local_hosts: HostsFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the send gate a silent host has one request on the wire at a time,
+    direct downloads too. One that waited out the patience behind a request
+    that does not finish goes as a second, within the limit, and the WARNING
+    says why it waited (it used to ask for a limit of 2 or more, which the host
+    had)."""
+    monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 0.4)
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=2.0, links=0)])
+    fast, slow = hosts.start_urls(0, 1)[0], hosts.start_urls(1, 1)[0]
+    crawler = get_crawler(OtherHostDownloadSpider, aimd_settings(OUR_HANDLER))
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(
+            start_urls=[slow, fast],
+            from_host=fast.rsplit("/page/", 1)[0],
+            to_host=slow.rsplit("/page/", 1)[0],
+        )
+    spider = crawler.spider
+    assert isinstance(spider, OtherHostDownloadSpider)
+    assert sorted(spider.seen) == sorted([slow, fast])
+    assert spider.statuses == [200]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "silent (not heard from yet" in warnings[0]
+    assert "waited 0.4s" in warnings[0]
+    assert "within the limit of 2" in warnings[0]
+    assert "needs a limit of 2" not in warnings[0]
+    hosts.wait_idle()
+    assert hosts.stats(1).served == 2
+    assert hosts.stats(1).max_in_flight == 2

@@ -290,6 +290,40 @@ async def test_the_log_line_shows_a_hosts_download_delay(
 
 
 @deferred_f_from_coro_f
+async def test_the_log_line_and_timeline_show_a_silent_hosts_one_request(
+    local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the add-on a host that has not answered has one request at a time
+    whatever its limit: the log line and the timeline show that one, and the
+    line says why. They showed the limit, 4, next to the 1 in flight."""
+    hosts = local_hosts([HostSpec(latency=0.02, links=0), HostSpec(fault="hang", links=0)])
+    timeline = tmp_path / "timeline.jsonl"
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    await crawl(
+        [*hosts.start_urls(0, 30), *hosts.start_urls(1, 3)],
+        **stats_settings(
+            ADDONS={"scrapy_hostqueue.Addon": 0},
+            DOWNLOAD_HANDLERS={"http": OUR_HANDLER, "https": OUR_HANDLER},
+            HOSTQUEUE_AIMD_START=4,
+            HOSTQUEUE_LOG_INTERVAL=0.1,
+            HOSTQUEUE_TIMELINE_FILE=str(timeline),
+            HOSTQUEUE_TIMELINE_INTERVAL=0.1,
+            DOWNLOAD_TIMEOUT=0.6,
+            RETRY_ENABLED=False,
+        ),
+    )
+    hanging = hosts.hostnames[1]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Hosts: ")]
+    silent = f"{hanging} 1/1 (silent, 1 at a time until it answers; limit 4)"
+    assert any(silent in line for line in lines), lines
+    assert not any(f"{hanging} 1/4" in line for line in lines), lines
+    limits = {row["limit"] for row in read_timeline(str(timeline)) if row["host"] == hanging}
+    assert limits == {1}, limits
+    hosts.wait_idle()
+    assert hosts.stats(1).max_in_flight == 1
+
+
+@deferred_f_from_coro_f
 async def test_timeline_under_the_stock_scheduler(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
