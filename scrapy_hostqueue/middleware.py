@@ -472,9 +472,11 @@ class AIMDMiddleware:
         if started is None:
             return response
         scheduler = self._scheduler()
-        if "cached" in response.flags:
-            # Says nothing about the host's pace, but a crawl replayed from the
-            # HTTP cache must not go one request at a time, as for a host not
+        if "cached" in response.flags or not scheduler.downloaded(request):
+            # An HTTP cache hit, or a response a downloader middleware after
+            # this one made up: it says nothing about the host's pace (a
+            # latency of 0 read as a fast answer). But a crawl replayed from
+            # the cache must not go one request at a time, as for a host not
             # heard from.
             scheduler.answered(request)
             return response

@@ -254,6 +254,9 @@ class HostQueueScheduler(BaseScheduler):
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
+        # Requests whose response came from the download handler (not made up
+        # by a downloader middleware), until they leave the downloader.
+        self._downloaded: set[Request] = set()
         # Requests that did not come from next_request but count for their
         # host (see adopt), and those waiting to (see wait_for_room).
         self._adopted: dict[Request, str] = {}
@@ -780,6 +783,7 @@ class HostQueueScheduler(BaseScheduler):
         return True
 
     def _request_left(self, request: Request) -> None:
+        self._downloaded.discard(request)
         if self._refusing:
             # One that a middleware before the AIMD one answered or refused.
             self._refusing.pop(request, None)
@@ -843,6 +847,12 @@ class HostQueueScheduler(BaseScheduler):
         self.recorder.response(host, response.status, request.meta.get("download_latency"))
         # It answered: it goes before hosts not heard from (see Frontier).
         self.answered(request)
+        self._downloaded.add(request)
+
+    def downloaded(self, request: Request) -> bool:
+        """Whether *request*'s response came from the download handler, not
+        from a downloader middleware (a cache, a stand-in)."""
+        return request in self._downloaded
 
     def _headers_received(self, request: Request, **_: Any) -> None:
         host = self.answered(request)

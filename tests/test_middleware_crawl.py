@@ -1018,6 +1018,70 @@ async def test_a_new_host_gets_its_limit_once_its_first_headers_are_in(
     assert server.max_in_flight == 2, server
 
 
+class StandInMiddleware:
+    """Answers every request for a page numbered 1000 or above itself, at
+    once, with *status*, as a stand-in or offline middleware may."""
+
+    status = 200
+
+    def process_request(self, request: Request) -> Response | None:
+        if int(request.url.rsplit("/page/", 1)[1]) < 1000:
+            return None
+        return Response(request.url, status=self.status, request=request)
+
+
+class StandIn503Middleware(StandInMiddleware):
+    status = 503
+
+
+class MadeUpThenRealSpider(PageSpider):
+    """From its first page, queues 60 pages the stand-in middleware answers,
+    then 4 the host does."""
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        yield from super().parse(response)
+        if response.url.endswith("/page/0"):
+            base = response.url.rsplit("/page/", 1)[0]
+            for page in [*range(1000, 1060), *range(1, 5)]:
+                yield Request(f"{base}/page/{page}")
+
+
+@pytest.mark.parametrize("stand_in", [StandInMiddleware, StandIn503Middleware])
+@deferred_f_from_coro_f
+async def test_responses_a_later_middleware_makes_up_do_not_move_the_limit(
+    local_hosts: HostsFactory, stand_in: type[StandInMiddleware]
+) -> None:
+    """A response a downloader middleware after the AIMD one makes up was
+    not downloaded: it says nothing of the host. 60 made-up 200s, answered at
+    once while the host's limit was filled, read as fast answers and raised
+    its limit from 2 to the ceiling, 8; made-up 503s blocked the host and
+    lowered it. The host's real pages then went under a limit it never
+    earned."""
+    hosts = local_hosts([HostSpec(latency=0.02, links=0)])
+    crawler = get_crawler(
+        MadeUpThenRealSpider,
+        aimd_settings(
+            HOSTQUEUE_AIMD_START=2,
+            HOSTQUEUE_AIMD_CEILING=8,
+            RETRY_ENABLED=False,
+            HTTPERROR_ALLOW_ALL=True,
+            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, stand_in: 700},
+        ),
+    )
+    await crawler.crawl_async(start_urls=[hosts.page_url(0, 0)])
+    spider = crawler.spider
+    assert isinstance(spider, PageSpider)
+    assert len(spider.seen) == 1 + 60 + 4
+    host = hosts.hostnames[0]
+    # 3 at most: the 4 real pages, answered fast while the limit of 2 was
+    # filled, may raise it by one.
+    assert stat(crawler, host_stat_key(host, "max_limit")) <= 3
+    assert stat(crawler, host_stat_key(host, "min_limit")) == 2
+    assert not stat(crawler, host_stat_key(host, "backoff_count/http-503"))
+    hosts.wait_idle()
+    assert hosts.stats(0).served == 1 + 4
+
+
 class OtherHostDownloadSpider(PageSpider):
     """On each response from ``from_host``, downloads a page of ``to_host``
     with ``engine.download_async``."""
