@@ -13,7 +13,9 @@
   politeness: per host the AIMD ceiling, in total the active-host cap times the
   ceiling, so the hosts the scheduler is working on keep their keep-alive
   connections; the total also bounds idle sockets;
-* a DNS cache with ``HOSTQUEUE_DNS_CACHE_TTL``;
+* a DNS cache with ``HOSTQUEUE_DNS_CACHE_TTL``, which also remembers names
+  that do not exist; names are resolved in ``REACTOR_THREADPOOL_MAXSIZE``
+  threads of the handler's own, not in the event loop's default executor;
 * opening a connection (name resolution, TCP, TLS, a proxy's tunnel) is
   bounded by ``HOSTQUEUE_CONNECT_TIMEOUT`` as well as the download's timeout,
   so that a host whose address drops connection attempts fails in seconds
@@ -40,14 +42,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
 import scrapy
 from aiohttp import hdrs
+from aiohttp.abc import AbstractResolver, ResolveResult
 from scrapy.exceptions import (
     CannotResolveHostError,
     DownloadConnectionRefusedError,
@@ -262,6 +267,94 @@ _current_download: ContextVar[_Download | None] = ContextVar(
 )
 
 
+#: getaddrinfo errors that say the name does not exist (as opposed to a
+#: resolver that failed or timed out).
+_NO_SUCH_NAME = frozenset(
+    code
+    for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
+    if code is not None
+)
+#: Names the resolver remembers as missing, at most (the oldest go first).
+_MISSING_NAMES_MAX = 10_000
+
+
+class _Resolver(AbstractResolver):
+    """Name resolution in threads of the handler's own.
+
+    aiohttp's resolver runs ``getaddrinfo`` in the event loop's default
+    executor, ``min(32, CPUs + 4)`` threads shared with anything else, where
+    a lookup that times out holds its thread for the resolver's whole timeout
+    (cancelling the download does not stop it): a few dead domains then hold
+    up every other name. Scrapy's docs have broad crawls raise
+    ``REACTOR_THREADPOOL_MAXSIZE`` for DNS, which sizes these threads.
+
+    A name that does not exist (NXDOMAIN) is remembered as such for
+    *missing_ttl* seconds: the host's retries and its other requests fail at
+    once instead of each asking again. A failed lookup (a timeout, a
+    resolver that is down) is not remembered.
+    """
+
+    def __init__(self, threads: int, missing_ttl: float) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hostqueue-dns")
+        self._missing_ttl = missing_ttl
+        self._missing: dict[tuple[str, int], tuple[float, int | None, str]] = {}
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        key = (host, int(family))
+        missing = self._missing.get(key)
+        if missing is not None:
+            until, code, message = missing
+            if until > time.monotonic():
+                raise socket.gaierror(code, message)
+            del self._missing[key]
+        try:
+            infos = await asyncio.get_running_loop().run_in_executor(
+                self._executor, _getaddrinfo, host, port, family
+            )
+        except socket.gaierror as error:
+            if self._missing_ttl > 0 and error.errno in _NO_SUCH_NAME:
+                self._remember_missing(key, error.errno, error.strerror or str(error))
+            raise
+        results: list[ResolveResult] = []
+        for info_family, _, proto, _, address in infos:
+            if info_family == socket.AF_INET6:
+                if len(address) < 4:
+                    continue  # a Python without IPv6
+                # A link-local address needs its scope (interface) to connect.
+                address_text = f"{address[0]}%{address[3]}" if address[3] else address[0]
+            elif info_family == socket.AF_INET:
+                address_text = address[0]
+            else:
+                continue
+            results.append(
+                ResolveResult(
+                    hostname=host,
+                    host=address_text,
+                    port=address[1],
+                    family=info_family,
+                    proto=proto,
+                    flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+                )
+            )
+        return results
+
+    def _remember_missing(self, key: tuple[str, int], code: int | None, message: str) -> None:
+        missing = self._missing
+        if len(missing) >= _MISSING_NAMES_MAX:
+            del missing[next(iter(missing))]
+        missing[key] = (time.monotonic() + self._missing_ttl, code, message)
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _getaddrinfo(host: str, port: int, family: int) -> list[Any]:
+    # socket.getaddrinfo looked up at each call (tests stand in for DNS).
+    return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)
+
+
 class _BoundedTCPConnector(aiohttp.TCPConnector):
     """A ``TCPConnector`` whose ``limit`` also bounds idle keep-alive sockets.
 
@@ -427,15 +520,19 @@ class _SharedPool:
         self.dns_cache = config.dns_cache_ttl > 0 and crawler.settings.getbool(
             "DNSCACHE_ENABLED", True
         )
+        self.dns_threads = _dns_threads(crawler.settings)
         self.users = 0
         self.session: aiohttp.ClientSession | None = None
         self.connector: _BoundedTCPConnector | None = None
+        self.resolver: _Resolver | None = None
         self._closed = False
         logger.info(
-            "Download pool: %s connections per host, %s in total, DNS cache %s, connect timeout %s",
+            "Download pool: %s connections per host, %s in total, DNS cache %s, "
+            "%s DNS threads, connect timeout %s",
             self.per_host,
             self.total or "no limit",
             f"TTL {config.dns_cache_ttl:g} s" if self.dns_cache else "off",
+            self.dns_threads,
             f"{config.connect_timeout:g} s" if config.connect_timeout else "DOWNLOAD_TIMEOUT",
             extra={"crawler": crawler},
         )
@@ -456,9 +553,25 @@ class _SharedPool:
         if self.session is not None:
             session, self.session = self.session, None
             await session.close()
+        if self.resolver is not None:
+            # Not the connector's to close: it did not create it.
+            resolver, self.resolver = self.resolver, None
+            await resolver.close()
 
 
 _pools: weakref.WeakKeyDictionary[Crawler, _SharedPool] = weakref.WeakKeyDictionary()
+
+
+def _dns_threads(settings: BaseSettings) -> int:
+    """Threads for name resolution: ``REACTOR_THREADPOOL_MAXSIZE``, the
+    setting Scrapy's docs have broad crawls raise for DNS."""
+    threads = settings.getint("REACTOR_THREADPOOL_MAXSIZE", 10)
+    if threads < 1:
+        raise HostQueueSettingsError(
+            f"REACTOR_THREADPOOL_MAXSIZE must be at least 1 (threads for name "
+            f"resolution in AiohttpDownloadHandler), got {threads!r}"
+        )
+    return threads
 
 
 class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
@@ -502,10 +615,14 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         # by hostname alone: a site serving on two ports or on both http and
         # https gets the per-host limit on each endpoint. The scheduler holds
         # the hostname limit; the pool is the backstop per endpoint.
+        pool.resolver = _Resolver(
+            pool.dns_threads, pool.config.dns_cache_ttl if pool.dns_cache else 0.0
+        )
         connector = _BoundedTCPConnector(
             local_addr=self._bind_address,
             limit=pool.total,
             limit_per_host=pool.per_host,
+            resolver=pool.resolver,
             use_dns_cache=pool.dns_cache,
             # aiohttp annotates the TTL as int but takes any number of seconds.
             ttl_dns_cache=pool.config.dns_cache_ttl,  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ import socket
 import ssl
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -35,6 +36,7 @@ import scrapy
 from scrapy import Request, signals
 from scrapy.crawler import Crawler
 from scrapy.exceptions import (
+    CannotResolveHostError,
     DownloadCancelledError,
     DownloadConnectionRefusedError,
     DownloadFailedError,
@@ -1130,3 +1132,120 @@ async def test_crawl_in_a_process(process: str, tmp_path: Path) -> None:
     assert stats["item_scraped_count"] == 20, log
     assert "log_count/ERROR" not in stats, log
     assert len(hosts.received) == 20
+
+
+# -- name resolution ---------------------------------------------------------
+
+
+class StandInDns:
+    """Stands in for DNS in this process (``socket.getaddrinfo``): ``site``
+    names resolve to a loopback address, ``slow`` ones fail after ``slow_for``
+    seconds as a resolver that times out does, ``gone`` ones do not exist
+    (NXDOMAIN), ``flaky`` ones fail at once as a resolver that is down. Any
+    other name goes to the real resolver."""
+
+    def __init__(self, site_address: str, slow_for: float = 0.0) -> None:
+        self.site_address = site_address
+        self.slow_for = slow_for
+        self.calls: Counter[str] = Counter()
+        self.in_progress = 0
+        self.most_in_progress = 0
+        self._real = socket.getaddrinfo
+        self._lock = threading.Lock()
+
+    def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if not name.endswith(".hostqueue.test"):
+            return self._real(host, port, *args, **kwargs)
+        with self._lock:
+            self.calls[name] += 1
+            self.in_progress += 1
+            self.most_in_progress = max(self.most_in_progress, self.in_progress)
+        try:
+            kind = name.split(".", 1)[0].rstrip("0123456789")
+            if kind == "site":
+                return self._real(self.site_address, port, *args, **kwargs)
+            if kind == "slow":
+                time.sleep(self.slow_for)
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            if kind == "gone":
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        finally:
+            with self._lock:
+                self.in_progress -= 1
+
+
+@deferred_f_from_coro_f
+async def test_names_resolve_in_reactor_threadpool_maxsize_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lookups that hang (a resolver timing out) hold a thread each, and the
+    download giving up does not free it. With more of them than the event
+    loop's default executor has threads (``min(32, CPUs + 4)``), a live name
+    waited behind them; the handler has ``REACTOR_THREADPOOL_MAXSIZE``
+    threads of its own, the setting Scrapy's docs have broad crawls raise."""
+    threads = min(32, (os.cpu_count() or 1) + 4) + 4
+    dns = StandInDns("127.0.0.2", slow_for=2.0)
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    async with (
+        serving(["127.0.0.2"]) as hosts,
+        _handler({"REACTOR_THREADPOOL_MAXSIZE": threads}) as handler,
+    ):
+        port = hosts.ports["127.0.0.2"]
+        slow = [
+            asyncio.ensure_future(
+                _download(handler, Request(f"http://slow{k}.hostqueue.test:{port}/"))
+            )
+            for k in range(threads - 1)
+        ]
+        try:
+            deadline = time.monotonic() + 10
+            while dns.in_progress < threads - 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert dns.in_progress == threads - 1, "the slow lookups did not all start"
+            response = await _download(handler, Request(f"http://site.hostqueue.test:{port}/"))
+            # Answered while every slow lookup still held its thread.
+            assert dns.in_progress == threads - 1
+            assert response.status == 200
+        finally:
+            outcomes = await asyncio.gather(*slow, return_exceptions=True)
+    assert all(isinstance(outcome, Exception) for outcome in outcomes), outcomes
+    assert dns.most_in_progress == threads
+
+
+@deferred_f_from_coro_f
+async def test_a_name_that_does_not_exist_is_asked_for_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NXDOMAIN is remembered for the DNS cache's TTL: a dead domain's
+    retries and other requests fail at once instead of each asking the
+    resolver again. A resolver that fails is asked again each time."""
+    dns = StandInDns("127.0.0.2")
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    async with _handler() as handler:
+        for _ in range(3):
+            for name in ("gone.hostqueue.test", "flaky.hostqueue.test"):
+                with pytest.raises(CannotResolveHostError) as info:
+                    await _download(handler, Request(f"http://{name}/"))
+                assert name in str(info.value)
+    assert dns.calls["gone.hostqueue.test"] == 1
+    assert dns.calls["flaky.hostqueue.test"] == 3
+
+
+@deferred_f_from_coro_f
+async def test_names_that_do_not_exist_are_not_remembered_without_a_dns_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dns = StandInDns("127.0.0.2")
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    async with _handler({"DNSCACHE_ENABLED": False}) as handler:
+        for _ in range(3):
+            with pytest.raises(CannotResolveHostError):
+                await _download(handler, Request("http://gone.hostqueue.test/"))
+    assert dns.calls["gone.hostqueue.test"] == 3
+
+
+def test_reactor_threadpool_maxsize_must_be_positive() -> None:
+    with pytest.raises(HostQueueSettingsError, match=r"REACTOR_THREADPOOL_MAXSIZE.*got 0"):
+        AiohttpDownloadHandler.from_crawler(_crawler({"REACTOR_THREADPOOL_MAXSIZE": 0}))
