@@ -303,8 +303,11 @@ async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
     # with turns of 1 request. Without the grace, 105-117 while places went to
     # waiting hosts in arrival order; 83-104 since a site that answered gets
     # its place back ahead of sites not contacted yet (beyond their share).
+    # Since a site has its limit at its first response headers, not at the
+    # end of its first body, the crawl without the grace comes within a few
+    # connections of the one with it (78 against 80 seen once).
     assert connections[100, None] <= 88, connections
-    assert connections[100, 0.0] >= connections[100, None], connections
+    assert connections[100, 0.0] >= connections[100, None] - 8, connections
     assert connections[1, None] >= 240, connections
 
 
