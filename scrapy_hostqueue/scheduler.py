@@ -510,10 +510,7 @@ class HostQueueScheduler(BaseScheduler):
         self.frontier.set_limit(host, limit)
         internals.apply_to_slot(self.crawler, host, concurrency=limit + self.prefetch)
         self.recorder.limit_changed(host, limit)
-        if host in self._send_waiters:
-            self._open_gate(host)
-        if host in self._room_waiters:
-            self._wake_room_waiters(host)
+        self._room_changed(host)
 
     # -- the send gate (prefetch) ----------------------------------------------
 
@@ -607,10 +604,7 @@ class HostQueueScheduler(BaseScheduler):
             self._sending[host] = left
         else:
             del self._sending[host]
-        if host in self._send_waiters:
-            self._open_gate(host)
-        if host in self._room_waiters:
-            self._wake_room_waiters(host)
+        self._room_changed(host)
 
     def _open_gate(self, host: str) -> None:
         waiters = self._send_waiters.get(host)
@@ -745,6 +739,14 @@ class HostQueueScheduler(BaseScheduler):
         if self.prefetch:
             self._take_send_slot(host, request)
 
+    def _room_changed(self, host: str) -> None:
+        """*host* may have more on the wire now (a send slot freed, a higher
+        limit, its first answer): let through what waits for that."""
+        if host in self._send_waiters:
+            self._open_gate(host)
+        if host in self._room_waiters:
+            self._wake_room_waiters(host)
+
     def _wake_room_waiters(self, host: str) -> None:
         waiters = self._room_waiters.pop(host, None)
         while waiters:
@@ -844,10 +846,10 @@ class HostQueueScheduler(BaseScheduler):
 
     def _response_downloaded(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)
+        self._downloaded.add(request)
         self.recorder.response(host, response.status, request.meta.get("download_latency"))
         # It answered: it goes before hosts not heard from (see Frontier).
         self.answered(request)
-        self._downloaded.add(request)
 
     def downloaded(self, request: Request) -> bool:
         """Whether *request*'s response came from the download handler, not
@@ -861,10 +863,7 @@ class HostQueueScheduler(BaseScheduler):
         # Its response is not in yet, so nothing else makes the engine ask
         # for its next request, nor opens its send gate.
         internals.wake_engine(self.crawler)
-        if host in self._send_waiters:
-            self._open_gate(host)
-        if host in self._room_waiters:
-            self._wake_room_waiters(host)
+        self._room_changed(host)
 
     def answered(self, request: Request) -> str | None:
         """*request* was answered: its host may now have its whole limit in

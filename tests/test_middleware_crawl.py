@@ -929,6 +929,30 @@ class SameHostFetchMiddleware:
         self.fetched.append(answer.status)
 
 
+async def crawl_fetching_the_same_host(
+    caplog: pytest.LogCaptureFixture, hosts: LocalHosts, handler: str, limit: int, pages: int
+) -> tuple[Crawler, list[str]]:
+    """Crawls *pages* pages of host 0 at *limit* per host, the first of them
+    waiting for a download of the same host (SameHostFetchMiddleware).
+    Returns the crawler and the WARNING messages of the AIMD middleware."""
+    crawler = get_crawler(
+        PageSpider,
+        aimd_settings(
+            handler,
+            CONCURRENT_REQUESTS_PER_DOMAIN=limit,
+            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, SameHostFetchMiddleware: 100},
+        ),
+    )
+    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
+        await crawler.crawl_async(start_urls=hosts.start_urls(0, pages))
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "scrapy_hostqueue.middleware" and r.levelno == logging.WARNING
+    ]
+    return crawler, warnings
+
+
 @deferred_f_from_coro_f
 async def test_a_direct_download_awaited_by_a_request_of_its_host_goes_after_a_while(
     local_hosts: HostsFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -938,24 +962,14 @@ async def test_a_direct_download_awaited_by_a_request_of_its_host_goes_after_a_w
     has finished for a while, with a WARNING, instead of hanging the crawl."""
     monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 0.5)
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
-    crawler = get_crawler(
-        PageSpider,
-        aimd_settings(
-            SCRAPY_HTTP11,
-            CONCURRENT_REQUESTS_PER_DOMAIN=1,
-            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, SameHostFetchMiddleware: 100},
-        ),
-    )
     began = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
-        await crawler.crawl_async(start_urls=hosts.start_urls(0, 3))
+    crawler, warnings = await crawl_fetching_the_same_host(caplog, hosts, SCRAPY_HTTP11, 1, 3)
     assert time.monotonic() - began < 10
     assert stat(crawler, "finish_reason") == "finished"
     spider = crawler.spider
     assert isinstance(spider, PageSpider)
     assert len(spider.seen) == 3
-    warnings = [r for r in caplog.records if "beyond the limit" in r.getMessage()]
-    assert len(warnings) == 1
+    assert len([w for w in warnings if "beyond the limit" in w]) == 1
 
 
 @HANDLERS
@@ -973,21 +987,12 @@ async def test_a_direct_download_awaited_by_the_first_request_of_a_new_host_goes
     host, then went with a WARNING."""
     monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 3.0)
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
-    crawler = get_crawler(
-        PageSpider,
-        aimd_settings(
-            handler,
-            CONCURRENT_REQUESTS_PER_DOMAIN=4,
-            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, SameHostFetchMiddleware: 100},
-        ),
-    )
-    with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
-        await crawler.crawl_async(start_urls=hosts.start_urls(0, 6))
+    crawler, warnings = await crawl_fetching_the_same_host(caplog, hosts, handler, 4, 6)
     assert stat(crawler, "finish_reason") == "finished"
     spider = crawler.spider
     assert isinstance(spider, PageSpider)
     assert len(spider.seen) == 6
-    assert not [r for r in caplog.records if "beyond the limit" in r.getMessage()]
+    assert not [w for w in warnings if "beyond the limit" in w]
     hosts.wait_idle()
     server = hosts.stats(0)
     assert server.served == 6 + 1
