@@ -68,6 +68,8 @@ from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
 from scrapy_hostqueue.stats import get_recorder
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from aiohttp.client_proto import ResponseHandler
     from aiohttp.client_reqrep import ClientRequest
     from aiohttp.connector import Connection
@@ -276,6 +278,10 @@ _NO_SUCH_NAME = frozenset(
 )
 #: Names the resolver remembers as missing, at most (the oldest go first).
 _MISSING_NAMES_MAX = 10_000
+#: Seconds a missing name is remembered, at most: while the network is down
+#: getaddrinfo may say a live name does not exist (AI_ADDRCONFIG with no
+#: address configured), and the crawl should find it again soon after.
+_MISSING_TTL_MAX = 60.0
 
 
 class _Resolver(AbstractResolver):
@@ -289,14 +295,17 @@ class _Resolver(AbstractResolver):
     ``REACTOR_THREADPOOL_MAXSIZE`` for DNS, which sizes these threads.
 
     A name that does not exist (NXDOMAIN) is remembered as such for
-    *missing_ttl* seconds: the host's retries and its other requests fail at
-    once instead of each asking again. A failed lookup (a timeout, a
-    resolver that is down) is not remembered.
+    *missing_ttl* seconds, at most ``_MISSING_TTL_MAX``: the host's retries
+    and its other requests fail at once instead of each asking again. A
+    failed lookup (a timeout, a resolver that is down) is not remembered.
     """
 
-    def __init__(self, threads: int, missing_ttl: float) -> None:
+    def __init__(
+        self, threads: int, missing_ttl: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hostqueue-dns")
-        self._missing_ttl = missing_ttl
+        self._missing_ttl = min(missing_ttl, _MISSING_TTL_MAX)
+        self._clock = clock
         self._missing: dict[tuple[str, int], tuple[float, int | None, str]] = {}
 
     async def resolve(
@@ -306,7 +315,7 @@ class _Resolver(AbstractResolver):
         missing = self._missing.get(key)
         if missing is not None:
             until, code, message = missing
-            if until > time.monotonic():
+            if until > self._clock():
                 raise socket.gaierror(code, message)
             del self._missing[key]
         try:
@@ -344,7 +353,7 @@ class _Resolver(AbstractResolver):
         missing = self._missing
         if len(missing) >= _MISSING_NAMES_MAX:
             del missing[next(iter(missing))]
-        missing[key] = (time.monotonic() + self._missing_ttl, code, message)
+        missing[key] = (self._clock() + self._missing_ttl, code, message)
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -681,6 +690,17 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             scheduler.response_downloaded(request, response.status)
             return response
         return await self._download(request)
+
+    async def _read_response(self, response: Any, request: Request) -> Response:
+        # Scrapy's handler reads the status line, sends headers_received,
+        # then reads the body: the scheduler hears of a back-off status
+        # before that signal (which gives a silent host its limit) and before
+        # a slow body.
+        scheduler = internals.current_scheduler(self.crawler)
+        status_read = getattr(scheduler, "status_read", None)
+        if status_read is not None:
+            status_read(request, response.status)
+        return await super()._read_response(response, request)
 
     async def _download(self, request: Request) -> Response:
         try:

@@ -444,9 +444,11 @@ class AIMDMiddleware:
         self._warned_no_room.add(host)
         frontier = scheduler.frontier
         policy = frontier.policy(host)
-        if frontier.in_flight_cap(policy) < policy.limit:
-            # Only with the send gate: without, such a request is held to
-            # the limit (see HostQueueScheduler.has_room).
+        silent = frontier.in_flight_cap(policy) < policy.limit
+        if silent and (scheduler.prefetch or frontier.inflight(host) < policy.limit):
+            # Without the send gate the host's limit may also be filled by
+            # requests still in downloader middlewares (see
+            # HostQueueScheduler.has_room): the other message then.
             logger.warning(
                 "Host %s: a request that skips the scheduler (engine.download_async) "
                 "waited %gs while the host, silent (not heard from yet, or its last "
@@ -472,13 +474,16 @@ class AIMDMiddleware:
         if started is None:
             return response
         scheduler = self._scheduler()
-        if "cached" in response.flags or not scheduler.downloaded(request):
+        cached = "cached" in response.flags
+        if cached or not scheduler.downloaded(request):
             # An HTTP cache hit, or a response a downloader middleware after
             # this one made up: it says nothing about the host's pace (a
             # latency of 0 read as a fast answer). But a crawl replayed from
             # the cache must not go one request at a time, as for a host not
-            # heard from.
-            scheduler.answered(request)
+            # heard from. One made up (a stand-in, an error turned into a
+            # response) says nothing of whether the host answers at all.
+            if cached:
+                scheduler.answered(request)
             return response
         host = self._known_host(scheduler, request)
         now = self.clock()

@@ -261,6 +261,11 @@ class HostQueueScheduler(BaseScheduler):
         # host (see adopt), and those waiting to (see wait_for_room).
         self._adopted: dict[Request, str] = {}
         self._room_waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        # Without the send gate: requests counted for a host that have
+        # reached the download handler, past every downloader middleware, and
+        # how many per host (see has_room).
+        self._reached: dict[Request, str] = {}
+        self._reached_per_host: dict[str, int] = {}
         # Handed-out requests of hosts with an interval between starts that
         # have not reached the downloader yet: (host, when handed out).
         self._unsent: dict[Request, tuple[str, float]] = {}
@@ -546,6 +551,16 @@ class HostQueueScheduler(BaseScheduler):
         self._open_gate(host)
         await future
 
+    def status_read(self, request: Request, status: int) -> None:
+        """The handler has read *request*'s status line, before its headers
+        go out in ``headers_received`` and before its body. A status that
+        asks the host to back off (429, 503) closes the host's send gate at
+        once: a silent host gets its limit at its first headers, and a slow
+        or large body must not let its limit through before the AIMD
+        middleware has blocked the host."""
+        if status in self.config.aimd_backoff_http_codes and request in self._holding:
+            self._hold_back(request)
+
     def response_downloaded(self, request: Request, status: int) -> None:
         """The handler has read *request*'s whole response: free its send slot
         now, before the response crosses the downloader middlewares, unless
@@ -553,16 +568,24 @@ class HostQueueScheduler(BaseScheduler):
         until that response has crossed them (the AIMD middleware blocks the
         host there for its Retry-After): another of its requests finishing
         meanwhile must not let the next one through."""
-        if request not in self._holding:
+        if request not in self._holding or request in self._backing_off:
             return
-        host = self._handed_out.get(request)
-        if host is None:
-            host = self._adopted[request]
         if status in self.config.aimd_backoff_http_codes:
-            self._backing_off.add(request)
-            self._backing_off_hosts[host] = self._backing_off_hosts.get(host, 0) + 1
+            self._hold_back(request)
         else:
-            self._release_send_slot(host, request)
+            self._release_send_slot(self._holder(request), request)
+
+    def _holder(self, request: Request) -> str:
+        """The host *request*, past the send gate, holds a send slot of."""
+        host = self._handed_out.get(request)
+        return self._adopted[request] if host is None else host
+
+    def _hold_back(self, request: Request) -> None:
+        """Keep *request*'s host from sending until *request*, whose status
+        asks it to back off, leaves the downloader (see response_downloaded)."""
+        host = self._holder(request)
+        self._backing_off.add(request)
+        self._backing_off_hosts[host] = self._backing_off_hosts.get(host, 0) + 1
 
     def _may_send(self, host: str) -> bool:
         policy = self.frontier.policy(host)
@@ -700,15 +723,19 @@ class HostQueueScheduler(BaseScheduler):
         """Whether *host* may have one more request on the wire now.
 
         With the send gate, against the requests past it. Without, against
-        every request handed out and not back, some of which may still be
-        in a downloader middleware, perhaps waiting for this very download
-        (a login or token middleware): the host's limit then, not the one
-        request a silent host is handed at a time, or a host not heard from
-        yet would keep such a download waiting for its first answer, which
-        waits for the download."""
+        the host's limit, every request handed out and not back counted, and
+        a silent host's one request at a time against those that reached
+        the download handler only: a handed-out request may still be in a
+        downloader middleware, perhaps waiting for this very download (a
+        login or token middleware), and a host not heard from yet would keep
+        such a download waiting for its first answer, which waits for the
+        download."""
         if self.prefetch:
             return self._may_send(host)
-        return self.frontier.inflight(host) < self.frontier.policy(host).limit
+        frontier = self.frontier
+        policy = frontier.policy(host)
+        reached = self._reached_per_host.get(host, 0)
+        return frontier.inflight(host) < policy.limit and reached < frontier.in_flight_cap(policy)
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
         """Wait until a request of *host* leaves the downloader or its limit
@@ -786,6 +813,14 @@ class HostQueueScheduler(BaseScheduler):
 
     def _request_left(self, request: Request) -> None:
         self._downloaded.discard(request)
+        if self._reached:
+            reached = self._reached.pop(request, None)
+            if reached is not None:
+                left = self._reached_per_host[reached] - 1
+                if left:
+                    self._reached_per_host[reached] = left
+                else:
+                    del self._reached_per_host[reached]
         if self._refusing:
             # One that a middleware before the AIMD one answered or refused.
             self._refusing.pop(request, None)
@@ -820,6 +855,11 @@ class HostQueueScheduler(BaseScheduler):
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         host = self._handed_out.get(request)
+        if not self.prefetch:
+            counted = host if host is not None else self._adopted.get(request)
+            if counted is not None:
+                self._reached[request] = counted
+                self._reached_per_host[counted] = self._reached_per_host.get(counted, 0) + 1
         if host is None:
             # robots.txt, media pipelines: the slot may exist since this
             # request only, with Scrapy's delay. Left there, that delay would
@@ -856,7 +896,13 @@ class HostQueueScheduler(BaseScheduler):
         from a downloader middleware (a cache, a stand-in)."""
         return request in self._downloaded
 
-    def _headers_received(self, request: Request, **_: Any) -> None:
+    def _headers_received(self, request: Request, headers: Any = None, **_: Any) -> None:
+        if request in self._backing_off or (headers is not None and b"Retry-After" in headers):
+            # A 429 or 503 (the add-on's handler says so before this signal;
+            # other handlers do not, but such an answer mostly carries a
+            # Retry-After): the host gets its limit when the whole answer is
+            # in, once the AIMD middleware may have blocked it.
+            return
         host = self.answered(request)
         if host is None:
             return

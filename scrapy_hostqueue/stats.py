@@ -342,12 +342,15 @@ class HostQueueStats:
         # interval.
         for host in [*in_downloader, *fetched, *self._failed]:
             if host not in samples:
-                known = frontier.known_policy(host) if frontier is not None else None
+                if frontier is None:
+                    samples[host] = HostSample(host, in_downloader.get(host, 0), None, None)
+                    continue
+                known = frontier.known_policy(host)
                 samples[host] = HostSample(
                     host,
                     in_downloader.get(host, 0),
-                    None if frontier is None else 0,
-                    known.limit if known is not None else None,
+                    0,
+                    frontier.in_flight_cap(known) if known is not None else None,
                 )
         return list(samples.values())
 

@@ -1140,13 +1140,14 @@ async def test_crawl_in_a_process(process: str, tmp_path: Path) -> None:
 class StandInDns:
     """Stands in for DNS in this process (``socket.getaddrinfo``): ``site``
     names resolve to a loopback address, ``slow`` ones fail after ``slow_for``
-    seconds as a resolver that times out does, ``gone`` ones do not exist
-    (NXDOMAIN), ``flaky`` ones fail at once as a resolver that is down. Any
-    other name goes to the real resolver."""
+    seconds (or once ``release`` is set) as a resolver that times out does,
+    ``gone`` ones do not exist (NXDOMAIN), ``flaky`` ones fail at once as a
+    resolver that is down. Any other name goes to the real resolver."""
 
     def __init__(self, site_address: str, slow_for: float = 0.0) -> None:
         self.site_address = site_address
         self.slow_for = slow_for
+        self.release = threading.Event()
         self.calls: Counter[str] = Counter()
         self.in_progress = 0
         self.most_in_progress = 0
@@ -1166,7 +1167,7 @@ class StandInDns:
             if kind == "site":
                 return self._real(self.site_address, port, *args, **kwargs)
             if kind == "slow":
-                time.sleep(self.slow_for)
+                self.release.wait(self.slow_for)
                 raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
             if kind == "gone":
                 raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
@@ -1186,7 +1187,7 @@ async def test_names_resolve_in_reactor_threadpool_maxsize_threads(
     waited behind them; the handler has ``REACTOR_THREADPOOL_MAXSIZE``
     threads of its own, the setting Scrapy's docs have broad crawls raise."""
     threads = min(32, (os.cpu_count() or 1) + 4) + 4
-    dns = StandInDns("127.0.0.2", slow_for=2.0)
+    dns = StandInDns("127.0.0.2", slow_for=30.0)
     monkeypatch.setattr(socket, "getaddrinfo", dns)
     async with (
         serving(["127.0.0.2"]) as hosts,
@@ -1209,6 +1210,7 @@ async def test_names_resolve_in_reactor_threadpool_maxsize_threads(
             assert dns.in_progress == threads - 1
             assert response.status == 200
         finally:
+            dns.release.set()
             outcomes = await asyncio.gather(*slow, return_exceptions=True)
     assert all(isinstance(outcome, Exception) for outcome in outcomes), outcomes
     assert dns.most_in_progress == threads
@@ -1243,6 +1245,27 @@ async def test_names_that_do_not_exist_are_not_remembered_without_a_dns_cache(
         for _ in range(3):
             with pytest.raises(CannotResolveHostError):
                 await _download(handler, Request("http://gone.hostqueue.test/"))
+    assert dns.calls["gone.hostqueue.test"] == 3
+
+
+@deferred_f_from_coro_f
+async def test_a_missing_name_is_remembered_for_a_minute_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the network is down a live name can look missing: whatever the
+    DNS cache's TTL, a missing name is asked for again after 60 s."""
+    dns = StandInDns("127.0.0.2")
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    now = [1000.0]
+    resolver = handler_module._Resolver(1, 300.0, clock=lambda: now[0])
+    try:
+        for step in (0.0, 30.0, 29.0, 2.0, 59.0, 2.0):
+            now[0] += step
+            with pytest.raises(socket.gaierror):
+                await resolver.resolve("gone.hostqueue.test", 80)
+    finally:
+        await resolver.close()
+    # Asked at 0 s and 61 s (remembered until 60 s), then at 122 s.
     assert dns.calls["gone.hostqueue.test"] == 3
 
 

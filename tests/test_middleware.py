@@ -79,6 +79,8 @@ class StandInScheduler(HostQueueScheduler):
         self._refusing: dict[Request, str] = {}
         self._adopted: dict[Request, str] = {}
         self._room_waiters: dict[str, Any] = {}
+        self._reached: dict[Request, str] = {}
+        self._reached_per_host: dict[str, int] = {}
         self.prefetch = 0
 
     def downloaded(self, request: Request) -> bool:

@@ -11,9 +11,11 @@ from scrapy import Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._frontier import Frontier, HostPolicy
 from scrapy_hostqueue._recorder import TRACKED_PER_NAMED
 from scrapy_hostqueue.stats import (
     OTHER_HOSTS,
+    HostQueueStats,
     HostStatsRecorder,
     LatencyHistogram,
     get_recorder,
@@ -61,6 +63,31 @@ def test_with_a_send_gate_in_flight_counts_what_passed_the_gate() -> None:
     assert stats[host_stat_key("a.test", "request_count")] == 3
     assert stats[host_stat_key("b.test", "max_inflight")] == 1
     assert not any("_other" in key for key in stats)
+
+
+def test_a_silent_host_that_left_the_frontier_shows_its_one_request_in_the_timeline() -> None:
+    """A host whose last request failed and that has nothing queued nor in
+    flight leaves the frontier; its timeline row for that interval shows the
+    one request a silent host may have, as the rows before did, not its
+    limit (4)."""
+    crawler = get_crawler(Spider)
+    extension = HostQueueStats(crawler, HostQueueConfig.from_settings(crawler.settings))
+    frontier: Frontier[str] = Frontier(lambda key: HostPolicy(4, 0.0, 0.0))
+    frontier.silent_limit = 1
+    extension.frontier = frontier
+    extension._on_wire = frontier.inflight
+    for host in ("dead.test", "live.test"):
+        frontier.push(host, 0, f"https://{host}/")
+        popped = frontier.pop()
+        assert popped is not None and popped[0] == host
+        frontier.set_answering(host, host == "live.test")
+    frontier.finish("dead.test")
+    extension._failed["dead.test"] = 1
+    samples = {sample.host: sample for sample in extension._samples(0.0, {})}
+    assert "dead.test" not in {key for key, *_ in frontier.hosts()}
+    assert samples["dead.test"].limit == 1
+    assert samples["dead.test"].in_flight == 0
+    assert samples["live.test"].limit == 4
 
 
 def test_events_become_per_host_keys() -> None:
