@@ -213,6 +213,9 @@ class AIMDMiddleware:
         self._last_errors: dict[str, str] = {}
         self._warned_no_room: set[str] = set()
         self._warned_slot_set_late = False
+        #: Whether 3xx answers are learnt from when downloaded: the redirects
+        #: RedirectMiddleware (600) follows never reach process_response here.
+        self._redirects_learnt = settings.getbool("REDIRECT_ENABLED", True)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -239,6 +242,10 @@ class AIMDMiddleware:
         crawler.signals.connect(middleware.spider_opened, signal=signals.spider_opened)
         if config.crawl_delay_enabled and settings.getbool("ROBOTSTXT_OBEY"):
             crawler.signals.connect(middleware._robots_parsed, signal=signals.robots_parsed)
+        if middleware._redirects_learnt:
+            crawler.signals.connect(
+                middleware._redirect_downloaded, signal=signals.response_downloaded
+            )
         return middleware
 
     # -- start-up ----------------------------------------------------------
@@ -485,6 +492,28 @@ class AIMDMiddleware:
             if cached:
                 scheduler.answered(request)
             return response
+        if self._redirects_learnt and 300 <= response.status < 400:
+            return response  # learnt from when it was downloaded
+        self._learn(scheduler, request, response, started)
+        return response
+
+    def _redirect_downloaded(self, response: Response, request: Request, **_: Any) -> None:
+        """A downloaded 3xx: RedirectMiddleware (600) turns the ones it follows
+        into new requests before process_response here (560) would see them,
+        so a host answering with redirects would keep its start limit and
+        never slow down on slow ones."""
+        if not 300 <= response.status < 400:
+            return
+        started = request.meta.get(META_START)
+        if started is None:
+            return
+        self._learn(self._scheduler(), request, response, started)
+
+    def _learn(
+        self, scheduler: HostQueueScheduler, request: Request, response: Response, started: float
+    ) -> None:
+        """Adjust the host's limit and blocks to a downloaded *response* to a
+        request that passed here at *started*."""
         host = self._known_host(scheduler, request)
         now = self.clock()
         latency = request.meta.get("download_latency")
@@ -513,7 +542,6 @@ class AIMDMiddleware:
         if adjustment is not None:
             self._apply(scheduler, adjustment, now, latency, detail)
         self._keep_only_known(scheduler, host)
-        return response
 
     @staticmethod
     def _limit_held_back(scheduler: HostQueueScheduler, host: str, started: float) -> bool:

@@ -37,6 +37,7 @@ from tests.crawling import (
     interleave,
     settings,
 )
+from tests.test_handler import Received, Reply, serving
 
 HostsFactory = Callable[..., LocalHosts]
 
@@ -1176,6 +1177,42 @@ async def test_a_made_up_response_does_not_give_a_new_host_its_limit(
     arrivals = sorted(server.arrivals)
     # The second real page waits for the first one's answer (0.3 s).
     assert arrivals[1] - arrivals[0] >= 0.25, arrivals
+
+
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_redirects_move_the_limit_of_the_host_that_answers_them(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """A host that answers with redirects, slowly: RedirectMiddleware (600)
+    turns each 302 into a new request before process_response at 560 sees
+    it, so the host kept its start limit (4) whatever its pace. Its slow
+    answers now lower it; the pages they lead to count for their own host."""
+    pages = local_hosts([HostSpec(latency=0.01, links=0)])
+
+    def redirect(received: Received) -> Reply:
+        page = int(received.target.rsplit("/", 1)[1])
+        return Reply(302, {"Location": pages.page_url(0, page)}, b"", head_delay=0.3)
+
+    async with serving(["127.0.0.3"], redirect) as redirecting:
+        crawler = get_crawler(
+            PageSpider,
+            aimd_settings(
+                handler,
+                HOSTQUEUE_AIMD_START=4,
+                HOSTQUEUE_AIMD_FAST_LATENCY=0.1,
+                HOSTQUEUE_AIMD_SLOW_LATENCY=0.2,
+            ),
+        )
+        await crawler.crawl_async(
+            start_urls=[redirecting.url("127.0.0.3", f"/r/{page}") for page in range(8)]
+        )
+    spider = crawler.spider
+    assert isinstance(spider, PageSpider)
+    assert sorted(spider.seen) == sorted(pages.start_urls(0, 8))
+    assert stat(crawler, host_stat_key("127.0.0.3", "min_limit")) < 4
+    assert redirecting.max_inflight["127.0.0.3"] <= 4
+    assert stat(crawler, host_stat_key(pages.hostnames[0], "min_limit")) >= 2
 
 
 class OtherHostDownloadSpider(PageSpider):
