@@ -251,6 +251,9 @@ class HostQueueScheduler(BaseScheduler):
         # host sends nothing more until it has blocked the host.
         self._backing_off: set[Request] = set()
         self._backing_off_hosts: dict[str, int] = {}
+        # The request whose back-off status the handler read last, for the
+        # headers_received signal it sends next (see status_read).
+        self._backoff_headers: Request | None = None
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
@@ -558,8 +561,11 @@ class HostQueueScheduler(BaseScheduler):
         once: a silent host gets its limit at its first headers, and a slow
         or large body must not let its limit through before the AIMD
         middleware has blocked the host."""
-        if status in self.config.aimd_backoff_http_codes and request in self._holding:
-            self._hold_back(request)
+        if status in self.config.aimd_backoff_http_codes:
+            if self._policy_hook is not None:
+                self._backoff_headers = request
+            if request in self._holding:
+                self._hold_back(request)
 
     def response_downloaded(self, request: Request, status: int) -> None:
         """The handler has read *request*'s whole response: free its send slot
@@ -583,6 +589,8 @@ class HostQueueScheduler(BaseScheduler):
     def _hold_back(self, request: Request) -> None:
         """Keep *request*'s host from sending until *request*, whose status
         asks it to back off, leaves the downloader (see response_downloaded)."""
+        if request in self._backing_off:
+            return  # its status read again (a download sent once more)
         host = self._holder(request)
         self._backing_off.add(request)
         self._backing_off_hosts[host] = self._backing_off_hosts.get(host, 0) + 1
@@ -897,11 +905,14 @@ class HostQueueScheduler(BaseScheduler):
         return request in self._downloaded
 
     def _headers_received(self, request: Request, headers: Any = None, **_: Any) -> None:
-        if request in self._backing_off or (headers is not None and b"Retry-After" in headers):
-            # A 429 or 503 (the add-on's handler says so before this signal;
-            # other handlers do not, but such an answer mostly carries a
-            # Retry-After): the host gets its limit when the whole answer is
-            # in, once the AIMD middleware may have blocked it.
+        # A 429 or 503 (the add-on's handler says so before this signal;
+        # other handlers do not, but such an answer mostly carries a
+        # Retry-After): the host gets its limit when the whole answer is in,
+        # once the AIMD middleware may have blocked it.
+        if request is self._backoff_headers:
+            self._backoff_headers = None
+            return
+        if headers is not None and b"Retry-After" in headers:
             return
         host = self.answered(request)
         if host is None:

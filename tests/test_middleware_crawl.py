@@ -1058,21 +1058,26 @@ async def test_a_new_hosts_first_429_with_a_slow_body_sends_nothing_more_before_
     assert server.max_in_flight == 1, server
 
 
+@pytest.mark.parametrize("prefetch", [1, 0], ids=["send-gate", "no-send-gate"])
 @deferred_f_from_coro_f
 async def test_with_the_own_handler_a_first_429_without_retry_after_also_holds_the_host(
-    local_hosts: HostsFactory,
+    local_hosts: HostsFactory, prefetch: int
 ) -> None:
     """This project's handler tells the scheduler the status before the
     headers go out: a 429 with no Retry-After holds the new host too, for the
     whole slow body (1 s) and the back-off after it (HOSTQUEUE_BACKOFF_BASE
-    2 s: at least 1 s)."""
+    2 s: at least 1 s), with the send gate or without."""
     hosts = local_hosts(
         [HostSpec(latency=0.01, links=0, status=429, fault="slow-body", trickle=1.0)]
     )
     crawler = get_crawler(
         PageSpider,
         aimd_settings(
-            OUR_HANDLER, CLOSESPIDER_TIMEOUT=2.5, RETRY_ENABLED=False, HOSTQUEUE_BACKOFF_BASE=2.0
+            OUR_HANDLER,
+            CLOSESPIDER_TIMEOUT=2.5,
+            RETRY_ENABLED=False,
+            HOSTQUEUE_BACKOFF_BASE=2.0,
+            HOSTQUEUE_PREFETCH=prefetch,
         ),
     )
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
