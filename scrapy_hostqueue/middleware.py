@@ -213,9 +213,6 @@ class AIMDMiddleware:
         self._last_errors: dict[str, str] = {}
         self._warned_no_room: set[str] = set()
         self._warned_slot_set_late = False
-        #: Whether 3xx answers are learnt from when downloaded: the redirects
-        #: RedirectMiddleware (600) follows never reach process_response here.
-        self._redirects_learnt = settings.getbool("REDIRECT_ENABLED", True)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -242,10 +239,6 @@ class AIMDMiddleware:
         crawler.signals.connect(middleware.spider_opened, signal=signals.spider_opened)
         if config.crawl_delay_enabled and settings.getbool("ROBOTSTXT_OBEY"):
             crawler.signals.connect(middleware._robots_parsed, signal=signals.robots_parsed)
-        if middleware._redirects_learnt:
-            crawler.signals.connect(
-                middleware._redirect_downloaded, signal=signals.response_downloaded
-            )
         return middleware
 
     # -- start-up ----------------------------------------------------------
@@ -477,36 +470,27 @@ class AIMDMiddleware:
         )
 
     def process_response(self, request: Request, response: Response) -> Response:
-        started = request.meta.get(META_START)
-        if started is None:
-            return response
-        scheduler = self._scheduler()
-        cached = "cached" in response.flags
-        if cached or not scheduler.downloaded(request):
-            # An HTTP cache hit, or a response a downloader middleware after
-            # this one made up: it says nothing about the host's pace (a
-            # latency of 0 read as a fast answer). But a crawl replayed from
-            # the cache must not go one request at a time, as for a host not
-            # heard from. One made up (a stand-in, an error turned into a
-            # response) says nothing of whether the host answers at all.
-            if cached:
-                scheduler.answered(request)
-            return response
-        if self._redirects_learnt and 300 <= response.status < 400:
-            return response  # learnt from when it was downloaded
-        self._learn(scheduler, request, response, started)
+        if "cached" in response.flags and META_START in request.meta:
+            # An HTTP cache hit says nothing about the host's pace (a latency
+            # of 0 read as a fast answer), but a crawl replayed from the cache
+            # must not go one request at a time, as for a host not heard from.
+            # Downloaded responses were learnt from as they came in
+            # (response_downloaded); one a downloader middleware after this one
+            # made up (a stand-in, an error turned into a response) says
+            # nothing of the host.
+            self._scheduler().answered(request)
         return response
 
-    def _redirect_downloaded(self, response: Response, request: Request, **_: Any) -> None:
-        """A downloaded 3xx: RedirectMiddleware (600) turns the ones it follows
-        into new requests before process_response here (560) would see them,
-        so a host answering with redirects would keep its start limit and
-        never slow down on slow ones."""
-        if not 300 <= response.status < 400:
-            return
+    def response_downloaded(self, request: Request, response: Response) -> None:
+        """The download handler brought *response* (the scheduler calls this
+        on ``response_downloaded``, before the host counts as answered). It is
+        learnt from here, not in process_response: a downloader middleware
+        above this one may turn it into a new request first (RedirectMiddleware
+        a 3xx, MetaRefreshMiddleware a refresh page, a ban middleware a 429),
+        and the host would keep its limit whatever its pace."""
         started = request.meta.get(META_START)
         if started is None:
-            return
+            return  # not sent through this middleware
         self._learn(self._scheduler(), request, response, started)
 
     def _learn(

@@ -109,6 +109,8 @@ class PolicyHook(Protocol):
 
     def forget_host(self, host: str) -> None: ...
 
+    def response_downloaded(self, request: Request, response: Response) -> None: ...
+
 
 def request_rank(request: Request) -> int:
     """Serving order within a host: higher priority first, and among equal
@@ -251,22 +253,20 @@ class HostQueueScheduler(BaseScheduler):
         # host sends nothing more until it has blocked the host.
         self._backing_off: set[Request] = set()
         self._backing_off_hosts: dict[str, int] = {}
-        # The request whose back-off status the handler read last, for the
-        # headers_received signal it sends next (see status_read).
-        self._backoff_headers: Request | None = None
+        # The request whose status the handler read last and whether it asks
+        # to back off, for the headers_received signal it sends next (see
+        # status_read).
+        self._status_read: tuple[Request, bool] | None = None
         self._send_waiters: dict[str, deque[tuple[asyncio.Future[None], Request]]] = {}
         self._gate_timers: dict[str, CallLaterResult] = {}
         self._handed_out: dict[Request, str] = {}
-        # Requests whose response came from the download handler (not made up
-        # by a downloader middleware), until they leave the downloader.
-        self._downloaded: set[Request] = set()
         # Requests that did not come from next_request but count for their
         # host (see adopt), and those waiting to (see wait_for_room).
         self._adopted: dict[Request, str] = {}
         self._room_waiters: dict[str, deque[asyncio.Future[None]]] = {}
         # Without the send gate: requests counted for a host that have
-        # reached the download handler, past every downloader middleware, and
-        # how many per host (see has_room).
+        # reached the download handler (or, not from next_request, passed the
+        # AIMD middleware), and how many per host (see has_room).
         self._reached: dict[Request, str] = {}
         self._reached_per_host: dict[str, int] = {}
         # Handed-out requests of hosts with an interval between starts that
@@ -561,11 +561,11 @@ class HostQueueScheduler(BaseScheduler):
         once: a silent host gets its limit at its first headers, and a slow
         or large body must not let its limit through before the AIMD
         middleware has blocked the host."""
-        if status in self.config.aimd_backoff_http_codes:
-            if self._policy_hook is not None:
-                self._backoff_headers = request
-            if request in self._holding:
-                self._hold_back(request)
+        backoff = status in self.config.aimd_backoff_http_codes
+        if self._policy_hook is not None:
+            self._status_read = (request, backoff)
+        if backoff and request in self._holding:
+            self._hold_back(request)
 
     def response_downloaded(self, request: Request, status: int) -> None:
         """The handler has read *request*'s whole response: free its send slot
@@ -732,12 +732,12 @@ class HostQueueScheduler(BaseScheduler):
 
         With the send gate, against the requests past it. Without, against
         the host's limit, every request handed out and not back counted, and
-        a silent host's one request at a time against those that reached
-        the download handler only: a handed-out request may still be in a
-        downloader middleware, perhaps waiting for this very download (a
-        login or token middleware), and a host not heard from yet would keep
-        such a download waiting for its first answer, which waits for the
-        download."""
+        a silent host's one request at a time against those that reached the
+        download handler (or were adopted) only: a handed-out request may
+        still be in a downloader middleware, perhaps waiting for this very
+        download (a login or token middleware), and a host not heard from yet
+        would keep such a download waiting for its first answer, which waits
+        for the download."""
         if self.prefetch:
             return self._may_send(host)
         frontier = self.frontier
@@ -773,6 +773,16 @@ class HostQueueScheduler(BaseScheduler):
         self._adopted[request] = host
         if self.prefetch:
             self._take_send_slot(host, request)
+        else:
+            # From now: several let through at once would not all reach the
+            # download handler before the next asks (an async middleware).
+            self._count_on_the_way(host, request)
+
+    def _count_on_the_way(self, host: str, request: Request) -> None:
+        """Without the send gate: *request* counts against a silent host's
+        one at a time (see has_room) until it leaves the downloader."""
+        self._reached[request] = host
+        self._reached_per_host[host] = self._reached_per_host.get(host, 0) + 1
 
     def _room_changed(self, host: str) -> None:
         """*host* may have more on the wire now (a send slot freed, a higher
@@ -820,7 +830,9 @@ class HostQueueScheduler(BaseScheduler):
         return True
 
     def _request_left(self, request: Request) -> None:
-        self._downloaded.discard(request)
+        if self._status_read is not None and self._status_read[0] is request:
+            # Its headers_received never came (a body over DOWNLOAD_MAXSIZE).
+            self._status_read = None
         if self._reached:
             reached = self._reached.pop(request, None)
             if reached is not None:
@@ -863,11 +875,8 @@ class HostQueueScheduler(BaseScheduler):
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         host = self._handed_out.get(request)
-        if not self.prefetch:
-            counted = host if host is not None else self._adopted.get(request)
-            if counted is not None:
-                self._reached[request] = counted
-                self._reached_per_host[counted] = self._reached_per_host.get(counted, 0) + 1
+        if host is not None and not self.prefetch:
+            self._count_on_the_way(host, request)
         if host is None:
             # robots.txt, media pipelines: the slot may exist since this
             # request only, with Scrapy's delay. Left there, that delay would
@@ -894,25 +903,25 @@ class HostQueueScheduler(BaseScheduler):
 
     def _response_downloaded(self, response: Response, request: Request, spider: Spider) -> None:
         host = internals.host_key(self.crawler, request)
-        self._downloaded.add(request)
         self.recorder.response(host, response.status, request.meta.get("download_latency"))
+        if self._policy_hook is not None:
+            # First: a 429 blocks the host before its first answer gives it
+            # its limit.
+            self._policy_hook.response_downloaded(request, response)
         # It answered: it goes before hosts not heard from (see Frontier).
         self.answered(request)
 
-    def downloaded(self, request: Request) -> bool:
-        """Whether *request*'s response came from the download handler, not
-        from a downloader middleware (a cache, a stand-in)."""
-        return request in self._downloaded
-
     def _headers_received(self, request: Request, headers: Any = None, **_: Any) -> None:
-        # A 429 or 503 (the add-on's handler says so before this signal;
-        # other handlers do not, but such an answer mostly carries a
-        # Retry-After): the host gets its limit when the whole answer is in,
-        # once the AIMD middleware may have blocked it.
-        if request is self._backoff_headers:
-            self._backoff_headers = None
-            return
-        if headers is not None and b"Retry-After" in headers:
+        # Not at a 429 or 503: the host gets its limit when the whole answer
+        # is in, once the AIMD middleware has blocked it. The add-on's handler
+        # tells the status before this signal; with other handlers such an
+        # answer mostly carries a Retry-After.
+        read = self._status_read
+        if read is not None and read[0] is request:
+            self._status_read = None
+            if read[1]:
+                return
+        elif headers is not None and b"Retry-After" in headers:
             return
         host = self.answered(request)
         if host is None:

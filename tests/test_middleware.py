@@ -83,11 +83,6 @@ class StandInScheduler(HostQueueScheduler):
         self._reached_per_host: dict[str, int] = {}
         self.prefetch = 0
 
-    def downloaded(self, request: Request) -> bool:
-        # The responses of these tests stand for downloaded ones (crawl tests
-        # cover those a middleware makes up).
-        return True
-
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request(), and in flight for
         its host until :meth:`leave`."""
@@ -164,9 +159,17 @@ def response(
     return Response(request.url, status=status, headers=headers, request=request)
 
 
+def deliver(mw: AIMDMiddleware, request: Request, answer: Response) -> Response:
+    """*answer* comes from the download handler: the scheduler hands it to
+    the middleware on response_downloaded, then it crosses process_response
+    (crawl tests cover those a middleware makes up)."""
+    mw.response_downloaded(request, answer)
+    return mw.process_response(request, answer)
+
+
 def answer(mw: AIMDMiddleware, request: Request, status: int = 200, latency: float = 0.01) -> None:
     """*request* is answered and leaves the downloader."""
-    mw.process_response(request, response(request, status, latency))
+    deliver(mw, request, response(request, status, latency))
     mw._scheduler().leave(request)  # type: ignore[attr-defined]
 
 
@@ -260,7 +263,7 @@ def test_download_slots_concurrency_caps_a_host(monkeypatch: pytest.MonkeyPatch)
     )
     assert limit(scheduler) == 3  # AIMD start, but never above the slot's concurrency
     for _ in range(50):
-        mw.process_response(request := sent(mw), response(request))
+        deliver(mw, request := sent(mw), response(request))
     assert limit(scheduler) == 3
     assert limit(scheduler, "free.example") == 4
 
@@ -377,7 +380,7 @@ async def test_a_held_request_not_from_the_scheduler_is_dropped_when_the_crawl_c
         await waiting
 
 
-# -- process_response ------------------------------------------------------------
+# -- responses ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("status", [429, 503])
@@ -387,7 +390,7 @@ def test_a_back_off_status_halves_and_blocks_for_retry_after(
     mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     request = sent(mw)
     clock.now += 0.1
-    assert mw.process_response(request, response(request, status, **{"Retry-After": "2"}))
+    assert deliver(mw, request, response(request, status, **{"Retry-After": "2"}))
     assert limit(scheduler) == 3
     assert scheduler.blocks == [(HOST, clock.now + 2, "retry-after")]
 
@@ -396,7 +399,7 @@ def test_other_statuses_are_not_back_offs(monkeypatch: pytest.MonkeyPatch) -> No
     mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     for status in (500, 404, 302):
         request = sent(mw)
-        mw.process_response(request, response(request, status))
+        deliver(mw, request, response(request, status))
     assert limit(scheduler) == 6
     assert not scheduler.blocks
 
@@ -406,11 +409,11 @@ def test_back_off_codes_are_configurable(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch, HOSTQUEUE_AIMD_START=6, HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES=[500]
     )
     request = sent(mw)
-    mw.process_response(request, response(request, 500))
+    deliver(mw, request, response(request, 500))
     assert limit(scheduler) == 3
     clock.now += 5  # past the back-off block
     request = sent(mw)
-    mw.process_response(request, response(request, 429))
+    deliver(mw, request, response(request, 429))
     assert limit(scheduler) == 3
 
 
@@ -435,7 +438,7 @@ def test_retry_after_forms(
         header = formatdate(time.time() + header, usegmt=True)
     mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)
     request = sent(mw)
-    mw.process_response(request, response(request, 429, **{"Retry-After": header}))
+    deliver(mw, request, response(request, 429, **{"Retry-After": header}))
     if reason is None:
         assert scheduler.blocks == []
         return
@@ -457,7 +460,7 @@ def test_of_several_retry_after_headers_the_longest_wait_counts(
     answer = Response(
         request.url, status=429, headers=Headers({"Retry-After": values}), request=request
     )
-    mw.process_response(request, answer)
+    deliver(mw, request, answer)
     [(_, when, reason)] = scheduler.blocks
     assert reason == "retry-after"
     assert when - clock.now == pytest.approx(wait)
@@ -480,7 +483,7 @@ def test_the_back_off_warning_says_what_became_of_retry_after(
     mw, _, _ = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)
     request = sent(mw)
     with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
-        mw.process_response(request, response(request, 429, **{"Retry-After": header}))
+        deliver(mw, request, response(request, 429, **{"Retry-After": header}))
     (record,) = [r for r in caplog.records if "asked to back off" in r.getMessage()]
     assert logged in record.getMessage()
     assert "inf" not in record.getMessage()
@@ -505,7 +508,7 @@ def test_one_decrease_per_burst_through_the_middleware(monkeypatch: pytest.Monke
     burst = [sent(mw, f"{URL}/{i}") for i in range(4)]
     clock.now += 0.05
     for request in burst:
-        mw.process_response(request, response(request, 429, **{"Retry-After": "1"}))
+        deliver(mw, request, response(request, 429, **{"Retry-After": "1"}))
     assert limit(scheduler) == 4
     assert scheduler.limits == [(HOST, 4)]
     stats = get_recorder(mw.crawler).host_stats()
@@ -525,7 +528,7 @@ def test_fast_and_slow_responses(monkeypatch: pytest.MonkeyPatch) -> None:
     clock.now += 1
     request = sent(mw)
     clock.now += 2
-    mw.process_response(request, response(request, latency=2.0))
+    deliver(mw, request, response(request, latency=2.0))
     assert limit(scheduler) == 1
 
 
@@ -588,7 +591,7 @@ def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatc
     mw.process_response(request, cached)
     # Never went through process_request (a middleware above answered it).
     foreign = Request(URL)
-    mw.process_response(foreign, Response(URL, status=429, request=foreign))
+    deliver(mw, foreign, Response(URL, status=429, request=foreign))
     assert limit(scheduler) == 6
     assert not scheduler.blocks
 
@@ -711,7 +714,7 @@ def test_robots_txt_answers_leave_nothing_behind_when_no_idle_host_is_remembered
     mw, _, _ = middleware(monkeypatch, StandInScheduler(remember=0), HOSTQUEUE_REMEMBER_HOSTS=0)
     for i in range(20):
         request = sent(mw, f"http://other{i}.test/robots.txt", scheduled=False)
-        mw.process_response(request, response(request, 503 if i % 2 else 200))
+        deliver(mw, request, response(request, 503 if i % 2 else 200))
         failing = sent(mw, f"http://failing{i}.test/robots.txt", scheduled=False)
         mw.process_exception(failing, DownloadConnectionRefusedError("refused"))
     assert len(mw.table) == 0

@@ -238,6 +238,7 @@ async def test_active_host_cap(local_hosts: HostsFactory) -> None:
     finally:
         done.set()
         sampler.join(5)
+    hosts.wait_idle()  # the last answers counted at the hosts
     assert all(host.served == 20 for host in hosts.all_stats(arrivals=False))
     assert len(busy_hosts) > 50
     assert max(busy_hosts) == 2
@@ -354,6 +355,7 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
     assert all(frontier.state(key) == IDLE for key, *_ in frontier.hosts())
     assert frontier.active == frontier.live_hosts
     assert len(frontier) == 0
+    hosts.wait_idle()  # the last answers counted at the hosts
     assert hosts.stats(0).served == 8
     assert hosts.stats(0).max_in_flight == 1
     assert crawler.stats is not None
@@ -500,6 +502,7 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
     assert len(first.spider.seen) >= 30
     assert len(second.spider.seen) > 0
     assert len(seen) == len(set(seen)) == 120
+    hosts.wait_idle()  # the last answers counted at the hosts
     assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
 
 
@@ -651,6 +654,7 @@ async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
     assert len(seen) == len(set(seen))
     assert len(resumed.spider.seen) > 0
     assert 40 - len(seen) >= lost
+    hosts.wait_idle()  # the last answers counted at the hosts
     assert hosts.stats(0).served == len(seen)
 
 
@@ -756,6 +760,7 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
         CONCURRENT_REQUESTS_PER_DOMAIN=4,
         DOWNLOAD_SLOTS={hosts.hostnames[0]: {"concurrency": 2}},
     )
+    hosts.wait_idle()  # the last answers counted at the hosts
     first, second = hosts.all_stats(arrivals=False)
     assert first.served == second.served == 150
     assert first.max_in_flight == 2
@@ -799,6 +804,7 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
         CONCURRENT_REQUESTS_PER_DOMAIN=2,
         DOWNLOADER_MIDDLEWARES={f"{__name__}._RedirectToOtherHost": 950},
     )
+    hosts.wait_idle()  # the last answers counted at the hosts
     source, target = hosts.all_stats(arrivals=False)
     assert source.served == 30
     assert target.served == 60
@@ -821,6 +827,7 @@ async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
         [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=0.9)]
     )
     await _crawl_one_host_at_one_request(hosts, 6, handler, 0.5)
+    hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
     assert stats.served == 6
     gaps = _arrival_gaps(stats.arrivals)
@@ -839,6 +846,7 @@ async def test_download_delay_holds_from_the_first_page_with_robots_txt(
     so the second page followed it 20 ms later."""
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     await _crawl_one_host_at_one_request(hosts, 4, handler, 0.5, ROBOTSTXT_OBEY=True)
+    hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
     assert stats.served == 4
     gaps = _arrival_gaps(stats.arrivals)
@@ -871,6 +879,7 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     crawler = await _crawl_one_host_at_one_request(
         hosts, 8, handler, 1.0, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
     )
+    hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
     assert stats.served == 4  # pages 0, 2, 4 and 6
     assert crawler.spider is not None
@@ -901,6 +910,7 @@ async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
         JOBDIR=jobdir,
         HOSTQUEUE_IDLE_GRACE=0,
     )
+    hosts.wait_idle()  # the last answers counted at the hosts
     assert hosts.stats(0).served == 1
     hosts.reset()
     resumed_at = time.monotonic()
