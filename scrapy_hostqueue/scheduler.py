@@ -875,7 +875,8 @@ class HostQueueScheduler(BaseScheduler):
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         host = self._handed_out.get(request)
-        if host is not None and not self.prefetch:
+        if host is not None and not self.prefetch and self._policy_hook is not None:
+            # Only the AIMD middleware asks has_room.
             self._count_on_the_way(host, request)
         if host is None:
             # robots.txt, media pipelines: the slot may exist since this
