@@ -24,9 +24,9 @@ START_MIDDLEWARE = "scrapy_hostqueue.StartRequestsMiddleware"
 #: Nearest the engine of Scrapy's spider middlewares (StartSpiderMiddleware is
 #: at 25), so that its time slice covers the whole start chain.
 START_MIDDLEWARE_ORDER = 10
-#: Above RetryMiddleware (550): process_response and process_exception run
-#: from high to low orders, so the middleware sees 429/503 and connection
-#: errors before they are turned into retries.
+#: Above RetryMiddleware (550): process_exception runs from high to low
+#: orders, so the middleware sees connection errors before they are turned
+#: into retries (responses it learns from as they are downloaded).
 MIDDLEWARE_ORDER = 560
 #: Scrapy 2.19 starts ``CONCURRENT_ITEMS`` tasks for the output of every
 #: response, however little it yields. At Scrapy's default of 100 that cost

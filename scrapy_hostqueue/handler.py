@@ -686,7 +686,7 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             response = await self._download(request)
             # The body is read and the connection back in the pool: the host's
             # next request may go now, unless the response asks to back off
-            # (then the slot is freed once the middlewares have seen it).
+            # (then the slot is freed once the request leaves the downloader).
             scheduler.response_downloaded(request, response.status)
             return response
         return await self._download(request)

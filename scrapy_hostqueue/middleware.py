@@ -169,7 +169,8 @@ class AIMDMiddleware:
 
     Needs :class:`~scrapy_hostqueue.HostQueueScheduler` and refuses to run
     beside AutoThrottle. Order it above ``RetryMiddleware`` (550), e.g. 560,
-    so that it sees 429/503 and connection errors before they are retried.
+    so that it sees connection errors before they are retried; responses it
+    learns from as they are downloaded, whatever its order.
     """
 
     def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:

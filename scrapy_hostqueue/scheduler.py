@@ -531,9 +531,9 @@ class HostQueueScheduler(BaseScheduler):
         crossing the engine first. The download handler calls this just
         before sending; the slot is freed when the handler has read the
         response (:meth:`response_downloaded`), or, for a back-off status or
-        an error, when the request leaves the downloader (after the
-        middlewares have seen it, so a Retry-After block is in force before
-        the next request may go).
+        an error, when the request leaves the downloader (by then the AIMD
+        middleware, which learns from a response as it comes in, has blocked
+        the host for its Retry-After, before the next request may go).
         """
         if not self.prefetch:
             return
@@ -571,9 +571,9 @@ class HostQueueScheduler(BaseScheduler):
         """The handler has read *request*'s whole response: free its send slot
         now, before the response crosses the downloader middlewares, unless
         the status asks the host to back off. Then the host sends nothing
-        until that response has crossed them (the AIMD middleware blocks the
-        host there for its Retry-After): another of its requests finishing
-        meanwhile must not let the next one through."""
+        until that request leaves the downloader (the AIMD middleware blocks
+        the host for its Retry-After as the response comes in): another of
+        its requests finishing meanwhile must not let the next one through."""
         if request not in self._holding or request in self._backing_off:
             return
         if status in self.config.aimd_backoff_http_codes:
