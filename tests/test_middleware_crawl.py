@@ -1089,6 +1089,38 @@ async def test_with_the_own_handler_a_first_429_without_retry_after_also_holds_t
     assert server.max_in_flight == 1, server
 
 
+@deferred_f_from_coro_f
+async def test_with_the_own_handler_a_200_with_retry_after_gives_a_new_host_its_limit(
+    local_hosts: HostsFactory,
+) -> None:
+    """Retry-After on a 200 (some CDNs send it) asks for nothing: with this
+    project's handler, which reads the status first, the new host gets its
+    limit at those headers as usual, and its next request goes while the
+    first body (1 s) is still coming."""
+
+    arrivals: list[float] = []
+
+    def slow_ok(received: Received) -> Reply:
+        arrivals.append(time.monotonic())
+        return Reply(
+            200,
+            {"Retry-After": "5"},
+            b"",
+            chunks=[b"x" * 100] * 5,
+            chunk_delay=0.2,
+        )
+
+    async with serving(["127.0.0.3"], slow_ok) as site:
+        crawler = get_crawler(PageSpider, aimd_settings(OUR_HANDLER, HOSTQUEUE_AIMD_START=2))
+        await crawler.crawl_async(start_urls=[site.url("127.0.0.3", f"/p/{n}") for n in range(4)])
+    spider = crawler.spider
+    assert isinstance(spider, PageSpider)
+    assert len(spider.seen) == 4
+    assert site.max_inflight["127.0.0.3"] == 2
+    # The second arrived while the first body was still coming (1 s).
+    assert arrivals[1] - arrivals[0] < 0.7, arrivals
+
+
 class StandInMiddleware:
     """Answers every request for a page numbered 1000 or above itself, at
     once, with *status*, as a stand-in or offline middleware may."""
