@@ -1356,3 +1356,67 @@ async def test_a_direct_download_behind_a_silent_hosts_one_request_says_so(
     hosts.wait_idle()
     assert hosts.stats(1).served == 2
     assert hosts.stats(1).max_in_flight == 2
+
+
+class BatchDownloadSpider(PageSpider):
+    """On its one response from ``from_host``, downloads three pages of
+    ``to_host`` at once with ``engine.download_async``, as a media pipeline
+    does with an item's files."""
+
+    from_host = ""
+    to_host = ""
+
+    async def parse(self, response: Response) -> AsyncIterator[Any]:  # type: ignore[override]
+        self.seen.append(response.url)
+        if response.url.startswith(self.from_host):
+            engine = self.crawler.engine
+            assert engine is not None
+            answers = await asyncio.gather(
+                *(
+                    engine.download_async(Request(f"{self.to_host}/page/{900 + n}"))
+                    for n in range(3)
+                )
+            )
+            self.statuses.extend(answer.status for answer in answers)
+        return
+        yield
+
+
+class SlowAsyncMiddleware:
+    """An async downloader middleware after the AIMD one that takes 0.3 s
+    over each request before it goes on to the downloader."""
+
+    async def process_request(self, request: Request) -> None:
+        await asyncio.sleep(0.3)
+
+
+@deferred_f_from_coro_f
+async def test_direct_downloads_behind_an_async_middleware_keep_a_silent_host_at_one(
+    local_hosts: HostsFactory,
+) -> None:
+    """Without the send gate, a download that skips the scheduler counts
+    against a silent host's one request at a time from the moment the AIMD
+    middleware lets it go, not from when it reaches the download handler: an
+    async middleware after the AIMD one let all three go at once."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=1.0, links=0)])
+    crawler = get_crawler(
+        BatchDownloadSpider,
+        aimd_settings(
+            SCRAPY_HTTP11,
+            HOSTQUEUE_AIMD_START=4,
+            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, SlowAsyncMiddleware: 600},
+        ),
+    )
+    await crawler.crawl_async(
+        start_urls=hosts.start_urls(0, 1),
+        from_host=hosts.url(0, "/").rstrip("/"),
+        to_host=hosts.url(1, "/").rstrip("/"),
+    )
+    spider = crawler.spider
+    assert isinstance(spider, BatchDownloadSpider)
+    assert spider.statuses == [200, 200, 200]
+    hosts.wait_idle()
+    arrivals = sorted(hosts.stats(1).arrivals)
+    assert len(arrivals) == 3
+    # The second waited for the first one's answer (1 s).
+    assert arrivals[1] - arrivals[0] >= 0.8, arrivals
