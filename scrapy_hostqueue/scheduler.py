@@ -182,6 +182,15 @@ def _scrapy_job_refusal(jobdir: str | None) -> str | None:
     )
 
 
+def _count_down(counts: dict[str, int], key: str) -> None:
+    """One fewer for *key* in a table of per-host counts that keeps no zeros."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
 def _handlers_gate_sends(crawler: Crawler) -> bool:
     """Whether the http and https handlers call :meth:`HostQueueScheduler.acquire_send_slot`
     (this project's handler does), which prefetch needs to hold the limit."""
@@ -624,17 +633,9 @@ class HostQueueScheduler(BaseScheduler):
         self._holding.discard(request)
         if request in self._backing_off:
             self._backing_off.discard(request)
-            pending = self._backing_off_hosts[host] - 1
-            if pending:
-                self._backing_off_hosts[host] = pending
-            else:
-                del self._backing_off_hosts[host]
+            _count_down(self._backing_off_hosts, host)
         self.recorder.in_flight_seen(host, self.on_wire(host))
-        left = self._sending[host] - 1
-        if left:
-            self._sending[host] = left
-        else:
-            del self._sending[host]
+        _count_down(self._sending, host)
         self._room_changed(host)
 
     def _open_gate(self, host: str) -> None:
@@ -836,11 +837,7 @@ class HostQueueScheduler(BaseScheduler):
         if self._reached:
             reached = self._reached.pop(request, None)
             if reached is not None:
-                left = self._reached_per_host[reached] - 1
-                if left:
-                    self._reached_per_host[reached] = left
-                else:
-                    del self._reached_per_host[reached]
+                _count_down(self._reached_per_host, reached)
         if self._refusing:
             # One that a middleware before the AIMD one answered or refused.
             self._refusing.pop(request, None)

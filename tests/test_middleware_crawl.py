@@ -1024,6 +1024,20 @@ async def test_a_new_host_gets_its_limit_once_its_first_headers_are_in(
     assert server.max_in_flight == 2, server
 
 
+async def arrivals_after_the_first(
+    hosts: LocalHosts, settings: dict[str, Any]
+) -> tuple[list[float], HostStats]:
+    """Crawls 4 pages of host 0; returns how long after the first each later
+    request reached the host, and the host's counts."""
+    crawler = get_crawler(PageSpider, settings)
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    arrivals = sorted(server.arrivals)
+    assert arrivals, server
+    return [t - arrivals[0] for t in arrivals[1:]], server
+
+
 @HANDLERS
 @deferred_f_from_coro_f
 async def test_a_new_hosts_first_429_with_a_slow_body_sends_nothing_more_before_its_block(
@@ -1045,16 +1059,11 @@ async def test_a_new_hosts_first_429_with_a_slow_body_sends_nothing_more_before_
             )
         ]
     )
-    crawler = get_crawler(
-        PageSpider, aimd_settings(handler, CLOSESPIDER_TIMEOUT=2.5, RETRY_ENABLED=False)
+    later, server = await arrivals_after_the_first(
+        hosts, aimd_settings(handler, CLOSESPIDER_TIMEOUT=2.5, RETRY_ENABLED=False)
     )
-    await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
-    hosts.wait_idle()
-    server = hosts.stats(0)
-    arrivals = sorted(server.arrivals)
-    assert arrivals, server
     # The body ends 1 s after the first arrival, the block 2 s after that.
-    assert [t - arrivals[0] for t in arrivals[1:] if t - arrivals[0] < 2.5] == [], arrivals
+    assert [t for t in later if t < 2.5] == [], later
     assert server.max_in_flight == 1, server
 
 
@@ -1070,8 +1079,8 @@ async def test_with_the_own_handler_a_first_429_without_retry_after_also_holds_t
     hosts = local_hosts(
         [HostSpec(latency=0.01, links=0, status=429, fault="slow-body", trickle=1.0)]
     )
-    crawler = get_crawler(
-        PageSpider,
+    later, server = await arrivals_after_the_first(
+        hosts,
         aimd_settings(
             OUR_HANDLER,
             CLOSESPIDER_TIMEOUT=2.5,
@@ -1080,12 +1089,7 @@ async def test_with_the_own_handler_a_first_429_without_retry_after_also_holds_t
             HOSTQUEUE_PREFETCH=prefetch,
         ),
     )
-    await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
-    hosts.wait_idle()
-    server = hosts.stats(0)
-    arrivals = sorted(server.arrivals)
-    assert arrivals, server
-    assert [t - arrivals[0] for t in arrivals[1:] if t - arrivals[0] < 1.5] == [], arrivals
+    assert [t for t in later if t < 1.5] == [], later
     assert server.max_in_flight == 1, server
 
 
