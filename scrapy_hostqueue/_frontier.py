@@ -17,8 +17,10 @@ exactly one state:
   request waiting downstream never takes a global slot from a host that
   could send at once.
 * FULL: in flight at or above its limit (plus ``prefetch`` if it has no
-  interval; ``silent_limit``, without prefetch, for a silent host). Leaves on
-  :meth:`Frontier.finish`, or when a silent host answers.
+  interval; ``silent_limit``, without prefetch, for a silent host), or, with
+  ``await_start``, its last hand-out not started yet. Leaves on
+  :meth:`Frontier.finish`, when a silent host answers, or on
+  :meth:`Frontier.started`.
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
   starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in one of
@@ -189,6 +191,7 @@ class _Host(Generic[T]):
         "inflight",
         "key",
         "leased",
+        "pending_start",
         "policy",
         "queued",
         "queues",
@@ -209,6 +212,9 @@ class _Host(Generic[T]):
         #: requests it was handed since it took it.
         self.leased = False
         self.served = 0
+        #: With ``await_start``: when the hand-out whose start the host waits
+        #: for was handed out (its ``last_start`` then), else None.
+        self.pending_start: float | None = None
         self.state = DRAINED
         self.token = 0
 
@@ -261,6 +267,7 @@ class Frontier(Generic[T]):
         grace: float = 0.0,
         prefetch: int = 0,
         silent_limit: int = 0,
+        await_start: bool = False,
         remember: int = 10_000,
         ring_granularity: int = 1,
         clock: Callable[[], float] = time.monotonic,
@@ -285,6 +292,13 @@ class Frontier(Generic[T]):
         #: At most this many requests in flight for a silent host, and no
         #: prefetch (0: its limit, as for any host).
         self.silent_limit = silent_limit
+        #: A host with an interval between starts is handed nothing more
+        #: until the caller reports that its last hand-out started
+        #: (:meth:`started`) or will not (:meth:`unstart`); its interval then
+        #: counts from that start. For callers that cannot space the starts
+        #: themselves: hand-outs waiting downstream for the same thing (a
+        #: robots.txt) would otherwise start together.
+        self.await_start = await_start
         self._remember = remember
         #: Called with a host's key when the frontier forgets the host for good
         #: (its policy leaves both memories of idle hosts), so that state kept
@@ -510,6 +524,8 @@ class Frontier(Generic[T]):
         if host is None or host.inflight <= 0:
             raise KeyError(f"no request in flight for host {key!r}")
         host.inflight -= 1
+        if not host.inflight:
+            host.pending_start = None
         if (host.inflight == 0 and host.state != CAPPED) or host.state in (FULL, PREFETCH):
             # With nothing in flight the host may give its active place up. A
             # host waiting for a place (with adopted requests in flight) keeps
@@ -597,8 +613,31 @@ class Frontier(Generic[T]):
         if host is None:
             return
         policy = host.policy
+        refresh = host.pending_start == started_at
+        if refresh:
+            host.pending_start = None
         if policy.last_start == started_at and policy.next_gap:
             policy.next_gap = 0.0
+            refresh = True
+        if refresh:
+            self._refresh(key)
+
+    def started(self, key: str, started_at: float, now: float) -> None:
+        """The request of *key* handed out at *started_at* started at *now*
+        (it reached the downloader, past the downloader middlewares): if it
+        is the host's last start, the interval before the next counts from
+        *now*, and with ``await_start`` the host may be handed its next."""
+        host = self._hosts.get(key)
+        if host is None:
+            return
+        policy = host.policy
+        refresh = host.pending_start == started_at
+        if refresh:
+            host.pending_start = None
+        if policy.last_start == started_at and now > started_at:
+            policy.last_start = now
+            refresh = True
+        if refresh:
             self._refresh(key)
 
     def adopt(self, key: str, now: float) -> None:
@@ -654,7 +693,10 @@ class Frontier(Generic[T]):
                 self._active_silent += 1
             self.max_active_seen = max(self.max_active_seen, self.active)
         host.served += 1
-        self._draw_gap(host.policy, now)
+        policy = host.policy
+        self._draw_gap(policy, now)
+        if self.await_start and policy.next_gap:
+            host.pending_start = now
 
     @staticmethod
     def _note_full(host: _Host[T], now: float) -> None:
@@ -711,7 +753,7 @@ class Frontier(Generic[T]):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
             host.state = ENDING
-        elif host.inflight >= self._handed_out_at_most(policy):
+        elif host.inflight >= self._handed_out_at_most(policy) or host.pending_start is not None:
             host.state = FULL
         elif not host.leased and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).

@@ -245,6 +245,8 @@ class HostQueueScheduler(BaseScheduler):
             turn=config.turn_requests,
             grace=config.idle_grace,
             prefetch=self.prefetch,
+            # Without the send gate nothing downstream spaces the starts.
+            await_start=not self.prefetch,
             remember=config.remember_hosts,
             # Across hosts only the priority counts: a host whose next request
             # is a start request takes its turn like any other.
@@ -887,8 +889,13 @@ class HostQueueScheduler(BaseScheduler):
                     self.crawler, internals.host_key(self.crawler, request), delay=0.0
                 )
             return
-        if self._unsent:
-            self._unsent.pop(request, None)
+        unsent = self._unsent.pop(request, None) if self._unsent else None
+        if unsent is not None:
+            # It starts now, not when handed out: a downloader middleware may
+            # have held it (for robots.txt), together with none of the host's
+            # next requests, which wait for this (Frontier.await_start).
+            self.frontier.started(*unsent, time.monotonic())
+            self._schedule_wakeup()
         # Scrapy recreates garbage-collected slots from the settings: re-apply
         # the host's current limit, and keep delays out of the downloader,
         # where a waiting request would hold the global budget.

@@ -61,6 +61,7 @@ def make(
     remember: int = 10_000,
     interval: float = 0.0,
     jitter: float = 0.0,
+    await_start: bool = False,
     clock: FakeClock | None = None,
     rng: random.Random | None = None,
 ) -> tuple[Frontier[str], FakeClock]:
@@ -71,6 +72,7 @@ def make(
         turn=turn,
         grace=grace,
         remember=remember,
+        await_start=await_start,
         clock=clock,
         rng=rng or random.Random(0),
     )
@@ -530,6 +532,60 @@ def test_unstart_lets_the_next_request_go_without_the_gap() -> None:
     assert frontier.next_wakeup() == pytest.approx(third + 2.0)
     frontier.unstart("unknown", third)  # a host the frontier never met
     assert frontier.pop() is None
+
+
+def test_await_start_hands_an_interval_host_nothing_until_its_last_hand_out_started() -> None:
+    frontier, clock = make(limit=4, interval=1.0, await_start=True)
+    for i in range(4):
+        frontier.push("a", 0, str(i))
+    assert frontier.pop() == ("a", "0")
+    first = clock.now
+    # "0" waits downstream (for robots.txt) past the interval: what the
+    # host would be handed now would start together with it.
+    clock.advance(1.5)
+    assert frontier.pop() is None
+    assert frontier.state("a") == FULL
+    assert frontier.next_wakeup() is None  # started() is what it waits for
+    frontier.started("a", first, clock.now)
+    # The interval counts from that start.
+    assert frontier.pop() is None
+    assert frontier.next_wakeup() == pytest.approx(clock.now + 1.0)
+    clock.advance(1.0)
+    assert frontier.pop() == ("a", "1")
+    second = clock.now
+    # Answered downstream (never started): the next need not wait.
+    clock.advance(0.1)
+    frontier.unstart("a", second)
+    assert frontier.pop() == ("a", "2")
+    # Its last request in flight done, a host waits for no start.
+    frontier.finish("a")
+    frontier.finish("a")
+    frontier.finish("a")
+    clock.advance(1.0)
+    assert frontier.pop() == ("a", "3")
+
+
+def test_started_moves_only_the_last_start() -> None:
+    frontier, clock = make(limit=4, interval=1.0)
+    for i in range(3):
+        frontier.push("a", 0, str(i))
+    assert frontier.pop() == ("a", "0")
+    first = clock.now
+    clock.advance(1.0)
+    assert frontier.pop() == ("a", "1")  # without await_start: on time
+    second = clock.now
+    clock.advance(0.25)
+    # "0" starting this late does not move the gap after "1".
+    frontier.started("a", first, clock.now)
+    assert frontier.next_wakeup() == pytest.approx(second + 1.0)
+    # "1" does: the next waits the interval after it started.
+    frontier.started("a", second, clock.now)
+    assert frontier.next_wakeup() == pytest.approx(clock.now + 1.0)
+    frontier.started("unknown", second, clock.now)  # a host the frontier never met
+    clock.advance(0.9)
+    assert frontier.pop() is None
+    clock.advance(0.1)
+    assert frontier.pop() == ("a", "2")
 
 
 def test_an_adopted_request_counts_against_the_limit_until_finish() -> None:
@@ -1145,6 +1201,11 @@ class ModelHost:
     interval: float = 0.0
     blocked_until: float = 0.0
     last_start: float = -math.inf
+    #: The wait after last_start: the interval, or 0 once that start was undone.
+    gap: float = 0.0
+    #: With await_start: the hand-out (item, handed out at) whose start the
+    #: host waits for.
+    pending: tuple[int, float] | None = None
     given_up: bool = False
     #: Answered its last request: goes before silent hosts of the same rank.
     answering: bool = False
@@ -1159,7 +1220,7 @@ class ModelHost:
     idle_seq: int = 0
 
     def ready_at(self) -> float:
-        return max(self.blocked_until, self.last_start + self.interval)
+        return max(self.blocked_until, self.last_start + self.gap)
 
     def live(self) -> bool:
         return bool(self.queue or self.inflight or self.idle_until is not None)
@@ -1186,6 +1247,7 @@ class FrontierMachine(RuleBasedStateMachine):
         self.remember = 0
         self.prefetch = 0
         self.silent_limit = 0
+        self.await_start = False
         self.default_limit = DEFAULT_LIMIT
         self.hosts: dict[str, ModelHost] = {}  # live or remembered
         self.retired: OrderedDict[str, None] = OrderedDict()
@@ -1205,6 +1267,7 @@ class FrontierMachine(RuleBasedStateMachine):
         remember=st.sampled_from([1, 3, 100]),
         prefetch=st.integers(0, 1),
         silent_limit=st.integers(0, 1),
+        await_start=st.booleans(),
         default_limit=st.integers(1, 2),
     )
     def setup(
@@ -1216,6 +1279,7 @@ class FrontierMachine(RuleBasedStateMachine):
         remember: int,
         prefetch: int,
         silent_limit: int,
+        await_start: bool,
         default_limit: int,
     ) -> None:
         self.cap = cap
@@ -1224,6 +1288,7 @@ class FrontierMachine(RuleBasedStateMachine):
         self.remember = remember
         self.prefetch = prefetch
         self.silent_limit = silent_limit
+        self.await_start = await_start
         self.default_limit = default_limit
         self.frontier = Frontier(
             lambda key: HostPolicy(default_limit),
@@ -1232,6 +1297,7 @@ class FrontierMachine(RuleBasedStateMachine):
             grace=grace,
             prefetch=prefetch,
             silent_limit=silent_limit,
+            await_start=await_start,
             remember=remember,
             clock=self.clock,
             rng=random.Random(0),
@@ -1357,6 +1423,7 @@ class FrontierMachine(RuleBasedStateMachine):
             for key, h in self.hosts.items()
             if h.queue
             and len(h.inflight) < self._full_at(h)
+            and h.pending is None
             and now >= h.ready_at()
             and (h.leased or self.cap == 0 or active < self.cap)
         }
@@ -1412,6 +1479,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 for h in self.hosts.values()
                 if h.queue
                 and len(h.inflight) < self._full_at(h)
+                and h.pending is None
                 and (h.leased or self.cap == 0 or self._active_at_pop() < self.cap)
                 and h.ready_at() > self.clock.now
             ]
@@ -1455,6 +1523,9 @@ class FrontierMachine(RuleBasedStateMachine):
         host.queue.remove((rank, item))
         host.inflight.append(item)
         host.last_start = self.clock.now
+        host.gap = host.interval
+        if self.await_start and host.interval:
+            host.pending = (item, self.clock.now)
         if not host.leased:
             host.leased = True
             host.served = 0
@@ -1476,8 +1547,30 @@ class FrontierMachine(RuleBasedStateMachine):
         busy = [(key, item) for key, h in self.hosts.items() for item in h.inflight]
         key, item = busy[pick % len(busy)]
         self.frontier.finish(key)
-        self.hosts[key].inflight.remove(item)
+        host = self.hosts[key]
+        host.inflight.remove(item)
+        if not host.inflight:
+            host.pending = None
         self._maybe_retire(key)
+
+    @precondition(lambda self: any(h.pending for h in self.hosts.values()))
+    @rule(pick=st.integers(0, 1_000), started=st.booleans())
+    def start_or_unstart(self, pick: int, started: bool) -> None:
+        """The hand-out a host waits for starts (it reached the downloader),
+        or will not (a downloader middleware answered it)."""
+        waiting = [(key, h) for key, h in self.hosts.items() if h.pending]
+        key, host = waiting[pick % len(waiting)]
+        assert host.pending is not None
+        _, handed_out_at = host.pending
+        host.pending = None
+        if started:
+            self.frontier.started(key, handed_out_at, self.clock.now)
+            if host.last_start == handed_out_at:
+                host.last_start = self.clock.now
+        else:
+            self.frontier.unstart(key, handed_out_at)
+            if host.last_start == handed_out_at:
+                host.gap = 0.0
 
     @rule(key=st.sampled_from(HOST_KEYS))
     def adopt(self, key: str) -> None:
@@ -1497,6 +1590,7 @@ class FrontierMachine(RuleBasedStateMachine):
         self.next_item += 1
         if host.interval:
             host.last_start = self.clock.now
+            host.gap = host.interval
 
     @rule(key=st.sampled_from(HOST_KEYS))
     def finish_without_inflight_raises(self, key: str) -> None:
@@ -1527,7 +1621,8 @@ class FrontierMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(HOST_KEYS), interval=st.sampled_from([0.0, 1.0, 2.5]))
     def set_interval(self, key: str, interval: float) -> None:
         self.frontier.set_interval(key, interval)
-        self._touch(key).interval = interval
+        host = self._touch(key)
+        host.interval = host.gap = interval
 
     @rule(dt=st.sampled_from([0.25, 1.0, 3.0, 10.0]))
     def advance(self, dt: float) -> None:
@@ -1592,13 +1687,15 @@ class FrontierMachine(RuleBasedStateMachine):
             full_at = self._full_at(host)
             if state == READY:
                 assert host.queue
+                assert host.pending is None
                 assert len(host.inflight) < full_at
                 assert host.ready_at() <= now
             elif state == FULL:
                 assert host.queue
-                assert len(host.inflight) >= full_at
+                assert len(host.inflight) >= full_at or host.pending is not None
             elif state == PREFETCH:
                 assert host.queue
+                assert host.pending is None
                 assert host.limit <= len(host.inflight) < full_at
                 assert host.ready_at() <= now
             elif state == CAPPED:
@@ -1653,6 +1750,8 @@ class FrontierMachine(RuleBasedStateMachine):
                 for key, item in busy:
                     self.frontier.finish(key)
                     self.hosts[key].inflight.remove(item)
+                    if not self.hosts[key].inflight:
+                        self.hosts[key].pending = None
                     self._maybe_retire(key)
             elif len(self.frontier):
                 self._settle()

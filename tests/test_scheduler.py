@@ -853,6 +853,39 @@ async def test_download_delay_holds_from_the_first_page_with_robots_txt(
     assert min(gaps) >= 0.475, gaps
 
 
+@pytest.mark.parametrize(
+    ("handler", "addon"),
+    [(SCRAPY_HTTP11, False), (SCRAPY_HTTP11, True), (OUR_HANDLER, False), (OUR_HANDLER, True)],
+)
+@deferred_f_from_coro_f
+async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
+    local_hosts: HostsFactory, handler: str, addon: bool
+) -> None:
+    """A host's pages handed out a delay apart all wait for its robots.txt,
+    slower than the delay, in RobotsTxtMiddleware: they must still reach the
+    host a delay apart. Counted from handing them out, the delay let the
+    scheduler hand out three while robots.txt came in, and they arrived at
+    the host together (with Scrapy's HTTP/1.1 handler, which does not space
+    what it sends)."""
+    hosts = local_hosts([HostSpec(latency=0.6, links=0)])
+    await crawl(
+        hosts.start_urls(0, 5),
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        CONCURRENT_REQUESTS_PER_DOMAIN=4,
+        DOWNLOAD_DELAY=0.25,
+        DOWNLOAD_DELAY_JITTER=0,
+        ROBOTSTXT_OBEY=True,
+        **({"ADDONS": {"scrapy_hostqueue.Addon": 0}} if addon else {}),
+    )
+    hosts.wait_idle()  # the last answers counted at the hosts
+    stats = hosts.stats(0)
+    assert stats.robots_served == 1
+    assert stats.served == 5
+    gaps = _arrival_gaps(stats.arrivals)
+    assert min(gaps) >= 0.225, [round(gap, 3) for gap in gaps]
+
+
 class _AnswerOddPages:
     """Stands in for the downloader middlewares that answer a request before
     it reaches the downloader: pages 1, 5, ... get a response (as from
