@@ -12,9 +12,11 @@ bounds, one line per crawl, the table of medians, S7's next_request costs and is
     python -m bench --repeats 3 --extra-repeats 3   # three rounds of all (about 25 minutes)
     python -m bench --quick                  # one round, a smaller budget
 
-Every scenario runs every configuration. Scrapy's defaults, the scheduler alone
-and the full add-on (and in S2 Scrapy with its aiohttp handler, which issue 3
-compares there) run ``--repeats`` rounds; the other stock variants (old priority
+Every scenario runs every configuration, but S3r, S3's fast hosts alone, which
+runs Scrapy's defaults and the scheduler alone as a yardstick for S3 (it runs
+interleaved with S3). Scrapy's defaults, the scheduler alone and the full
+add-on (and in S2 Scrapy with its aiohttp handler, which issue 3 compares
+there) run ``--repeats`` rounds; the other stock variants (old priority
 queue, AutoThrottle) run in the first ``--extra-repeats`` rounds. S1 and S1b
 run those three configurations two rounds more (unless ``--repeats 1``): the
 S1 -> S1b target is the median, over the rounds, of the change between the
@@ -236,7 +238,11 @@ def main(argv: list[str]) -> int:
         lines += ["", *report.table_lines(summaries)]
     if micro is not None:
         lines += ["", *report.micro_lines(micro)]
-    lines += ["", *report.target_lines(targets), "", *report.probe_lines(probes)]
+    lines += ["", *report.target_lines(targets)]
+    reference = report.reference_lines(summaries)
+    if reference:
+        lines += ["", *reference]
+    lines += ["", *report.probe_lines(probes)]
     print("\n".join(lines))
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -329,6 +329,33 @@ def issue_targets(
     return targets
 
 
+def reference_lines(summaries: Sequence[Summary]) -> list[str]:
+    """What S3r, S3 without its delayed hosts, says about S3's figures: the
+    speed-up over Scrapy's defaults that the delayed hosts' whole cost is
+    worth on the same download handler, and what they cost the scheduler
+    alone. Empty unless S3 and S3r ran with Scrapy's defaults."""
+    base, plain = _find(summaries, "S3", "scrapy"), _find(summaries, "S3r", "scrapy")
+    if base is None or plain is None or not base.time_to_budget or not plain.time_to_budget:
+        return []
+    more = ">" if base.at_least else ""
+    lines = [
+        "S3r (S3's four 50 ms hosts alone) against S3:",
+        f"  Scrapy defaults took {plain.time_to_budget:.2f} s without the delayed hosts and "
+        f"{more}{base.time_to_budget:.2f} s with them: taking away the whole cost of the "
+        f"delayed hosts makes Scrapy {more}{base.time_to_budget / plain.time_to_budget:.2f}x "
+        "faster on its HTTP11 handler",
+    ]
+    ours = _find(summaries, "S3", "hq-scheduler")
+    ours_plain = _find(summaries, "S3r", "hq-scheduler")
+    if ours and ours_plain and ours.time_to_budget and ours_plain.time_to_budget:
+        lines.append(
+            f"  hq-scheduler took {ours_plain.time_to_budget:.2f} s without them and "
+            f"{ours.time_to_budget:.2f} s with them "
+            f"({ours.time_to_budget / ours_plain.time_to_budget - 1:+.1%})"
+        )
+    return lines
+
+
 def target_lines(targets: Sequence[Target]) -> list[str]:
     width = max(len(t.target) for t in targets)
     mwidth = max(len(t.measured) for t in targets)

@@ -167,7 +167,9 @@ def rounds_of(scenario: Scenario, config: str, repeats: int, extra_repeats: int)
     """Crawls of *config* in *scenario*: ``repeats`` for the configurations
     the scenario repeats, plus the scenario's ``extra_rounds`` unless this is
     a single-round run (``--repeats 1``, ``--quick``); ``extra_repeats`` (at
-    most ``repeats``) for the others."""
+    most ``repeats``) for the others; none for those it does not run."""
+    if not scenario.runs(config):
+        return 0
     if config in scenario.repeated:
         return repeats + (scenario.extra_rounds if repeats > 1 else 0)
     return min(extra_repeats, repeats)
@@ -330,6 +332,8 @@ def summarise(
     bound = scenario.bound(budget)
     summaries: list[Summary] = []
     for name in configs:
+        if not scenario.runs(name):
+            continue
         if name in unavailable:
             summaries.append(Summary(scenario.name, name, "n/a", unavailable[name]))
             continue

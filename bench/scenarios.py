@@ -64,7 +64,8 @@ CONFIGS: dict[str, Config] = {
 }
 
 DEFAULT_BUDGET = 1200
-#: Every scenario runs every configuration. These run in every round (``--repeats``);
+#: Every scenario runs every configuration (but a reference scenario: see
+#: ``Scenario.only``). These run in every round (``--repeats``);
 #: the others, which give context rather than being terms of issue 3's targets,
 #: in the first rounds only (``--extra-repeats``), to keep the suite near 10 minutes.
 REPEATED_CONFIGS = ("scrapy", "hq-scheduler", "hq-full")
@@ -112,6 +113,14 @@ class Scenario:
     #: more than 1): a pair whose target is a small change (S1 -> S1b: < 10 %)
     #: needs more crawls than the others to see past the machine's noise.
     extra_rounds: int = 0
+    #: The only configurations the scenario runs (None: every one). A
+    #: reference scenario, which gives another one's figures a yardstick, runs
+    #: just those it compares.
+    only: tuple[str, ...] | None = None
+
+    def runs(self, config: str) -> bool:
+        """Whether the scenario runs *config* at all."""
+        return self.only is None or config in self.only
 
     @property
     def specs(self) -> list[HostSpec]:
@@ -215,6 +224,18 @@ SCENARIOS: dict[str, Scenario] = {
             "12x latency=50ms",
             concurrent_requests=16,
             slot_delays=tuple((index, 1.0) for index in range(4, 12)),
+        ),
+        Scenario(
+            "S3r",
+            "S3's 4 hosts at 50 ms alone, no delayed host (a reference for S3)",
+            "4x latency=50ms",
+            concurrent_requests=16,
+            # What S3 would take if its delayed hosts cost nothing: Scrapy's
+            # defaults there bound what any scheduler can gain over them in
+            # S3 on the same download handler.
+            repeated=("scrapy", "hq-scheduler"),
+            only=("scrapy", "hq-scheduler"),
+            paired_with="S3",
         ),
         Scenario(
             "S4",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bench import micro
-from bench.report import issue_targets, probe_lines, table_lines
+from bench.report import issue_targets, probe_lines, reference_lines, table_lines
 from bench.runner import (
     Run,
     Summary,
@@ -57,6 +57,8 @@ def test_every_scenario_runs_every_configuration_with_its_own_time_limit() -> No
     # Scrapy defaults and this project's two configurations every round; in S2
     # Scrapy's aiohttp handler too (issue 3 compares with it there).
     for scenario in SCENARIOS.values():
+        if scenario.only is not None:
+            continue
         for config in ("scrapy", "hq-scheduler", "hq-full"):
             assert rounds_of(scenario, config, repeats=3, extra_repeats=1) == (
                 5 if scenario.name in ("S1", "S1b") else 3
@@ -67,6 +69,19 @@ def test_every_scenario_runs_every_configuration_with_its_own_time_limit() -> No
         assert rounds_of(scenario, "scrapy-pq", repeats=1, extra_repeats=2) == 1
     assert rounds_of(SCENARIOS["S2"], "scrapy-aiohttp", repeats=2, extra_repeats=1) == 2
     assert rounds_of(SCENARIOS["S3"], "scrapy-aiohttp", repeats=2, extra_repeats=1) == 1
+    # The reference for S3 runs only what it compares, every round.
+    reference = SCENARIOS["S3r"]
+    for config in ("scrapy", "hq-scheduler"):
+        assert rounds_of(reference, config, repeats=2, extra_repeats=1) == 2
+    for config in ("hq-full", "scrapy-pq", "scrapy-aiohttp"):
+        assert rounds_of(reference, config, repeats=2, extra_repeats=1) == 0
+    order = crawl_order([SCENARIOS["S3"], reference], list(CONFIGS), repeats=1, extra_repeats=1)
+    assert {(name, index) for _, name, index in order if index == 1} == {
+        ("scrapy", 1),
+        ("hq-scheduler", 1),
+    }
+    summaries = summarise(reference, list(CONFIGS), [], unavailable={}, budget=1200, time_limit=10)
+    assert [summary.config for summary in summaries] == ["scrapy", "hq-scheduler"]
 
 
 def test_a_crawl_reports_and_exits_at_its_time_limit(
@@ -144,6 +159,23 @@ def test_targets_pass_and_fail_on_the_numbers() -> None:
     # Not measured: neither pass nor fail.
     assert targets["S2 hq-full: no slower than scrapy-aiohttp"] is None
     assert targets[MEMORY_TARGET] is None
+
+
+def test_s3r_measures_what_s3s_delayed_hosts_cost() -> None:
+    def row(scenario: str, config: str, seconds: float) -> Summary:
+        return Summary(scenario, config, "ok", time_to_budget=seconds, violations=0)
+
+    assert reference_lines([row("S3", "scrapy", 14.0)]) == []
+    lines = reference_lines(
+        [
+            row("S3", "scrapy", 14.0),
+            row("S3r", "scrapy", 5.0),
+            row("S3", "hq-scheduler", 5.1),
+            row("S3r", "hq-scheduler", 4.8),
+        ]
+    )
+    assert "makes Scrapy 2.80x faster" in lines[1]
+    assert "4.80 s without them and 5.10 s with them (+6.2%)" in lines[2]
 
 
 def test_slow_host_target_compares_the_paired_rounds() -> None:
