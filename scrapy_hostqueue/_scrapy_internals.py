@@ -8,6 +8,7 @@ download slots altogether), so nothing else in the package reaches into them.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,40 @@ def apply_to_slot(
         slot.concurrency = concurrency
     if delay is not None:
         slot.delay = delay
+
+
+def hold_slot_concurrency(crawler: Crawler, key: str) -> None:
+    """Make the downloader slot *key*, if it exists, hold its concurrency
+    exactly (see :class:`_StartingQueue`). Call it before the slot's first
+    request is queued (``request_reached_downloader`` fires just before)."""
+    engine = _engine(crawler)
+    if engine is None:
+        return
+    slot = engine.downloader.slots.get(key)
+    if slot is not None and not isinstance(slot.queue, _StartingQueue):
+        slot.queue = _StartingQueue(slot.queue, slot.transferring)
+
+
+class _StartingQueue(deque):  # type: ignore[type-arg]
+    """A downloader slot's queue that counts a request as transferring as
+    soon as the downloader takes it off the queue.
+
+    Scrapy 2.19's downloader takes queued requests off while the slot has
+    ``free_transfer_slots()``, but adds each to ``slot.transferring`` only
+    when its download task first runs, a loop turn later: several taken off
+    together all pass the check, and the host gets more than the slot's
+    concurrency (SCRAPY_NOTES). Added here at once, the check holds."""
+
+    __slots__ = ("_transferring",)
+
+    def __init__(self, items: Iterable[Any], transferring: set[Any]) -> None:
+        super().__init__(items)
+        self._transferring = transferring
+
+    def popleft(self) -> Any:
+        item = super().popleft()
+        self._transferring.add(item[0])
+        return item
 
 
 def on_request_leaving_downloader(

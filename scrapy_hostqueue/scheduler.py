@@ -238,13 +238,19 @@ class HostQueueScheduler(BaseScheduler):
         self.recorder = get_recorder(crawler)
         self._autothrottle = crawler.settings.getbool("AUTOTHROTTLE_ENABLED")
         self._policy_hook: PolicyHook | None = None
-        self.prefetch = config.prefetch if _handlers_gate_sends(crawler) else 0
+        gate = _handlers_gate_sends(crawler)
+        self.prefetch = config.prefetch if gate else 0
+        # Without the send gate the prefetched request waits in Scrapy's
+        # downloader slot, which holds the limit as its concurrency (see
+        # internals.hold_slot_concurrency). Not with the AIMD middleware (see
+        # attach_policy).
+        self._slot_prefetch = 0 if gate else config.prefetch
         self.frontier: Frontier[Request] = Frontier(
             self._new_policy,
             max_active=config.max_active_hosts,
             turn=config.turn_requests,
             grace=config.idle_grace,
-            prefetch=self.prefetch,
+            prefetch=self.prefetch or self._slot_prefetch,
             # Without the send gate nothing downstream spaces the starts.
             await_start=not self.prefetch,
             remember=config.remember_hosts,
@@ -372,7 +378,13 @@ class HostQueueScheduler(BaseScheduler):
             "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s%s",
             cfg.default_concurrency,
             cfg.max_active_hosts or "unlimited",
-            self.prefetch,
+            self.prefetch
+            or (
+                f"{self._slot_prefetch} (in Scrapy's downloader slot, unless the AIMD "
+                "middleware runs)"
+                if self._slot_prefetch
+                else 0
+            ),
             "AutoThrottle" if self._autothrottle else "the scheduler",
             (
                 f", resumed {resumed:,} requests and {blocks:,} host blocks still in force"
@@ -490,6 +502,11 @@ class HostQueueScheduler(BaseScheduler):
         at a time they would keep the crawl going long after the rest."""
         self._policy_hook = hook
         self.frontier.silent_limit = 1
+        # A request waiting in Scrapy's downloader slot is past the
+        # middleware that holds a blocked host's requests back (a Retry-After
+        # that comes in meanwhile): only the send gate can send it back.
+        self._slot_prefetch = 0
+        self.frontier.prefetch = self.prefetch
         # It has answered once its response headers are in: a large first
         # download need not finish before the host gets its limit.
         self.crawler.signals.connect(self._headers_received, signal=signals.headers_received)
@@ -517,8 +534,14 @@ class HostQueueScheduler(BaseScheduler):
 
     def on_wire(self, host: str) -> int:
         """Requests of *host* sent and not yet answered: with prefetch, those
-        past the send gate; without, those handed out and not yet back."""
-        return self._sending.get(host, 0) if self.prefetch else self.frontier.inflight(host)
+        past the send gate; without, those handed out and not yet back (with
+        prefetch in the downloader slot, at most the limit of them)."""
+        if self.prefetch:
+            return self._sending.get(host, 0)
+        inflight = self.frontier.inflight(host)
+        if self._slot_prefetch:
+            return min(inflight, self.frontier.policy(host).limit)
+        return inflight
 
     def host_silent(self, host: str) -> None:
         """*host*'s last request failed to connect or timed out: until it
@@ -873,6 +896,8 @@ class HostQueueScheduler(BaseScheduler):
             self._wake_room_waiters(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
+        # Before Scrapy queues it in its downloader slot.
+        internals.hold_slot_concurrency(self.crawler, internals.host_key(self.crawler, request))
         host = self._handed_out.get(request)
         if host is not None and not self.prefetch and self._policy_hook is not None:
             # Only the AIMD middleware asks has_room.

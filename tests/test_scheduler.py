@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import scrapy
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.exceptions import CloseSpider, IgnoreRequest
 from scrapy.http import HtmlResponse, Response
 from scrapy.utils.defer import deferred_f_from_coro_f
@@ -42,6 +42,7 @@ from tests.crawling import (
     interleave,
     settings,
 )
+from tests.test_middleware_crawl import DirectDownloadSpider
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -382,7 +383,13 @@ async def test_priorities_within_a_host(local_hosts: HostsFactory) -> None:
                 yield scrapy.Request(hosts.page_url(0, page), priority=priority)
 
     crawler = await crawl(
-        [], spider_cls=Spider, SCHEDULER=SCHEDULER, CONCURRENT_REQUESTS_PER_DOMAIN=1
+        [],
+        spider_cls=Spider,
+        SCHEDULER=SCHEDULER,
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        # A prefetched request is handed out while the first is in flight,
+        # before the start requests after it are queued.
+        HOSTQUEUE_PREFETCH=0,
     )
     assert isinstance(crawler.spider, PageSpider)
     # The first request goes out before the others are queued; the rest by
@@ -884,6 +891,71 @@ async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
     assert stats.served == 5
     gaps = _arrival_gaps(stats.arrivals)
     assert min(gaps) >= 0.225, [round(gap, 3) for gap in gaps]
+
+
+@deferred_f_from_coro_f
+async def test_downloads_that_skip_the_scheduler_hold_the_slot_concurrency(
+    local_hosts: HostsFactory,
+) -> None:
+    """Without the AIMD middleware only Scrapy's downloader slot limits
+    downloads that do not come from the scheduler (a media pipeline's): its
+    concurrency, which the scheduler keeps at the host's limit, holds for
+    them too. Scrapy's downloader let every download queued in one loop turn
+    through (8 in flight at a limit of 2 here, with its HTTP/1.1 handler)."""
+    hosts = local_hosts([HostSpec(latency=0.05, links=0)])
+    crawler = get_crawler(
+        DirectDownloadSpider,
+        settings(SCHEDULER=SCHEDULER, CONCURRENT_REQUESTS_PER_DOMAIN=2, HOSTQUEUE_PREFETCH=0),
+    )
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 8))
+    spider = crawler.spider
+    assert isinstance(spider, DirectDownloadSpider)
+    assert spider.direct_statuses == [200] * 8 * 3
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    assert server.served == 8 + 8 * 3
+    assert server.max_in_flight == 2, server
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "addon", "in_downloader"), [(1, False, 3), (0, False, 2), (1, True, 2)]
+)
+@deferred_f_from_coro_f
+async def test_without_the_send_gate_the_prefetched_request_waits_in_the_downloader_slot(
+    local_hosts: HostsFactory, prefetch: int, addon: bool, in_downloader: int
+) -> None:
+    """With Scrapy's HTTP/1.1 handler the scheduler alone hands a host
+    ``HOSTQUEUE_PREFETCH`` requests beyond its limit: they wait in the host's
+    downloader slot, and go out as a response comes in, without going past
+    the limit at the host. Not with the AIMD middleware, which could not hold
+    such a request back for a Retry-After that came in meanwhile."""
+    hosts = local_hosts([HostSpec(latency=0.2, links=0)])
+    crawler = get_crawler(
+        PageSpider,
+        settings(
+            SCHEDULER=SCHEDULER,
+            CONCURRENT_REQUESTS_PER_DOMAIN=2,
+            HOSTQUEUE_PREFETCH=prefetch,
+            **({"ADDONS": {"scrapy_hostqueue.Addon": 0}} if addon else {}),
+        ),
+    )
+    counts = {"now": 0, "most": 0}
+
+    def reached(request: Request) -> None:
+        counts["now"] += 1
+        counts["most"] = max(counts["most"], counts["now"])
+
+    def left(request: Request) -> None:
+        counts["now"] -= 1
+
+    crawler.signals.connect(reached, signal=signals.request_reached_downloader)
+    crawler.signals.connect(left, signal=signals.request_left_downloader)
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 8))
+    hosts.wait_idle()
+    server = hosts.stats(0)
+    assert server.served == 8
+    assert server.max_in_flight == 2, server
+    assert counts["most"] == in_downloader
 
 
 class _AnswerOddPages:
