@@ -127,7 +127,8 @@ class _StartingQueue(deque):  # type: ignore[type-arg]
     ``free_transfer_slots()``, but adds each to ``slot.transferring`` only
     when its download task first runs, a loop turn later: several taken off
     together all pass the check, and the host gets more than the slot's
-    concurrency (SCRAPY_NOTES). Added here at once, the check holds."""
+    concurrency (on the asyncio reactor, without a download delay). Added
+    here at once, the check holds."""
 
     __slots__ = ("_transferring",)
 

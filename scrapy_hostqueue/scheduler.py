@@ -896,8 +896,9 @@ class HostQueueScheduler(BaseScheduler):
             self._wake_room_waiters(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
+        key = internals.host_key(self.crawler, request)
         # Before Scrapy queues it in its downloader slot.
-        internals.hold_slot_concurrency(self.crawler, internals.host_key(self.crawler, request))
+        internals.hold_slot_concurrency(self.crawler, key)
         host = self._handed_out.get(request)
         if host is not None and not self.prefetch and self._policy_hook is not None:
             # Only the AIMD middleware asks has_room.
@@ -910,9 +911,7 @@ class HostQueueScheduler(BaseScheduler):
             # holding the global budget, while the scheduler counts the delay
             # from handing it out: the next page would follow at once.
             if not self._autothrottle:
-                internals.apply_to_slot(
-                    self.crawler, internals.host_key(self.crawler, request), delay=0.0
-                )
+                internals.apply_to_slot(self.crawler, key, delay=0.0)
             return
         unsent = self._unsent.pop(request, None) if self._unsent else None
         if unsent is not None:

@@ -960,7 +960,8 @@ async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
     assert len(spider.responses) == 400
     assert spider.failures == []
     # With Scrapy's HTTP11 handler this crawl has 12-17 requests in flight per
-    # host (see SCRAPY_NOTES.md); the pool alone holds every host to 4.
+    # host (Scrapy's downloader lets every request queued in a slot in one loop
+    # turn through); the pool alone holds every host to 4.
     assert all(hosts.max_inflight[a] <= 4 for a in addresses)
     assert max(hosts.max_inflight.values()) == 4
     assert _connection_stats(crawler)["127.0.0.2"]["connections_opened_count"] <= 4
