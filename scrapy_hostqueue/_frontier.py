@@ -609,24 +609,18 @@ class Frontier(Generic[T]):
         A later start keeps its own gap. Before this one, the host had waited
         out the previous gap, so nothing else is owed.
         """
-        host = self._hosts.get(key)
-        if host is None:
-            return
-        policy = host.policy
-        refresh = host.pending_start == started_at
-        if refresh:
-            host.pending_start = None
-        if policy.last_start == started_at and policy.next_gap:
-            policy.next_gap = 0.0
-            refresh = True
-        if refresh:
-            self._refresh(key)
+        self._start_known(key, started_at, None)
 
     def started(self, key: str, started_at: float, now: float) -> None:
         """The request of *key* handed out at *started_at* started at *now*
         (it reached the downloader, past the downloader middlewares): if it
         is the host's last start, the interval before the next counts from
         *now*, and with ``await_start`` the host may be handed its next."""
+        self._start_known(key, started_at, now)
+
+    def _start_known(self, key: str, started_at: float, now: float | None) -> None:
+        """What became of the hand-out of *key* at *started_at*: it started
+        at *now*, or never will (None). See :meth:`started`, :meth:`unstart`."""
         host = self._hosts.get(key)
         if host is None:
             return
@@ -634,9 +628,14 @@ class Frontier(Generic[T]):
         refresh = host.pending_start == started_at
         if refresh:
             host.pending_start = None
-        if policy.last_start == started_at and now > started_at:
-            policy.last_start = now
-            refresh = True
+        if policy.last_start == started_at:
+            if now is None:
+                if policy.next_gap:
+                    policy.next_gap = 0.0
+                    refresh = True
+            elif now > started_at:
+                policy.last_start = now
+                refresh = True
         if refresh:
             self._refresh(key)
 

@@ -1115,11 +1115,9 @@ async def test_with_the_own_handler_a_200_with_retry_after_gives_a_new_host_its_
         )
 
     async with serving(["127.0.0.3"], slow_ok) as site:
-        crawler = get_crawler(PageSpider, aimd_settings(OUR_HANDLER, HOSTQUEUE_AIMD_START=2))
+        crawler = make_crawler(OUR_HANDLER, HOSTQUEUE_AIMD_START=2)
         await crawler.crawl_async(start_urls=[site.url("127.0.0.3", f"/p/{n}") for n in range(4)])
-    spider = crawler.spider
-    assert isinstance(spider, PageSpider)
-    assert len(spider.seen) == 4
+    assert len(spider_of(crawler).seen) == 4
     assert site.max_inflight["127.0.0.3"] == 2
     # The second arrived while the first body was still coming (1 s).
     assert arrivals[1] - arrivals[0] < 0.7, arrivals
@@ -1200,18 +1198,13 @@ async def test_a_made_up_response_does_not_give_a_new_host_its_limit(
     first two real pages reached it together."""
     hosts = local_hosts([HostSpec(latency=0.3, links=0)])
     made_up = [hosts.page_url(0, page) for page in (1000, 1001)]
-    crawler = get_crawler(
-        PageSpider,
-        aimd_settings(
-            handler,
-            HOSTQUEUE_AIMD_START=2,
-            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, StandInMiddleware: 700},
-        ),
+    crawler = make_crawler(
+        handler,
+        HOSTQUEUE_AIMD_START=2,
+        DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, StandInMiddleware: 700},
     )
     await crawler.crawl_async(start_urls=[*made_up, *hosts.start_urls(0, 4)])
-    spider = crawler.spider
-    assert isinstance(spider, PageSpider)
-    assert len(spider.seen) == 2 + 4
+    assert len(spider_of(crawler).seen) == 2 + 4
     hosts.wait_idle()
     server = hosts.stats(0)
     assert server.served == 4
@@ -1236,21 +1229,16 @@ async def test_redirects_move_the_limit_of_the_host_that_answers_them(
         return Reply(302, {"Location": pages.page_url(0, page)}, b"", head_delay=0.3)
 
     async with serving(["127.0.0.3"], redirect) as redirecting:
-        crawler = get_crawler(
-            PageSpider,
-            aimd_settings(
-                handler,
-                HOSTQUEUE_AIMD_START=4,
-                HOSTQUEUE_AIMD_FAST_LATENCY=0.1,
-                HOSTQUEUE_AIMD_SLOW_LATENCY=0.2,
-            ),
+        crawler = make_crawler(
+            handler,
+            HOSTQUEUE_AIMD_START=4,
+            HOSTQUEUE_AIMD_FAST_LATENCY=0.1,
+            HOSTQUEUE_AIMD_SLOW_LATENCY=0.2,
         )
         await crawler.crawl_async(
             start_urls=[redirecting.url("127.0.0.3", f"/r/{page}") for page in range(8)]
         )
-    spider = crawler.spider
-    assert isinstance(spider, PageSpider)
-    assert sorted(spider.seen) == sorted(pages.start_urls(0, 8))
+    assert sorted(spider_of(crawler).seen) == sorted(pages.start_urls(0, 8))
     assert stat(crawler, host_stat_key("127.0.0.3", "min_limit")) < 4
     assert redirecting.max_inflight["127.0.0.3"] <= 4
     assert stat(crawler, host_stat_key(pages.hostnames[0], "min_limit")) >= 2
@@ -1279,18 +1267,13 @@ async def test_a_429_a_middleware_above_turns_into_a_request_still_blocks_the_ho
     never honoured: the host kept its limit and got requests inside its
     windows. It is learnt from as it is downloaded now."""
     hosts = local_hosts([HostSpec(latency=0.05, links=0, throttle_above=1, retry_after="1")])
-    crawler = get_crawler(
-        PageSpider,
-        aimd_settings(
-            handler,
-            HOSTQUEUE_AIMD_START=4,
-            DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, BanRetryMiddleware: 700},
-        ),
+    crawler = make_crawler(
+        handler,
+        HOSTQUEUE_AIMD_START=4,
+        DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, BanRetryMiddleware: 700},
     )
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 8))
-    spider = crawler.spider
-    assert isinstance(spider, PageSpider)
-    assert len(spider.seen) == 8
+    assert len(spider_of(crawler).seen) == 8
     host = hosts.hostnames[0]
     assert stat(crawler, host_stat_key(host, "block_count/retry-after"), 0) >= 1
     assert stat(crawler, host_stat_key(host, "min_limit")) < 4
