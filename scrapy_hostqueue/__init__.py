@@ -26,8 +26,8 @@ _LAZY = {
     "AIMDMiddleware": "scrapy_hostqueue.middleware",
     "Addon": "scrapy_hostqueue.addon",
     "AiohttpDownloadHandler": "scrapy_hostqueue.handler",
-    "HostBlocked": "scrapy_hostqueue.scheduler",
-    "HostGivenUp": "scrapy_hostqueue.scheduler",
+    "HostBlocked": "scrapy_hostqueue.exceptions",
+    "HostGivenUp": "scrapy_hostqueue.exceptions",
     "HostQueueScheduler": "scrapy_hostqueue.scheduler",
     "HostQueueSettingsError": "scrapy_hostqueue._config",
     "StartRequestsMiddleware": "scrapy_hostqueue.start",
@@ -36,9 +36,10 @@ _LAZY = {
 if TYPE_CHECKING:
     from scrapy_hostqueue._config import HostQueueSettingsError
     from scrapy_hostqueue.addon import Addon
+    from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
     from scrapy_hostqueue.handler import AiohttpDownloadHandler
     from scrapy_hostqueue.middleware import AIMDMiddleware
-    from scrapy_hostqueue.scheduler import HostBlocked, HostGivenUp, HostQueueScheduler
+    from scrapy_hostqueue.scheduler import HostQueueScheduler
     from scrapy_hostqueue.start import StartRequestsMiddleware
 
 

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
+    from scrapy_hostqueue._contracts import HostView
+
 logger = logging.getLogger(__name__)
 
 #: Hosts the recorder's table tracks per host that gets its own stats keys.
@@ -199,6 +201,9 @@ class HostStatsRecorder:
         self._seq = itertools.count()
         self._floor = 0
         self.other = HostCounters()
+        #: The scheduler's view of its hosts, when the scheduler is
+        #: HostQueueScheduler (set when it opens).
+        self.host_view: HostView | None = None
 
     # -- the bounded table ---------------------------------------------------
 
@@ -263,13 +268,22 @@ class HostStatsRecorder:
         """Replace the per-host keys in the stats collector with the current ones."""
         if not self.enabled:
             return
+        current = self.host_stats()
+        replace = getattr(self.stats, "set_stats", None)
+        if replace is None:
+            # A collector with only the methods Scrapy itself calls: the
+            # current keys are written, and a host no longer among the named
+            # ones keeps its last values.
+            for key, value in current.items():
+                self.stats.set_value(key, value)
+            return
         fresh = {
             key: value
             for key, value in self.stats.get_stats().items()
             if not key.startswith(HOSTS_PREFIX)
         }
-        fresh.update(self.host_stats())
-        self.stats.set_stats(fresh)
+        fresh.update(current)
+        replace(fresh)
 
     # -- generic helpers ------------------------------------------------------
 

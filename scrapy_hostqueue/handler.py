@@ -65,6 +65,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue.sendgate import UsesSendGate, gate_of
 from scrapy_hostqueue.stats import get_recorder
 
 if TYPE_CHECKING:
@@ -583,7 +584,7 @@ def _dns_threads(settings: BaseSettings) -> int:
     return threads
 
 
-class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
+class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
     """Scrapy's aiohttp download handler with a connection pool that backstops
     the per-host limits of ``HostQueueScheduler``.
 
@@ -636,10 +637,9 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
             # aiohttp annotates the TTL as int but takes any number of seconds.
             ttl_dns_cache=pool.config.dns_cache_ttl,  # type: ignore[arg-type]
         )
-        scheduler = internals.current_scheduler(self.crawler)
-        host_busy = getattr(scheduler, "host_busy", None)
-        if host_busy is not None:
-            connector.host_busy = host_busy  # type: ignore[method-assign]
+        gate = gate_of(self.crawler)
+        if gate is not None:
+            connector.host_busy = gate.host_busy  # type: ignore[method-assign]
         connector.connect_timeout = pool.config.connect_timeout
         pool.connector = connector
         # The same session options as Scrapy's handler.
@@ -676,18 +676,17 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
 
     async def download_request(self, request: Request) -> Response:
         self._session = self._pool.get_session(self)
-        # With HOSTQUEUE_PREFETCH, HostQueueScheduler hands a host one more
+        # With HOSTQUEUE_PREFETCH, the scheduler hands a host one more
         # request than its limit; it waits here, before Scrapy's handler starts
         # its clock, for the host to have a free send slot.
-        scheduler = internals.current_scheduler(self.crawler)
-        acquire = getattr(scheduler, "acquire_send_slot", None)
-        if acquire is not None:
-            await acquire(request)
+        gate = gate_of(self.crawler)
+        if gate is not None:
+            await gate.acquire(request)
             response = await self._download(request)
             # The body is read and the connection back in the pool: the host's
             # next request may go now, unless the response asks to back off
             # (then the slot is freed once the request leaves the downloader).
-            scheduler.response_downloaded(request, response.status)
+            gate.body_read(request, response.status)
             return response
         return await self._download(request)
 
@@ -696,10 +695,9 @@ class AiohttpDownloadHandler(_ScrapyAiohttpDownloadHandler):
         # then reads the body: the scheduler hears of a back-off status
         # before that signal (which gives a silent host its limit) and before
         # a slow body.
-        scheduler = internals.current_scheduler(self.crawler)
-        status_read = getattr(scheduler, "status_read", None)
-        if status_read is not None:
-            status_read(request, response.status)
+        gate = gate_of(self.crawler)
+        if gate is not None:
+            gate.status_read(request, response.status)
         return await super()._read_response(response, request)
 
     async def _download(self, request: Request) -> Response:

@@ -34,11 +34,10 @@ from twisted.web.client import ResponseFailed
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._aimd import Adjustment, AimdSettings, AimdTable
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue._contracts import HostControl
+from scrapy_hostqueue._requests import MAX_REQUEUES
 from scrapy_hostqueue._retry_after import parse_retry_after
 from scrapy_hostqueue.scheduler import (
-    MAX_REQUEUES,
-    META_AUTO_SLOT,
-    META_REQUEUED,
     HostBlocked,
     HostGivenUp,
     HostQueueScheduler,
@@ -195,7 +194,7 @@ class AIMDMiddleware:
         )
         self.clock = self.table.clock
         self.recorder = get_recorder(crawler)
-        self.scheduler: HostQueueScheduler | None = None
+        self.scheduler: HostControl | None = None
         settings = crawler.settings
         #: Hosts whose DOWNLOAD_SLOTS entry gives a concurrency: their ceiling.
         self._slot_ceilings = frozenset(
@@ -255,7 +254,7 @@ class AIMDMiddleware:
         scheduler.attach_policy(self)
         # The scheduler opens before spider_opened is sent; with JOBDIR it may
         # already know hosts (resumed requests) with their configured limits.
-        for host, _queued, _inflight, _policy in scheduler.frontier.hosts():
+        for host, _queued, _inflight, _state in scheduler.hosts():
             configured = internals.configured_slot(self.crawler.settings, host)[0]
             scheduler.set_limit(host, self.initial_limit(host, configured))
         cfg = self.config
@@ -305,16 +304,16 @@ class AIMDMiddleware:
         self._warned_no_room.discard(host)
 
     @staticmethod
-    def _known_host(scheduler: HostQueueScheduler, request: Request) -> str:
+    def _known_host(scheduler: HostControl, request: Request) -> str:
         """The host of *request*, made known to the scheduler if it is not (a
         robots.txt of a site whose requests share a ``download_slot``), so that
         what the table learns about it is forgotten when the scheduler
         forgets the host."""
         host = scheduler.host_of(request)
-        scheduler.policy(host)
+        scheduler.host_state(host)
         return host
 
-    def _scheduler(self) -> HostQueueScheduler:
+    def _scheduler(self) -> HostControl:
         if self.scheduler is None:
             raise HostQueueSettingsError(
                 "scrapy_hostqueue.AIMDMiddleware was used before spider_opened or "
@@ -351,7 +350,7 @@ class AIMDMiddleware:
                 return self._wait_for_host(scheduler, request, host, crawl_delay, counted)
             if counted:
                 scheduler.adopt(request, host, now)
-        elif request.meta.get(META_REQUEUED, 0) < MAX_REQUEUES:
+        elif scheduler.requeues(request) < MAX_REQUEUES:
             if _DOWNLOAD_SLOT in request.meta and host != scheduler.handed_out_for(request):
                 # A downloader middleware before this one set the slot after
                 # the request was queued under another host: it goes back, to
@@ -361,7 +360,7 @@ class AIMDMiddleware:
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
             # waited for robots.txt) go back to the scheduler, which holds them.
             # Only those: one from engine.download_async would loop.
-            policy = scheduler.policy(host)
+            policy = scheduler.host_state(host)
             if policy.blocked_until > now:
                 return self._requeue(request, host, policy.block_reason)
             if crawl_delay is not None:
@@ -381,12 +380,12 @@ class AIMDMiddleware:
         # handed out together pass here a moment later, each one after that
         # note: noted again, each counts as sent while the limit was filled
         # (see _limit_held_back).
-        scheduler.frontier.note_full(host, now)
+        scheduler.note_full(host, now)
         return None
 
     @staticmethod
     def _direct_delay(
-        scheduler: HostQueueScheduler,
+        scheduler: HostControl,
         host: str,
         crawl_delay: _CrawlDelay | None,
         now: float,
@@ -399,7 +398,7 @@ class AIMDMiddleware:
 
     async def _wait_for_host(
         self,
-        scheduler: HostQueueScheduler,
+        scheduler: HostControl,
         request: Request,
         host: str,
         crawl_delay: _CrawlDelay | None,
@@ -439,14 +438,13 @@ class AIMDMiddleware:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
 
-    def _warn_no_room(self, scheduler: HostQueueScheduler, host: str) -> None:
+    def _warn_no_room(self, scheduler: HostControl, host: str) -> None:
         if host in self._warned_no_room:
             return
         self._warned_no_room.add(host)
-        frontier = scheduler.frontier
-        policy = frontier.policy(host)
-        silent = frontier.in_flight_cap(policy) < policy.limit
-        if silent and (scheduler.prefetch or frontier.inflight(host) < policy.limit):
+        policy = scheduler.host_state(host)
+        silent = scheduler.in_flight_cap(policy) < policy.limit
+        if silent and (scheduler.prefetch or scheduler.inflight(host) < policy.limit):
             # Without the send gate the host's limit may also be filled by
             # requests still in downloader middlewares (see
             # HostQueueScheduler.has_room): the other message then.
@@ -482,7 +480,7 @@ class AIMDMiddleware:
             self._scheduler().answered(request)
         return response
 
-    def response_downloaded(self, request: Request, response: Response) -> None:
+    def learn(self, request: Request, response: Response) -> None:
         """The download handler brought *response* (the scheduler calls this
         on ``response_downloaded``, before the host counts as answered). It is
         learnt from here, not in process_response: a downloader middleware
@@ -492,10 +490,10 @@ class AIMDMiddleware:
         started = request.meta.get(META_START)
         if started is None:
             return  # not sent through this middleware
-        self._learn(self._scheduler(), request, response, started)
+        self._learn_from(self._scheduler(), request, response, started)
 
-    def _learn(
-        self, scheduler: HostQueueScheduler, request: Request, response: Response, started: float
+    def _learn_from(
+        self, scheduler: HostControl, request: Request, response: Response, started: float
     ) -> None:
         """Adjust the host's limit and blocks to a downloaded *response* to a
         request that passed here at *started*."""
@@ -529,7 +527,7 @@ class AIMDMiddleware:
         self._keep_only_known(scheduler, host)
 
     @staticmethod
-    def _limit_held_back(scheduler: HostQueueScheduler, host: str, started: float) -> bool:
+    def _limit_held_back(scheduler: HostControl, host: str, started: float) -> bool:
         """Whether *host* had its limit in flight while a request that
         started at *started* was: now (the request still counts until it
         leaves the downloader), or when a later request filled the limit.
@@ -537,7 +535,7 @@ class AIMDMiddleware:
         by its delay, or with too few URLs queued, would otherwise climb to
         the ceiling on answers to one request at a time, and meet the next
         burst of its URLs with the whole ceiling at once."""
-        return scheduler.policy(host).full_at >= started or scheduler.frontier.limit_filled(host)
+        return scheduler.host_state(host).full_at >= started or scheduler.limit_filled(host)
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
         if isinstance(exception, HostBlocked):
@@ -564,21 +562,21 @@ class AIMDMiddleware:
         self._keep_only_known(scheduler, host)
         return None
 
-    def _keep_only_known(self, scheduler: HostQueueScheduler, host: str) -> None:
+    def _keep_only_known(self, scheduler: HostControl, host: str) -> None:
         """Forget *host* if the scheduler no longer knows it. With
         ``HOSTQUEUE_REMEMBER_HOSTS = 0`` the scheduler forgets an idle host at
         once, before the answer to a request it did not hand out (a
         robots.txt) reaches this middleware: what was learned from that
         answer would stay in the table, which only the scheduler's forgetting
         empties, for the rest of the crawl."""
-        if scheduler.frontier.known_policy(host) is None:
+        if scheduler.known_state(host) is None:
             self.forget_host(host)
 
     # -- applying the rule --------------------------------------------------
 
     def _apply(
         self,
-        scheduler: HostQueueScheduler,
+        scheduler: HostControl,
         adj: Adjustment,
         now: float,
         latency: float,
@@ -653,20 +651,18 @@ class AIMDMiddleware:
                 slot,
                 request,
             )
-        requeued = self._requeue(request, slot, "download_slot set after scheduling")
-        # The slot is the middleware's, not the downloader's: the scheduler keeps it.
-        requeued.meta.pop(META_AUTO_SLOT, None)
-        return requeued
+        return self._requeue(request, slot, "download_slot set after scheduling")
 
     def _requeue(self, request: Request, host: str, reason: str | None) -> Request:
         meta = dict(request.meta)
-        meta[META_REQUEUED] = meta.get(META_REQUEUED, 0) + 1
         meta.pop(META_START, None)
         if self.crawler.stats is not None:
             self.crawler.stats.inc_value(stat_key("requeued_count"))
         logger.debug("%s goes back to the scheduler (host %s: %s)", request, host, reason)
         # dont_filter: the dupefilter has seen this request already.
-        return request.replace(meta=meta, dont_filter=True)
+        requeued = request.replace(meta=meta, dont_filter=True)
+        self._scheduler().requeued(request, requeued)
+        return requeued
 
     # -- signals -------------------------------------------------------------
 
@@ -706,8 +702,8 @@ class AIMDMiddleware:
         capped = f" (it asks {asked:g}s; HOSTQUEUE_CRAWL_DELAY_MAX)" if asked > seconds else ""
         logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, entry.delay, capped)
 
-    def _apply_crawl_delay(self, scheduler: HostQueueScheduler, host: str, delay: float) -> None:
-        policy = scheduler.policy(host)
+    def _apply_crawl_delay(self, scheduler: HostControl, host: str, delay: float) -> None:
+        policy = scheduler.host_state(host)
         interval = delay + CRAWL_DELAY_MARGIN
         if interval <= policy.interval * (1 - policy.jitter):
             return  # DOWNLOAD_DELAY already spaces requests at least as much

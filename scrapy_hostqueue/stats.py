@@ -13,7 +13,7 @@ import os
 import shlex
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
@@ -21,7 +21,6 @@ from scrapy.utils.asyncio import create_looping_call
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
-from scrapy_hostqueue._frontier import Frontier
 from scrapy_hostqueue._recorder import (
     HOSTS_PREFIX,
     LOG_BUSIEST,
@@ -45,6 +44,8 @@ if TYPE_CHECKING:
     from scrapy.utils.asyncio import AsyncioLoopingCall
     from twisted.internet.task import LoopingCall
     from typing_extensions import Self
+
+    from scrapy_hostqueue._contracts import HostView
 
 __all__ = [
     "HOSTS_PREFIX",
@@ -105,13 +106,8 @@ class HostQueueStats:
         self.crawler = crawler
         self.config = config
         self.recorder = get_recorder(crawler)
-        self.frontier: Frontier[Any] | None = None
-        #: The scheduler's count of a host's requests on the wire (set with
-        #: ``frontier``).
-        self._on_wire: Callable[[str], int] | None = None
-        #: Whether the scheduler's send gate sent a request back (set with
-        #: ``frontier``).
-        self._sent_back: Callable[[Request], bool] | None = None
+        #: The scheduler's view of its hosts (None under another scheduler).
+        self.hosts: HostView | None = None
         self.timeline: TimelineWriter | None = None
         #: HOSTQUEUE_TIMELINE_FILE with its placeholders filled in, or None.
         self.timeline_path = timeline_path
@@ -177,7 +173,7 @@ class HostQueueStats:
             # refused, a DNS failure, a timeout): a dead or hanging host.
             # Not one the send gate sent back to wait out its host's block.
             self._unanswered.discard(request)
-            sent_back = self._sent_back is not None and self._sent_back(request)
+            sent_back = self.hosts is not None and self.hosts.sent_back_from_gate(request)
             if self.timeline is not None and not sent_back:
                 self._failed[host] = self._failed.get(host, 0) + 1
 
@@ -188,13 +184,9 @@ class HostQueueStats:
             self._fetched[host] = self._fetched.get(host, 0) + 1
 
     def spider_opened(self, spider: Spider) -> None:
-        scheduler = internals.current_scheduler(self.crawler)
-        frontier = getattr(scheduler, "frontier", None)
-        if isinstance(frontier, Frontier):
-            self.frontier = frontier
-            self._on_wire = scheduler.on_wire
-            self._sent_back = scheduler.sent_back_from_gate
-        else:
+        self.hosts = self.recorder.host_view
+        if self.hosts is None:
+            scheduler = internals.current_scheduler(self.crawler)
             logger.info(
                 "HostQueueStats: the scheduler is %s, not HostQueueScheduler: host "
                 "queues, limits and blocks are unknown; showing requests in the "
@@ -204,7 +196,7 @@ class HostQueueStats:
         # Per-request receivers only where their counts are read: every
         # receiver costs each request a few microseconds in Scrapy's dispatch.
         connect = self.crawler.signals.connect
-        if self.frontier is None or self.config.timeline_file:
+        if self.hosts is None or self.config.timeline_file:
             connect(self.request_reached_downloader, signal=signals.request_reached_downloader)
             connect(self.request_left_downloader, signal=signals.request_left_downloader)
         if self.config.timeline_file:
@@ -224,7 +216,7 @@ class HostQueueStats:
         if path is not None:
             try:
                 self.timeline = TimelineWriter(
-                    path, self.config.stats_max_hosts, queues_known=self.frontier is not None
+                    path, self.config.stats_max_hosts, queues_known=self.hosts is not None
                 )
             except OSError as error:
                 logger.error("HOSTQUEUE_TIMELINE_FILE: cannot write %s: %s", path, error)
@@ -277,8 +269,8 @@ class HostQueueStats:
     def log(self) -> None:
         """Log one line about the hosts and refresh the per-host stats."""
         self.recorder.flush()
-        frontier = self.frontier
-        if frontier is None:
+        view = self.hosts
+        if view is None:
             in_downloader = self._in_downloader
             top = heapq.nlargest(LOG_BUSIEST, in_downloader.items(), key=lambda item: item[1])
             logger.info(
@@ -289,15 +281,13 @@ class HostQueueStats:
             )
             return
         now = time.monotonic()
-        hosts = list(frontier.hosts())
+        hosts = list(view.hosts())
         blocked = sum(1 for *_, policy in hosts if policy.blocked_until > now)
         busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
         shown = []
-        on_wire = self._on_wire
-        assert on_wire is not None
         for key, _queued, _inflight, policy in busiest:
-            cap = frontier.in_flight_cap(policy)
-            text = f"{key or NO_HOST} {on_wire(key)}/{cap}"
+            cap = view.in_flight_cap(policy)
+            text = f"{key or NO_HOST} {view.on_wire(key)}/{cap}"
             if policy.blocked_until > now:
                 text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
             elif cap < policy.limit:
@@ -310,30 +300,28 @@ class HostQueueStats:
         logger.info(
             "Hosts: %d active, %d blocked, %d with work; %d requests queued; "
             "busiest (in flight/limit): %s",
-            frontier.active,
+            view.active_hosts,
             blocked,
             len(hosts),
-            len(frontier),
+            view.queued_requests,
             ", ".join(shown) or "none",
         )
 
     def _samples(self, now: float, fetched: dict[str, int]) -> list[HostSample]:
         in_downloader = self._in_downloader
         samples: dict[str, HostSample] = {}
-        frontier = self.frontier
-        if frontier is not None:
-            on_wire = self._on_wire
-            assert on_wire is not None
-            for key, queued, _inflight, policy in frontier.hosts():
+        view = self.hosts
+        if view is not None:
+            for key, queued, _inflight, policy in view.hosts():
                 host = key or NO_HOST
                 samples[host] = HostSample(
                     host,
                     # With prefetch, a request in the downloader may still
                     # wait at the send gate: count what was sent.
-                    on_wire(key),
+                    view.on_wire(key),
                     queued,
-                    # What it may have in flight: 1 while silent (see Frontier).
-                    frontier.in_flight_cap(policy),
+                    # What it may have in flight: 1 while silent.
+                    view.in_flight_cap(policy),
                     max(0.0, policy.blocked_until - now),
                     policy.block_reason,
                 )
@@ -342,15 +330,15 @@ class HostQueueStats:
         # interval.
         for host in [*in_downloader, *fetched, *self._failed]:
             if host not in samples:
-                if frontier is None:
+                if view is None:
                     samples[host] = HostSample(host, in_downloader.get(host, 0), None, None)
                     continue
-                known = frontier.known_policy(host)
+                known = view.known_state(host)
                 samples[host] = HostSample(
                     host,
                     in_downloader.get(host, 0),
                     0,
-                    frontier.in_flight_cap(known) if known is not None else None,
+                    view.in_flight_cap(known) if known is not None else None,
                 )
         return list(samples.values())
 

@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from scrapy_hostqueue._frontier import (
+from scrapy_hostqueue.store.memory import (
     BLOCKED,
     CAPPED,
     DRAINED,
@@ -33,8 +33,8 @@ from scrapy_hostqueue._frontier import (
     IDLE,
     PREFETCH,
     READY,
-    Frontier,
-    HostPolicy,
+    HostState,
+    MemoryStore,
     _Fifo,
 )
 
@@ -64,10 +64,10 @@ def make(
     await_start: bool = False,
     clock: FakeClock | None = None,
     rng: random.Random | None = None,
-) -> tuple[Frontier[str], FakeClock]:
+) -> tuple[MemoryStore[str], FakeClock]:
     clock = clock or FakeClock()
-    frontier: Frontier[str] = Frontier(
-        lambda key: HostPolicy(limit, interval, jitter),
+    frontier: MemoryStore[str] = MemoryStore(
+        lambda key: HostState(limit, interval, jitter),
         max_active=max_active,
         turn=turn,
         grace=grace,
@@ -79,7 +79,7 @@ def make(
     return frontier, clock
 
 
-def drain_pops(frontier: Frontier[str], bound: int = 10_000) -> list[tuple[str, str]]:
+def drain_pops(frontier: MemoryStore[str], bound: int = 10_000) -> list[tuple[str, str]]:
     """Pop until the frontier returns None (bounded, so a bug cannot hang a test)."""
     out: list[tuple[str, str]] = []
     for _ in range(bound):
@@ -204,8 +204,8 @@ def test_push_of_a_higher_rank_moves_a_ready_host_up() -> None:
     ],
 )
 def test_ring_granularity_groups_ranks_across_hosts(granularity: int, expected: list[str]) -> None:
-    frontier: Frontier[str] = Frontier(
-        lambda key: HostPolicy(10), ring_granularity=granularity, clock=FakeClock()
+    frontier: MemoryStore[str] = MemoryStore(
+        lambda key: HostState(10), ring_granularity=granularity, clock=FakeClock()
     )
     for i in range(3):
         frontier.push("a", 3, f"a{i}")
@@ -214,8 +214,8 @@ def test_ring_granularity_groups_ranks_across_hosts(granularity: int, expected: 
 
 
 def test_ring_granularity_keeps_rank_order_within_a_host() -> None:
-    frontier: Frontier[str] = Frontier(
-        lambda key: HostPolicy(1), ring_granularity=2, clock=FakeClock()
+    frontier: MemoryStore[str] = MemoryStore(
+        lambda key: HostState(1), ring_granularity=2, clock=FakeClock()
     )
     frontier.push("a", 2, "start")
     frontier.push("a", 3, "link")
@@ -312,8 +312,8 @@ def test_full_at_is_when_a_start_last_filled_the_limit() -> None:
 
 
 def test_a_silent_host_has_silent_limit_in_flight_until_it_answers() -> None:
-    frontier: Frontier[str] = Frontier(
-        lambda key: HostPolicy(3), silent_limit=1, prefetch=1, clock=FakeClock()
+    frontier: MemoryStore[str] = MemoryStore(
+        lambda key: HostState(3), silent_limit=1, prefetch=1, clock=FakeClock()
     )
     for i in range(10):
         frontier.push("a", 0, str(i))
@@ -342,12 +342,12 @@ def test_without_silent_limit_a_silent_host_has_its_limit() -> None:
 
 def test_silent_limit_below_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="silent_limit"):
-        Frontier(lambda key: HostPolicy(1), silent_limit=-1)
+        MemoryStore(lambda key: HostState(1), silent_limit=-1)
 
 
 def test_prefetch_goes_only_when_no_host_can_send() -> None:
     clock = FakeClock()
-    frontier: Frontier[str] = Frontier(lambda key: HostPolicy(1), prefetch=1, clock=clock)
+    frontier: MemoryStore[str] = MemoryStore(lambda key: HostState(1), prefetch=1, clock=clock)
     for i in range(3):
         frontier.push("a", 0, f"a{i}")
     assert frontier.pop() == ("a", "a0")
@@ -362,7 +362,9 @@ def test_prefetch_goes_only_when_no_host_can_send() -> None:
 
 
 def test_prefetch_goes_to_the_highest_head_rank_first() -> None:
-    frontier: Frontier[str] = Frontier(lambda key: HostPolicy(1), prefetch=1, clock=FakeClock())
+    frontier: MemoryStore[str] = MemoryStore(
+        lambda key: HostState(1), prefetch=1, clock=FakeClock()
+    )
     for key in ("a", "b", "c"):
         frontier.push(key, 0, f"{key}0")
         frontier.push(key, 0, f"{key}1")
@@ -383,8 +385,8 @@ def test_prefetch_goes_to_the_highest_head_rank_first() -> None:
 @pytest.mark.parametrize(("limit", "prefetch"), [(1, 1), (2, 1), (1, 3)])
 def test_prefetch_hands_out_beyond_the_limit(limit: int, prefetch: int) -> None:
     clock = FakeClock()
-    frontier: Frontier[str] = Frontier(
-        lambda key: HostPolicy(limit), prefetch=prefetch, clock=clock
+    frontier: MemoryStore[str] = MemoryStore(
+        lambda key: HostState(limit), prefetch=prefetch, clock=clock
     )
     for i in range(limit + prefetch + 2):
         frontier.push("a", 0, str(i))
@@ -396,8 +398,8 @@ def test_prefetch_hands_out_beyond_the_limit(limit: int, prefetch: int) -> None:
 
 def test_a_host_with_an_interval_gets_no_prefetch() -> None:
     clock = FakeClock()
-    frontier: Frontier[str] = Frontier(
-        lambda key: HostPolicy(1, interval=1.0), prefetch=2, clock=clock
+    frontier: MemoryStore[str] = MemoryStore(
+        lambda key: HostState(1, interval=1.0), prefetch=2, clock=clock
     )
     for i in range(3):
         frontier.push("a", 0, str(i))
@@ -415,7 +417,7 @@ def test_limit_below_one_is_refused(bad: int) -> None:
     with pytest.raises(ValueError, match="limit"):
         frontier.set_limit("a", bad)
     with pytest.raises(ValueError, match="limit"):
-        HostPolicy(bad)
+        HostState(bad)
 
 
 # -- block_until, set_interval, next_wakeup ---------------------------------
@@ -752,7 +754,7 @@ def test_active_host_keeps_its_slot_while_it_has_work(max_active: int) -> None:
         assert frontier.active <= max_active
 
 
-def serve_one_at_a_time(frontier: Frontier[str], rounds: int) -> list[str]:
+def serve_one_at_a_time(frontier: MemoryStore[str], rounds: int) -> list[str]:
     """Pop one request, finish it, *rounds* times: the hosts served, in order."""
     order = []
     for _ in range(rounds):
@@ -796,7 +798,7 @@ def test_a_host_that_must_wait_gives_its_place_up_during_its_turn() -> None:
     assert len(frontier) == 0
 
 
-def serve_keeping_requests_in_flight(frontier: Frontier[str], rounds: int) -> str:
+def serve_keeping_requests_in_flight(frontier: MemoryStore[str], rounds: int) -> str:
     """Pop all that is ready, then finish the oldest request, *rounds* times: the
     hosts served, in order. A busy host's requests overlap, so it has nothing
     in flight only when the frontier stops handing it requests."""
@@ -904,12 +906,12 @@ def test_without_a_cap_an_idle_host_retires_at_once() -> None:
 
 def test_a_grace_is_not_negative() -> None:
     with pytest.raises(ValueError, match="grace"):
-        Frontier(lambda key: HostPolicy(1), max_active=1, grace=-1.0)
+        MemoryStore(lambda key: HostState(1), max_active=1, grace=-1.0)
 
 
 def test_a_turn_is_at_least_one_request() -> None:
     with pytest.raises(ValueError, match="turn"):
-        Frontier(lambda key: HostPolicy(1), max_active=1, turn=0)
+        MemoryStore(lambda key: HostState(1), max_active=1, turn=0)
 
 
 @pytest.mark.parametrize("how", ["block", "remove_queued", "give_up"])
@@ -1234,12 +1236,12 @@ class ModelHost:
 
 
 class FrontierMachine(RuleBasedStateMachine):
-    """Drives a Frontier and a plain model with the same operations."""
+    """Drives a MemoryStore and a plain model with the same operations."""
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock(0.0)
-        self.frontier: Frontier[int] = Frontier(lambda key: HostPolicy(DEFAULT_LIMIT))
+        self.frontier: MemoryStore[int] = MemoryStore(lambda key: HostState(DEFAULT_LIMIT))
         self.cap = 0
         self.turn = 1
         self.grace = 0.0
@@ -1290,8 +1292,8 @@ class FrontierMachine(RuleBasedStateMachine):
         self.silent_limit = silent_limit
         self.await_start = await_start
         self.default_limit = default_limit
-        self.frontier = Frontier(
-            lambda key: HostPolicy(default_limit),
+        self.frontier = MemoryStore(
+            lambda key: HostState(default_limit),
             max_active=cap,
             turn=turn,
             grace=grace,
@@ -1330,7 +1332,7 @@ class FrontierMachine(RuleBasedStateMachine):
         return False
 
     def _touch(self, key: str) -> ModelHost:
-        """Frontier.policy(): find or create, refreshing the LRU order."""
+        """MemoryStore.policy(): find or create, refreshing the LRU order."""
         host = self.hosts.get(key)
         if host is not None and host.live():
             return host
@@ -1463,7 +1465,7 @@ class FrontierMachine(RuleBasedStateMachine):
     def push_busy_host(self, key: str, rank: int) -> None:
         self._push(key, rank)
 
-    def _check_pop(self, frontier: Frontier[int]) -> tuple[str, int, int] | None:
+    def _check_pop(self, frontier: MemoryStore[int]) -> tuple[str, int, int] | None:
         """Pop from *frontier* and check the answer against the model (which
         it leaves alone): ``(key, rank, item)`` or None."""
         ready, servable = self._ready(), self._servable()
@@ -1782,7 +1784,7 @@ test_frontier_against_model = FrontierMachine.TestCase
 # -- cost: structures stay O(live hosts), pop/push never scan the hosts ----------
 
 
-def structure_sizes(frontier: Frontier[Any]) -> dict[str, int]:
+def structure_sizes(frontier: MemoryStore[Any]) -> dict[str, int]:
     return {
         "ring": sum(len(bucket) for bucket in frontier._buckets.values()),
         "buckets": len(frontier._buckets),
@@ -1795,7 +1797,7 @@ def structure_sizes(frontier: Frontier[Any]) -> dict[str, int]:
 class BoundsWatcher:
     """Checks that no structure outgrows the largest live-host count seen."""
 
-    def __init__(self, frontier: Frontier[Any], slack: int = 100) -> None:
+    def __init__(self, frontier: MemoryStore[Any], slack: int = 100) -> None:
         self.frontier = frontier
         self.peak_live = 0
         self.slack = slack
@@ -2011,7 +2013,7 @@ def test_answering_hosts_go_first_at_the_same_rank() -> None:
     assert served == {"a", "s"}
 
 
-def push_answering_sites(frontier: Frontier[str], hosts: str, count: int = 20) -> None:
+def push_answering_sites(frontier: MemoryStore[str], hosts: str, count: int = 20) -> None:
     """Queue *count* requests for each of *hosts*, which have answered."""
     for host in hosts:
         for i in range(count):

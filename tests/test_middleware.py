@@ -37,16 +37,17 @@ from twisted.web._newclient import ResponseNeverReceived
 
 from scrapy_hostqueue import HostGivenUp, HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._frontier import Frontier, HostPolicy
+from scrapy_hostqueue._requests import RequestTable
 from scrapy_hostqueue.middleware import (
     CONNECTION_ERRORS,
     CRAWL_DELAY_MARGIN,
     MAX_REQUEUES,
-    META_REQUEUED,
     META_START,
     AIMDMiddleware,
 )
+from scrapy_hostqueue.sendgate import SendGate
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
+from scrapy_hostqueue.store.memory import HostState, MemoryStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import SCHEDULER, PageSpider, settings
 
@@ -71,34 +72,47 @@ class StandInScheduler(HostQueueScheduler):
         # No super(): no crawler needed.
         self._policy_hook: Any = None
         self._configured = configured
-        self.frontier = Frontier(self._make_policy, remember=remember)
+        self.frontier = MemoryStore(self._make_policy, remember=remember)
         self.blocks: list[tuple[str, float, str]] = []
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
-        self._handed_out: dict[Request, str] = {}
-        self._refusing: dict[Request, str] = {}
-        self._adopted: dict[Request, str] = {}
+        self._records = RequestTable()
         self._room_waiters: dict[str, Any] = {}
-        self._reached: dict[Request, str] = {}
-        self._reached_per_host: dict[str, int] = {}
         self.prefetch = 0
+        # Closed (no prefetch): these tests hold no request at a send gate.
+        self.gate = SendGate(
+            self.frontier,
+            self._records,
+            recorder=None,  # type: ignore[arg-type]
+            enabled=False,
+            backoff_codes=(),
+            may_send_back=lambda request: False,
+            room_changed=lambda host: None,
+        )
+
+    @property
+    def _store(self) -> MemoryStore[Request]:  # type: ignore[override]
+        return self.frontier
 
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request(), and in flight for
         its host until :meth:`leave`."""
-        host = self._handed_out[request] = self.host_of(request)
+        host = self.host_of(request)
+        self._records.hand_out(request, host, None)
         self.frontier.adopt(host, self.frontier.clock())
         return request
 
     def leave(self, request: Request) -> None:
         """*request* left the downloader."""
-        self.frontier.finish(self._handed_out.pop(request))
+        record = self._records.leave(request)
+        assert record is not None
+        self.frontier.finish(record.host)
 
-    def _make_policy(self, host: str) -> HostPolicy:
+    def _make_policy(self, host: str) -> HostState:
         limit = self._configured
         if self._policy_hook is not None:
             limit = self._policy_hook.initial_limit(host, limit)
-        policy = HostPolicy(limit, jitter=0.5)
+        policy = HostState(limit, jitter=0.5)
         # Heard from: a host not heard from yet has one request at a time
         # (tested with the frontier and in crawls), which would hide the
         # limits these tests look at.
@@ -163,7 +177,7 @@ def deliver(mw: AIMDMiddleware, request: Request, answer: Response) -> Response:
     """*answer* comes from the download handler: the scheduler hands it to
     the middleware on response_downloaded, then it crosses process_response
     (crawl tests cover those a middleware makes up)."""
-    mw.response_downloaded(request, answer)
+    mw.learn(request, answer)
     return mw.process_response(request, answer)
 
 
@@ -287,7 +301,7 @@ def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
     assert isinstance(back, Request)
     assert back.url == URL
     assert back.dont_filter
-    assert back.meta[META_REQUEUED] == 1
+    assert scheduler.requeues(back) == 1
     assert META_START not in back.meta
     # Not forever: after MAX_REQUEUES it goes through.
     # A requeued request comes back through the scheduler.
@@ -814,7 +828,7 @@ def test_robots_crawl_delay_holds_requests_already_handed_out(
     clock.now += 0.2
     back = mw.process_request(scheduler.hand_out(Request(URL + "/2")))
     assert isinstance(back, Request)
-    assert back.meta[META_REQUEUED] == 1
+    assert scheduler.requeues(back) == 1
     assert len(scheduler.blocks) == 1
     clock.now += 1
     assert mw.process_request(scheduler.hand_out(back)) is None
@@ -825,7 +839,7 @@ def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
 ) -> None:
     mw, scheduler, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
-    scheduler.frontier = Frontier(scheduler._make_policy)  # forgot every host
+    scheduler.frontier = MemoryStore(scheduler._make_policy)  # forgot every host
     clock.now += 2  # past the block that follows robots.txt
     sent(mw)
     assert scheduler.policy(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
@@ -862,3 +876,23 @@ async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> N
     assert hosts.stats(0).served == 20
     stats = get_recorder(crawler).host_stats()
     assert stats[host_stat_key(hosts.hostnames[0], "max_limit")] > 2
+
+
+def test_a_child_of_a_request_sent_back_often_is_held_by_a_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """How often a request went back is the request's own: a request built
+    from its response's meta (``meta=response.meta``) starts from zero and is
+    held by its host's block like any other."""
+    mw, scheduler, clock = middleware(monkeypatch)
+    scheduler.block_until(HOST, clock.now + 2, "retry-after")
+    back = mw.process_request(scheduler.hand_out(Request(URL)))
+    for _ in range(MAX_REQUEUES - 1):
+        assert isinstance(back, Request)
+        back = mw.process_request(scheduler.hand_out(back))
+    assert isinstance(back, Request)
+    assert scheduler.requeues(back) == MAX_REQUEUES
+    assert mw.process_request(scheduler.hand_out(back)) is None  # goes at last
+    child = Request(URL + "/child", meta=back.meta)
+    assert scheduler.requeues(child) == 0
+    assert isinstance(mw.process_request(scheduler.hand_out(child)), Request)

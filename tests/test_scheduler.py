@@ -18,19 +18,20 @@ import scrapy
 from scrapy import Request, signals
 from scrapy.exceptions import CloseSpider, IgnoreRequest
 from scrapy.http import HtmlResponse, Response
+from scrapy.statscollectors import MemoryStatsCollector
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._frontier import IDLE
 from scrapy_hostqueue.scheduler import (
     JOBDIR_OF_SCRAPY_SCHEDULER,
     JOBDIR_STATE_UNREADABLE,
     STATE_FILE,
     request_rank,
 )
+from scrapy_hostqueue.store.memory import IDLE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
     OUR_HANDLER,
@@ -350,7 +351,7 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
         DOWNLOADER_MIDDLEWARES={f"{__name__}._ShortCircuit": 999},
     )
     assert scheduler, "no response reached the spider"
-    frontier = scheduler[-1].frontier
+    frontier = scheduler[-1].store
     # Nothing is left in flight; a host may still hold its place in its grace.
     assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
     assert all(frontier.state(key) == IDLE for key, *_ in frontier.hosts())
@@ -1038,9 +1039,9 @@ def test_an_answer_marks_the_host_it_was_handed_out_for(monkeypatch: pytest.Monk
     assert request is not None
     request.meta["download_slot"] = "proxy-7"
     response = Response(request.url, request=request)
-    scheduler._response_downloaded(response, request, PageSpider())
-    assert scheduler.frontier.policy("example.com").answering
-    assert scheduler.frontier.known_policy("proxy-7") is None
+    scheduler._on_response_downloaded(response, request, PageSpider())
+    assert scheduler.store.policy("example.com").answering
+    assert scheduler.store.known_policy("proxy-7") is None
 
 
 @deferred_f_from_coro_f
@@ -1068,14 +1069,14 @@ async def test_the_send_gate_holds_a_host_while_its_back_off_status_crosses_the_
         assert scheduler.enqueue_request(Request(f"http://example.com/{page}"))
     first, second, third = (scheduler.next_request() for _ in range(3))
     assert first is not None and second is not None and third is not None
-    await scheduler.acquire_send_slot(first)
-    await scheduler.acquire_send_slot(second)
-    waiting = asyncio.ensure_future(scheduler.acquire_send_slot(third))
+    await scheduler.gate.acquire(first)
+    await scheduler.gate.acquire(second)
+    waiting = asyncio.ensure_future(scheduler.gate.acquire(third))
     await asyncio.sleep(0)
     assert not waiting.done()  # the limit is 2
 
-    scheduler.response_downloaded(first, 429)
-    scheduler.response_downloaded(second, 200)  # frees its slot
+    scheduler.gate.body_read(first, 429)
+    scheduler.gate.body_read(second, 200)  # frees its slot
     await asyncio.sleep(0)
     assert not waiting.done()  # the 429 has not crossed the middlewares yet
 
@@ -1084,4 +1085,90 @@ async def test_the_send_gate_holds_a_host_while_its_back_off_status_crosses_the_
     await asyncio.wait_for(waiting, 1)
     scheduler._request_left(second)
     scheduler._request_left(third)
-    assert not scheduler._backing_off and not scheduler._backing_off_hosts
+    assert not scheduler.gate._backing_off_hosts
+    assert not any(
+        (record := scheduler._records.get(request)) is not None and record.backing_off
+        for request in (first, second, third)
+    )
+
+
+class _ChildrenWithSlot(PageSpider):
+    """From the first page, yields pages of another host built from the
+    response's meta with a ``download_slot`` of its own, as spiders often do."""
+
+    children: list[str] = []
+    meta_keys: set[str] = set()
+
+    def parse(self, response: Response) -> Any:
+        self.seen.append(response.url)
+        self.meta_keys.update(response.meta)
+        if response.meta.get("download_slot") == "custom":
+            return
+        for url in self.children:
+            yield Request(url, meta={**response.meta, "download_slot": "custom"})
+
+
+@pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
+@deferred_f_from_coro_f
+async def test_a_download_slot_set_on_a_child_built_from_response_meta_is_kept(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """The slot the downloader wrote into the parent's meta must not travel
+    to its children, nor make the scheduler drop a slot the spider chose:
+    ``DOWNLOAD_SLOTS["custom"]`` holds the children to one at a time."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.05, links=0)])
+    _ChildrenWithSlot.children = hosts.start_urls(1, 12)
+    crawler = await crawl(
+        hosts.start_urls(0, 1),
+        spider_cls=_ChildrenWithSlot,
+        SCHEDULER=SCHEDULER,
+        DOWNLOAD_HANDLERS=_handlers(handler),
+        CONCURRENT_REQUESTS_PER_DOMAIN=4,
+        DOWNLOAD_SLOTS={"custom": {"concurrency": 1, "delay": 0}},
+    )
+    hosts.wait_idle()
+    _parent, children = hosts.all_stats(arrivals=False)
+    assert children.served == 12
+    assert children.max_in_flight == 1
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("hostqueue/hosts/custom/request_count") == 12
+    # The scheduler's bookkeeping does not travel in meta (the handler's
+    # hostqueue_pool_wait is a measurement, written afresh for each request).
+    assert not {"hostqueue_auto_slot", "hostqueue_requeued"} & _ChildrenWithSlot.meta_keys
+
+
+class _NoSetStats(MemoryStatsCollector):
+    """A stats collector with only the methods Scrapy itself calls (no
+    ``set_stats``), which stock Scrapy runs with."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "set_stats":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+@deferred_f_from_coro_f
+async def test_close_runs_every_duty_with_a_stats_collector_without_set_stats(
+    local_hosts: HostsFactory, tmp_path: Any
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01, links=0)])
+    jobdir = tmp_path / "job"
+    crawler = get_crawler(
+        PageSpider,
+        settings(SCHEDULER=SCHEDULER, STATS_CLASS=f"{__name__}._NoSetStats", JOBDIR=str(jobdir)),
+    )
+    schedulers: list[Any] = []
+
+    def opened(spider: scrapy.Spider) -> None:
+        schedulers.append(internals.current_scheduler(crawler))
+
+    crawler.signals.connect(opened, signal=signals.spider_opened)
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 5))
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    assert crawler.stats.get_value(f"hostqueue/hosts/{hosts.hostnames[0]}/request_count") == 5
+    (scheduler,) = schedulers
+    assert isinstance(scheduler, HostQueueScheduler)
+    # The dupefilter was closed: requests.seen is written and closed.
+    assert scheduler.df.file.closed  # type: ignore[attr-defined]
+    assert (jobdir / "requests.seen").stat().st_size > 0

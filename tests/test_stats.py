@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from scrapy import Spider
+from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue._config import HostQueueConfig
-from scrapy_hostqueue._frontier import Frontier, HostPolicy
 from scrapy_hostqueue._recorder import TRACKED_PER_NAMED
 from scrapy_hostqueue.stats import (
     OTHER_HOSTS,
@@ -22,6 +22,7 @@ from scrapy_hostqueue.stats import (
     host_stat_key,
     stat_key,
 )
+from scrapy_hostqueue.store.memory import HostState, MemoryStore
 
 
 def make_recorder(**settings: Any) -> HostStatsRecorder:
@@ -65,6 +66,36 @@ def test_with_a_send_gate_in_flight_counts_what_passed_the_gate() -> None:
     assert not any("_other" in key for key in stats)
 
 
+class _StoreView:
+    """The scheduler's HostView over a bare store, every request on the wire."""
+
+    def __init__(self, store: MemoryStore[str]) -> None:
+        self.store = store
+
+    @property
+    def active_hosts(self) -> int:
+        return self.store.active
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self.store)
+
+    def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
+        return self.store.hosts()
+
+    def known_state(self, host: str) -> HostState | None:
+        return self.store.known_policy(host)
+
+    def in_flight_cap(self, state: HostState) -> int:
+        return self.store.in_flight_cap(state)
+
+    def on_wire(self, host: str) -> int:
+        return self.store.inflight(host)
+
+    def sent_back_from_gate(self, request: Request) -> bool:
+        return False
+
+
 def test_a_silent_host_that_left_the_frontier_shows_its_one_request_in_the_timeline() -> None:
     """A host whose last request failed and that has nothing queued nor in
     flight leaves the frontier; its timeline row for that interval shows the
@@ -72,10 +103,9 @@ def test_a_silent_host_that_left_the_frontier_shows_its_one_request_in_the_timel
     limit (4)."""
     crawler = get_crawler(Spider)
     extension = HostQueueStats(crawler, HostQueueConfig.from_settings(crawler.settings))
-    frontier: Frontier[str] = Frontier(lambda key: HostPolicy(4, 0.0, 0.0))
+    frontier: MemoryStore[str] = MemoryStore(lambda key: HostState(4, 0.0, 0.0))
     frontier.silent_limit = 1
-    extension.frontier = frontier
-    extension._on_wire = frontier.inflight
+    extension.hosts = _StoreView(frontier)
     for host in ("dead.test", "live.test"):
         frontier.push(host, 0, f"https://{host}/")
         popped = frontier.pop()

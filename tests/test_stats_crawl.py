@@ -184,6 +184,7 @@ async def test_log_line_and_timeline(
     assert lines
     assert any(f"{hosts.hostnames[1]} " in line for line in lines)
 
+    hosts.wait_idle()  # the last answers counted at the hosts
     rows = read_timeline(str(timeline))
     times = sorted({row["t"] for row in rows})
     assert len(times) >= 3
@@ -258,7 +259,7 @@ async def test_requests_the_send_gate_sends_back_are_not_failed_downloads(
         ),
     )
     assert crawler.stats is not None
-    sent_back = "downloader/exception_type_count/scrapy_hostqueue.scheduler.HostBlocked"
+    sent_back = "downloader/exception_type_count/scrapy_hostqueue.exceptions.HostBlocked"
     assert crawler.stats.get_value(sent_back, 0) >= 1
     rows = read_timeline(str(timeline))
     assert sum(row["failed"] for row in rows) == 0

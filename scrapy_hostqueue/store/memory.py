@@ -19,10 +19,10 @@ exactly one state:
 * FULL: in flight at or above its limit (plus ``prefetch`` if it has no
   interval; ``silent_limit``, without prefetch, for a silent host), or, with
   ``await_start``, its last hand-out not started yet. Leaves on
-  :meth:`Frontier.finish`, when a silent host answers, or on
-  :meth:`Frontier.started`.
+  :meth:`MemoryStore.finish`, when a silent host answers, or on
+  :meth:`MemoryStore.started`.
 * BLOCKED: blocked until a time (Retry-After, back-off, delay between
-  starts). Sits in a timer heap, released by :meth:`Frontier.pop`.
+  starts). Sits in a timer heap, released by :meth:`MemoryStore.pop`.
 * CAPPED: idle, ready, but the active-host cap is reached. Sits in one of
   two FIFOs (answering and silent hosts), released when an active host gives
   its place up.
@@ -32,7 +32,7 @@ exactly one state:
 * IDLE: holds an active place (under a cap) with nothing queued and nothing
   in flight, for ``grace`` seconds, in the timer heap: a spider's links come
   a moment after the response left the downloader. Leaves on enqueue, or
-  retires when the grace is over (released by :meth:`Frontier.pop`).
+  retires when the grace is over (released by :meth:`MemoryStore.pop`).
 
 A host takes an active place when it is first served and keeps it, across
 moments with nothing in flight, while it has work it may start at once, for
@@ -44,7 +44,7 @@ request (ENDING), so a host that always has requests in flight does not keep
 its place for ever. Kept places let the hosts being crawled keep their
 keep-alive connections.
 
-Hosts that answered their last request (``HostPolicy.answering``) go before
+Hosts that answered their last request (``HostState.answering``) go before
 silent ones (not heard from yet, or whose last request failed to connect or
 timed out): in the ring, at the same priority, and for a free place. Silent
 hosts that wait for a place end an answering host's turn, and get the next
@@ -67,24 +67,39 @@ import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
+from enum import Enum
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-READY = "ready"
-FULL = "full"
-PREFETCH = "prefetch"
-BLOCKED = "blocked"
-CAPPED = "capped"
-DRAINED = "drained"
-ENDING = "ending"
-IDLE = "idle"
+
+class Placement(Enum):
+    """Where a live host sits in the store (see the module docstring)."""
+
+    READY = "ready"
+    PREFETCH = "prefetch"
+    FULL = "full"
+    BLOCKED = "blocked"
+    CAPPED = "capped"
+    DRAINED = "drained"
+    ENDING = "ending"
+    IDLE = "idle"
 
 
-class HostPolicy:
+READY = Placement.READY
+FULL = Placement.FULL
+PREFETCH = Placement.PREFETCH
+BLOCKED = Placement.BLOCKED
+CAPPED = Placement.CAPPED
+DRAINED = Placement.DRAINED
+ENDING = Placement.ENDING
+IDLE = Placement.IDLE
+
+
+class HostState:
     """What the scheduler needs to know to decide whether a host is ready.
 
-    The AIMD middleware changes it only through :class:`Frontier` methods, so
+    The AIMD middleware changes it only through :class:`MemoryStore` methods, so
     the host's place in the frontier is updated at once.
     """
 
@@ -128,7 +143,7 @@ class HostPolicy:
         self.given_up = False
         #: The host answered its last request (an HTTP response), as opposed to
         #: a host not heard from yet or whose last request failed to connect
-        #: or timed out. Answering hosts go first (see :class:`Frontier`).
+        #: or timed out. Answering hosts go first (see :class:`MemoryStore`).
         self.answering = False
 
     def spaced_until(self) -> float:
@@ -140,7 +155,7 @@ class HostPolicy:
 
     def __repr__(self) -> str:
         return (
-            f"HostPolicy(limit={self.limit}, interval={self.interval:g}, "
+            f"HostState(limit={self.limit}, interval={self.interval:g}, "
             f"blocked_until={self.blocked_until:.3f}, given_up={self.given_up})"
         )
 
@@ -201,7 +216,7 @@ class _Host(Generic[T]):
         "token",
     )
 
-    def __init__(self, key: str, policy: HostPolicy) -> None:
+    def __init__(self, key: str, policy: HostState) -> None:
         self.key = key
         self.policy = policy
         self.queues: dict[int, _Fifo[T]] = {}
@@ -244,7 +259,7 @@ class _Host(Generic[T]):
         return item
 
 
-class Frontier(Generic[T]):
+class MemoryStore(Generic[T]):
     """Per-host queues plus the ring of ready hosts.
 
     *policy_factory* makes the policy of a host seen for the first time.
@@ -260,7 +275,7 @@ class Frontier(Generic[T]):
 
     def __init__(
         self,
-        policy_factory: Callable[[str], HostPolicy],
+        policy_factory: Callable[[str], HostState],
         *,
         max_active: int = 0,
         turn: int = 1,
@@ -310,8 +325,8 @@ class Frontier(Generic[T]):
         # Policies of idle hosts, least recently used first, at most
         # `remember`; and those of idle hosts given up or blocked beyond the
         # moment they were pushed out of the first, at most `remember` more.
-        self._retired: OrderedDict[str, HostPolicy] = OrderedDict()
-        self._kept: OrderedDict[str, HostPolicy] = OrderedDict()
+        self._retired: OrderedDict[str, HostState] = OrderedDict()
+        self._kept: OrderedDict[str, HostState] = OrderedDict()
         self._buckets: dict[int, deque[tuple[int, _Host[T]]]] = {}
         self._bucket_ranks: list[int] = []  # heap of -rank
         self._ring_entries = 0  # entries in all buckets, stale ones included
@@ -342,7 +357,7 @@ class Frontier(Generic[T]):
     def live_hosts(self) -> int:
         return len(self._hosts)
 
-    def policy(self, key: str) -> HostPolicy:
+    def policy(self, key: str) -> HostState:
         """The policy of *key*, created from the factory on first sight."""
         host = self._hosts.get(key)
         if host is not None:
@@ -362,19 +377,19 @@ class Frontier(Generic[T]):
 
     def note_full(self, key: str, now: float) -> None:
         """Note *now* as the last moment *key* had its whole limit in flight
-        (``HostPolicy.full_at``), if it has."""
+        (``HostState.full_at``), if it has."""
         host = self._hosts.get(key)
         if host is not None:
             self._note_full(host, now)
 
-    def in_flight_cap(self, policy: HostPolicy) -> int:
+    def in_flight_cap(self, policy: HostState) -> int:
         """How many requests a host with *policy* may have in flight now: its
         limit, or ``silent_limit`` if that is lower and the host is silent."""
         if self.silent_limit and not policy.answering:
             return min(policy.limit, self.silent_limit)
         return policy.limit
 
-    def known_policy(self, key: str) -> HostPolicy | None:
+    def known_policy(self, key: str) -> HostState | None:
         """The policy of *key* if the frontier knows the host, without creating one."""
         host = self._hosts.get(key)
         if host is not None:
@@ -389,11 +404,11 @@ class Frontier(Generic[T]):
         host = self._hosts.get(key)
         return host.inflight if host is not None else 0
 
-    def state(self, key: str) -> str | None:
+    def state(self, key: str) -> Placement | None:
         host = self._hosts.get(key)
         return host.state if host is not None else None
 
-    def _policies(self) -> Iterator[tuple[str, HostPolicy]]:
+    def _policies(self) -> Iterator[tuple[str, HostState]]:
         """``(key, policy)`` of every host, idle hosts that are still
         remembered included (O(hosts))."""
         for host in self._hosts.values():
@@ -401,7 +416,7 @@ class Frontier(Generic[T]):
         for idle in (self._retired, self._kept):
             yield from idle.items()
 
-    def blocked(self, now: float) -> Iterator[tuple[str, HostPolicy]]:
+    def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
         """``(key, policy)`` of every host blocked beyond *now*, idle hosts
         that are still remembered included (O(hosts): for a crawl's close)."""
         for key, policy in self._policies():
@@ -428,7 +443,7 @@ class Frontier(Generic[T]):
             policy.next_gap = when - now
             self._refresh(key)
 
-    def hosts(self) -> Iterator[tuple[str, int, int, HostPolicy]]:
+    def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
         """``(key, queued, inflight, policy)`` of every live host (O(hosts): for
         periodic reports, never on the request path)."""
         for host in self._hosts.values():
@@ -531,6 +546,17 @@ class Frontier(Generic[T]):
             # host waiting for a place (with adopted requests in flight) keeps
             # its turn in the line.
             self._place(host, self.clock())
+
+    def ack(self, item: T) -> None:
+        """Nothing to do: a request leaves this store when handed out, and
+        nothing outlives the process."""
+
+    def release(self, key: str, rank: int, item: T) -> None:
+        """Queue *item* again (see :meth:`finish` for its place in flight)."""
+        self.push(key, rank, item)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def remove_queued(self, key: str) -> list[T]:
         """Drop every queued item of *key* and return them."""
@@ -702,7 +728,7 @@ class Frontier(Generic[T]):
         if host.inflight >= host.policy.limit:
             host.policy.full_at = now
 
-    def _handed_out_at_most(self, policy: HostPolicy) -> int:
+    def _handed_out_at_most(self, policy: HostState) -> int:
         """In flight from which a host is handed nothing more: its limit plus
         ``prefetch``, except that a host with a delay between request starts
         gets no prefetch (its next request may not go before the delay
@@ -712,7 +738,7 @@ class Frontier(Generic[T]):
             return self.in_flight_cap(policy)
         return policy.limit + self.prefetch
 
-    def _draw_gap(self, policy: HostPolicy, now: float) -> None:
+    def _draw_gap(self, policy: HostState, now: float) -> None:
         """A request started at *now*: draw the gap before the next may."""
         policy.last_start = now
         gap = policy.interval
@@ -901,13 +927,13 @@ class Frontier(Generic[T]):
         del self._hosts[host.key]
         self._remember_policy(host.key, host.policy)
 
-    def _recall(self, key: str) -> HostPolicy:
+    def _recall(self, key: str) -> HostState:
         """The policy of *key*, which is not live, taken out of the memories
         of idle hosts, or a new one."""
         policy = self._retired.pop(key, None) or self._kept.pop(key, None)
         return policy if policy is not None else self._policy_factory(key)
 
-    def _remember_policy(self, key: str, policy: HostPolicy) -> None:
+    def _remember_policy(self, key: str, policy: HostState) -> None:
         """Keep the policy of *key*, now idle, pushing the least recently used
         idle host out of the memory if it is full. A host pushed out while it
         is given up, or blocked beyond now, is kept in a second memory of the

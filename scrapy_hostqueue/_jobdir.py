@@ -1,0 +1,159 @@
+"""``JOBDIR`` persistence of the in-memory store: at a graceful stop the queued
+requests, host blocks and spacing are written to one file, and read back when
+the job resumes.
+
+This is not crash-safe: the file is written only at a graceful stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scrapy.utils.request import request_from_dict
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from scrapy import Request, Spider
+
+    from scrapy_hostqueue.store import RequestStore
+
+logger = logging.getLogger(__name__)
+
+#: File in JOBDIR holding the queued requests and host blocks of a stopped crawl.
+STATE_FILE = "hostqueue.state"
+#: 2: every request pickled on its own (version 1 pickled their dicts in one
+#: go, so one request that could not be pickled lost the whole state).
+_STATE_VERSION = 2
+_READABLE_STATE_VERSIONS = (1, 2)
+
+
+def state_path(jobdir: str) -> str:
+    return os.path.join(jobdir, STATE_FILE)
+
+
+def scrapy_job_refusal(jobdir: str | None) -> str | None:
+    """Why a JOBDIR is refused: Scrapy's own scheduler left requests queued in
+    it, which this scheduler cannot read, and the dupefilter's
+    ``requests.seen`` would keep the crawl from finding them again, so they
+    would be lost without a word. None if it is not."""
+    if not jobdir:
+        return None
+    path = os.path.join(jobdir, "requests.queue", "active.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            queued = json.load(f)
+    except (OSError, ValueError):
+        return None  # none (or nothing readable) to lose
+    if not queued:
+        return None
+    return (
+        f"JOBDIR {jobdir!r} holds requests queued by Scrapy's own scheduler "
+        f"({os.path.join(jobdir, 'requests.queue')}), which HostQueueScheduler "
+        "cannot read: resumed with it, the crawl would lose them (the "
+        "dupefilter's requests.seen keeps their links from being found again). "
+        "Finish this job with the scheduler that started it, or start a new "
+        "JOBDIR; to resume it with HostQueueScheduler anyway, losing those "
+        "requests, delete that directory."
+    )
+
+
+@dataclass
+class SavedState:
+    """What a stopped job left: its queued requests, and the host blocks and
+    spacing still in force (on the monotonic clock)."""
+
+    requests: list[Request]
+    blocks: list[tuple[str, float, str | None]]
+    spacing: list[tuple[str, float]]
+
+
+def save_state(
+    path: str,
+    store: RequestStore[Request],
+    refused: Iterable[tuple[str, Request]],
+    spider: Spider,
+    *,
+    debug: bool,
+) -> tuple[int, int]:
+    """Write what *store* holds (and the requests of given-up hosts, whose
+    host may be back next time) to *path*, atomically. Returns how many
+    requests were written and how many could not be serialised."""
+    requests: list[tuple[str, bytes]] = []
+    unserializable = 0
+    queued = [(host, request) for host, _rank, request in store.items()]
+    for host, request in [*queued, *refused]:
+        try:
+            # Pickled one by one: a request whose meta cannot be pickled (a
+            # Selector, a Response) is lost alone, as with Scrapy's disk queues.
+            data = pickle.dumps(request.to_dict(spider=spider), protocol=4)
+        except Exception:
+            unserializable += 1
+            if debug or unserializable == 1:
+                logger.warning(
+                    "Unable to serialize request %s; it is lost at this stop "
+                    "(this warning is shown once; SCHEDULER_DEBUG=True shows all)",
+                    request,
+                )
+        else:
+            requests.append((host, data))
+    now = time.monotonic()
+    # Times are saved on the wall clock: the monotonic one restarts.
+    to_wall = time.time() - now
+    # Idle hosts too: a host blocked with nothing queued stays blocked for
+    # the requests the resumed crawl will find for it.
+    blocks = {
+        host: (policy.blocked_until + to_wall, policy.block_reason)
+        for host, policy in store.blocked(now)
+    }
+    # When each host with an interval between starts (DOWNLOAD_DELAY,
+    # Crawl-delay) may start its next request: also after the resume.
+    spacing = {host: when + to_wall for host, when in store.spaced(now)}
+    state = {"version": _STATE_VERSION, "requests": requests, "blocks": blocks, "spacing": spacing}
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            pickle.dump(state, f, protocol=4)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    logger.info("Saved %d queued requests to %s", len(requests), path)
+    return len(requests), unserializable
+
+
+def load_state(path: str, spider: Spider) -> SavedState | None:
+    """What the last stop saved at *path*, None if nothing. Reads the whole
+    file first: if any of it cannot be read, it raises."""
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        state = pickle.load(f)  # our own file, in the user's JOBDIR
+    version = state.get("version") if isinstance(state, dict) else None
+    if version not in _READABLE_STATE_VERSIONS:
+        raise ValueError(f"written by an incompatible scrapy-hostqueue (version {version!r})")
+    requests = [
+        request_from_dict(pickle.loads(data) if version >= 2 else data, spider=spider)
+        for _host, data in state["requests"]
+    ]
+    now = time.time()
+    to_monotonic = time.monotonic() - now
+    blocks = [
+        (host, until + to_monotonic, reason)
+        for host, (until, reason) in state["blocks"].items()
+        if until > now
+    ]
+    spacing = [
+        (host, when + to_monotonic) for host, when in state.get("spacing", {}).items() if when > now
+    ]
+    return SavedState(requests, blocks, spacing)

@@ -1,0 +1,47 @@
+"""Exceptions the errbacks and downloader middlewares of a crawl may see."""
+
+from __future__ import annotations
+
+from scrapy.exceptions import IgnoreRequest
+
+__all__ = ["HostBlocked", "HostGivenUp"]
+
+
+class HostBlocked(IgnoreRequest):
+    """Raised at the send gate for a request whose host got blocked (a
+    Retry-After, a back-off) while the request waited there; the AIMD
+    middleware sends it back to the scheduler, which holds it until the block
+    ends.
+
+    Downloader middlewares ordered above the AIMD middleware see it in their
+    ``process_exception`` first. It is not a failure of the host or of a
+    proxy: a subclass of Scrapy's ``IgnoreRequest``, which middlewares that
+    handle download failures (retries, proxy bans) leave alone. Such a
+    middleware must return None for it, so that the request reaches the AIMD
+    middleware and goes back to the queue.
+    """
+
+    def __init__(self, host: str, reason: str | None) -> None:
+        super().__init__(f"host {host} is blocked ({reason}): the request goes back to the queue")
+        self.host = host
+        self.reason = reason
+
+
+class HostGivenUp(IgnoreRequest):
+    """What the errback of a request gets when its host was given up (too
+    many connection failures in a row, see ``HOSTQUEUE_ERROR_MAX_COOLDOWNS``):
+    the request was queued when that happened, or came later. A subclass of
+    Scrapy's ``IgnoreRequest``, as for requests robots.txt forbids.
+
+    ``last_error`` names the host's last failure
+    (``"DownloadConnectionRefusedError: ..."``, ``"HTTP 503"``), or is None if
+    it is no longer known.
+    """
+
+    def __init__(self, host: str, last_error: str | None = None) -> None:
+        message = f"host {host} was given up after repeated connection failures"
+        if last_error:
+            message += f" (last: {last_error})"
+        super().__init__(message)
+        self.host = host
+        self.last_error = last_error
