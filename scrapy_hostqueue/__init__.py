@@ -12,6 +12,7 @@ __all__ = [
     "AIMDMiddleware",
     "Addon",
     "AiohttpDownloadHandler",
+    "GcTuning",
     "HostBlocked",
     "HostGivenUp",
     "HostQueueScheduler",
@@ -26,6 +27,7 @@ _LAZY = {
     "AIMDMiddleware": "scrapy_hostqueue.middleware",
     "Addon": "scrapy_hostqueue.addon",
     "AiohttpDownloadHandler": "scrapy_hostqueue.handler",
+    "GcTuning": "scrapy_hostqueue.gc_tuning",
     "HostBlocked": "scrapy_hostqueue.scheduler",
     "HostGivenUp": "scrapy_hostqueue.scheduler",
     "HostQueueScheduler": "scrapy_hostqueue.scheduler",
@@ -36,6 +38,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from scrapy_hostqueue._config import HostQueueSettingsError
     from scrapy_hostqueue.addon import Addon
+    from scrapy_hostqueue.gc_tuning import GcTuning
     from scrapy_hostqueue.handler import AiohttpDownloadHandler
     from scrapy_hostqueue.middleware import AIMDMiddleware
     from scrapy_hostqueue.scheduler import HostBlocked, HostGivenUp, HostQueueScheduler
