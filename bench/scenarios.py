@@ -66,7 +66,7 @@ CONFIGS: dict[str, Config] = {
 DEFAULT_BUDGET = 1200
 #: Every scenario runs every configuration (but a reference scenario: see
 #: ``Scenario.only``). These run in every round (``--repeats``);
-#: the others, which give context rather than being terms of issue 3's targets,
+#: the others, which give context rather than being terms of the targets,
 #: in the first rounds only (``--extra-repeats``), to keep the suite near 10 minutes.
 REPEATED_CONFIGS = ("scrapy", "hq-scheduler", "hq-full")
 #: A crawl stops at this many times its scenario's bound (but not before
@@ -161,7 +161,7 @@ class Scenario:
         return rates
 
     def per_host_bound(self, budget: int) -> float:
-        """budget / Σ per-host rate: issue 3's politeness bound."""
+        """budget / Σ per-host rate: the scenario's politeness bound."""
         return budget / sum(rate for rate, _ in self.host_rates())
 
     def bound(self, budget: int) -> float:
@@ -215,7 +215,7 @@ SCENARIOS: dict[str, Scenario] = {
             "S2",
             "50/50/50/1000 ms, limit 4",
             "3x latency=50ms; latency=1s",
-            # Issue 3 compares the add-on with Scrapy's aiohttp handler here.
+            # A target compares the add-on with Scrapy's aiohttp handler here.
             repeated=(*REPEATED_CONFIGS, "scrapy-aiohttp"),
         ),
         Scenario(
