@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.runner import Run, Summary
-from bench.scenarios import CONFIGS, SCENARIOS, Scenario
+from bench.scenarios import ADDON, ADDON_WITHOUT_GC, CONFIGS, SCENARIOS, Scenario
 
 logger = logging.getLogger(__name__)
 
@@ -357,6 +357,32 @@ def reference_lines(summaries: Sequence[Summary]) -> list[str]:
             f"({ours.time_to_budget / ours_plain.time_to_budget - 1:+.1%})"
         )
     return lines
+
+
+def gc_lines(summaries: Sequence[Summary]) -> list[str]:
+    """What the GcTuning extension is worth: the add-on with it against the
+    add-on without it, in every scenario that ran both. Empty if none did."""
+    lines = []
+    for with_gc in summaries:
+        if with_gc.config != ADDON or with_gc.status != "ok" or not with_gc.time_to_budget:
+            continue
+        without = _find(summaries, with_gc.scenario, ADDON_WITHOUT_GC)
+        if without is None or not without.time_to_budget:
+            continue
+        more, more_without = (">" if s.at_least else "" for s in (with_gc, without))
+        cpu = (
+            f"; CPU {with_gc.cpu:.1f} s with, {without.cpu:.1f} s without"
+            if with_gc.cpu is not None and without.cpu is not None
+            else ""
+        )
+        lines.append(
+            f"  {with_gc.scenario:<4} {more}{with_gc.time_to_budget:.2f} s with, "
+            f"{more_without}{without.time_to_budget:.2f} s without "
+            f"({with_gc.time_to_budget / without.time_to_budget - 1:+.1%}){cpu}"
+        )
+    if not lines:
+        return []
+    return [f"GC tuning: {ADDON} (with GcTuning) against {ADDON_WITHOUT_GC} (without):", *lines]
 
 
 def target_lines(targets: Sequence[Target]) -> list[str]:

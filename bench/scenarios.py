@@ -8,6 +8,10 @@ from typing import Any
 from scrapy_hostqueue.testing import HostSpec, host_address, parse_specs
 
 SCRAPY_AIOHTTP = "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler"
+#: The add-on's configuration, and the same without its GC tuning: the
+#: difference between the two is what the GcTuning extension is worth.
+ADDON = "hq-full"
+ADDON_WITHOUT_GC = "hq-full-no-gc"
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,27 @@ CONFIGS: dict[str, Config] = {
             ("scrapy_hostqueue.HostQueueScheduler",),
         ),
         Config(
-            "hq-full",
+            ADDON,
             "scrapy_hostqueue.Addon: scheduler + AIMD middleware + aiohttp handler"
-            " + CONCURRENT_ITEMS 16",
+            " + CONCURRENT_ITEMS 16 + GC tuning",
             {"ADDONS": {"scrapy_hostqueue.Addon": 0}},
+            (
+                "scrapy_hostqueue.Addon",
+                "scrapy_hostqueue.HostQueueScheduler",
+                "scrapy_hostqueue.AIMDMiddleware",
+                "scrapy_hostqueue.AiohttpDownloadHandler",
+                "scrapy_hostqueue.GcTuning",
+            ),
+        ),
+        Config(
+            ADDON_WITHOUT_GC,
+            "scrapy_hostqueue.Addon without its GC tuning extension (HOSTQUEUE_GC_FREEZE"
+            " = False, HOSTQUEUE_GC_YOUNG_THRESHOLD = 0)",
+            {
+                "ADDONS": {"scrapy_hostqueue.Addon": 0},
+                "HOSTQUEUE_GC_FREEZE": False,
+                "HOSTQUEUE_GC_YOUNG_THRESHOLD": 0,
+            },
             (
                 "scrapy_hostqueue.Addon",
                 "scrapy_hostqueue.HostQueueScheduler",
@@ -68,7 +89,7 @@ DEFAULT_BUDGET = 1200
 #: ``Scenario.only``). These run in every round (``--repeats``);
 #: the others, which give context rather than being terms of the targets,
 #: in the first rounds only (``--extra-repeats``), to keep the suite near 10 minutes.
-REPEATED_CONFIGS = ("scrapy", "hq-scheduler", "hq-full")
+REPEATED_CONFIGS = ("scrapy", "hq-scheduler", ADDON, ADDON_WITHOUT_GC)
 #: A crawl stops at this many times its scenario's bound (but not before
 #: MIN_TIME_LIMIT seconds, nor after ``--time-limit``): slower than that, a
 #: configuration shows as "more than" the limit.

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scrapy.utils.test import get_crawler
 
 from bench import micro
-from bench.report import probe_lines, reference_lines, table_lines, targets
+from bench.report import gc_lines, probe_lines, reference_lines, table_lines, targets
 from bench.runner import (
     Run,
     Summary,
@@ -27,7 +28,9 @@ from bench.runner import (
     summarise,
 )
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
+from scrapy_hostqueue import GcTuning
 from scrapy_hostqueue.testing import HostStats, LocalHosts
+from tests.crawling import PageSpider
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +62,7 @@ def test_every_scenario_runs_every_configuration_with_its_own_time_limit() -> No
     for scenario in SCENARIOS.values():
         if scenario.only is not None:
             continue
-        for config in ("scrapy", "hq-scheduler", "hq-full"):
+        for config in ("scrapy", "hq-scheduler", "hq-full", "hq-full-no-gc"):
             assert rounds_of(scenario, config, repeats=3, extra_repeats=1) == (
                 5 if scenario.name in ("S1", "S1b") else 3
             )
@@ -73,7 +76,7 @@ def test_every_scenario_runs_every_configuration_with_its_own_time_limit() -> No
     reference = SCENARIOS["S3r"]
     for config in ("scrapy", "hq-scheduler"):
         assert rounds_of(reference, config, repeats=2, extra_repeats=1) == 2
-    for config in ("hq-full", "scrapy-pq", "scrapy-aiohttp"):
+    for config in ("hq-full", "hq-full-no-gc", "scrapy-pq", "scrapy-aiohttp"):
         assert rounds_of(reference, config, repeats=2, extra_repeats=1) == 0
     order = crawl_order([SCENARIOS["S3"], reference], list(CONFIGS), repeats=1, extra_repeats=1)
     assert {(name, index) for _, name, index in order if index == 1} == {
@@ -159,6 +162,37 @@ def test_targets_pass_and_fail_on_the_numbers() -> None:
     # Not measured: neither pass nor fail.
     assert verdicts["S2 hq-full: no slower than scrapy-aiohttp"] is None
     assert verdicts[MEMORY_TARGET] is None
+
+
+@pytest.mark.parametrize(("config", "tuned"), [("hq-full", True), ("hq-full-no-gc", False)])
+def test_the_addon_runs_with_and_without_its_gc_tuning(config: str, tuned: bool) -> None:
+    """The two add-on configurations differ by the GcTuning extension alone."""
+    crawler = get_crawler(PageSpider, CONFIGS[config].settings)
+    crawler._apply_settings()
+    running = [type(extension) for extension in crawler.extensions.middlewares]
+    assert (GcTuning in running) is tuned
+    assert crawler.settings["SCHEDULER"] == "scrapy_hostqueue.HostQueueScheduler"
+    assert "scrapy_hostqueue.AIMDMiddleware" in crawler.settings["DOWNLOADER_MIDDLEWARES"]
+    assert unavailable_reason(CONFIGS[config]) is None
+
+
+def test_the_report_shows_the_addon_with_and_without_gc_tuning() -> None:
+    def row(scenario: str, config: str, seconds: float, cpu: float) -> Summary:
+        return Summary(scenario, config, "ok", time_to_budget=seconds, cpu=cpu, violations=0)
+
+    assert gc_lines([row("S2", "hq-full", 5.0, 4.0)]) == []
+    rows = [
+        row("S1", "hq-full", 2.0, 3.0),
+        row("S2", "hq-full", 4.5, 4.0),
+        row("S2", "hq-full-no-gc", 5.0, 4.4),
+        row("S3", "hq-full-no-gc", 5.0, 4.4),
+    ]
+    assert gc_lines(rows) == [
+        "GC tuning: hq-full (with GcTuning) against hq-full-no-gc (without):",
+        "  S2   4.50 s with, 5.00 s without (-10.0%); CPU 4.0 s with, 4.4 s without",
+    ]
+    table = "\n".join(table_lines(rows))
+    assert "hq-full-no-gc" in table
 
 
 def test_s3r_measures_what_s3s_delayed_hosts_cost() -> None:
@@ -452,6 +486,38 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     # limit of 4 to each of the 4 hosts.
     assert 4 <= run["connections"] <= 16
     assert hq["connections_per_100"] == pytest.approx(100 * run["connections"] / run["requests"])
+
+
+def test_bench_runs_the_addon_with_and_without_gc_tuning(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--scenarios",
+        "S1",
+        "--configs",
+        "hq-full,hq-full-no-gc",
+        "--repeats",
+        "1",
+        "--budget",
+        "60",
+        "--out",
+        str(tmp_path),
+        "--no-chart",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "GC tuning: hq-full (with GcTuning) against hq-full-no-gc (without):" in done.stdout
+    assert re.search(r"S1 +[0-9.]+ s with, [0-9.]+ s without", done.stdout), done.stdout
+    (result_file,) = tmp_path.glob("*.json")
+    result = json.loads(result_file.read_text())
+    rows = {row["config"]: row for row in result["summary"]}
+    for config in ("hq-full", "hq-full-no-gc"):
+        assert rows[config]["status"] == "ok", rows[config]
+        assert rows[config]["violations"] == 0
+    assert [run["config"] for run in result["runs"]] == ["hq-full", "hq-full-no-gc"]
 
 
 def test_the_start_stall_bench_compares_both_variants(capsys: pytest.CaptureFixture[str]) -> None:
