@@ -339,7 +339,7 @@ def _draw_timeline(timeline: Path, output_dir: Path) -> None:
     if not timeline.is_file():
         print(f"timeline: not written ({timeline}); is HostQueueStats enabled?")
         return
-    from scrapy_hostqueue.__main__ import PlotError, plot  # noqa: PLC0415 - optional part
+    from scrapy_hostqueue.plot import PlotError, plot  # noqa: PLC0415 - optional part
     from scrapy_hostqueue.timeline import TimelineError  # noqa: PLC0415
 
     outputs = [output_dir / "timeline.html"]
