@@ -1,24 +1,26 @@
 """``python -m bench``: every scenario side by side with stock Scrapy.
 
 Each crawl runs in a fresh process against local hosts served by another process;
-configurations alternate (A B C A B C ...) within a scenario, and S1b, which issue 3
+configurations alternate (A B C A B C ...) within a scenario, and S1b, which a target
 compares with S1, runs interleaved with S1 (S1 A, S1b A, S1 B, S1b B, ..., then S1b
 first in the next round: S1b A, S1 A, ...). Prints the scenarios'
-bounds, one line per crawl, the table of medians, S7's next_request costs and issue
-3's targets; writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
+bounds, one line per crawl, the table of medians, S7's next_request costs, the
+targets and what the GC tuning extension is worth (the add-on with and without
+it); writes ``bench/results/<timestamp>.json`` and ``<timestamp>.png``.
 
-    python -m bench                          # everything, 10-15 minutes on 2 cores
+    python -m bench                          # everything, 12-18 minutes on 2 cores
     python -m bench --scenarios S1,S1b --repeats 1
-    python -m bench --repeats 3 --extra-repeats 3   # three rounds of all (about 25 minutes)
+    python -m bench --repeats 3 --extra-repeats 3   # three rounds of all (about 30 minutes)
     python -m bench --quick                  # one round, a smaller budget
 
 Every scenario runs every configuration, but S3r, S3's fast hosts alone, which
 runs Scrapy's defaults and the scheduler alone as a yardstick for S3 (it runs
-interleaved with S3). Scrapy's defaults, the scheduler alone and the full
-add-on (and in S2 Scrapy with its aiohttp handler, which issue 3 compares
-there) run ``--repeats`` rounds; the other stock variants (old priority
-queue, AutoThrottle) run in the first ``--extra-repeats`` rounds. S1 and S1b
-run those three configurations two rounds more (unless ``--repeats 1``): the
+interleaved with S3). Scrapy's defaults, the scheduler alone, the full
+add-on and the add-on without its GC tuning extension (and in S2 Scrapy with
+its aiohttp handler, which a target compares with there) run ``--repeats``
+rounds; the other stock variants (old priority queue, AutoThrottle) run in
+the first ``--extra-repeats`` rounds. S1 and S1b run those four
+configurations two rounds more (unless ``--repeats 1``): the
 S1 -> S1b target is the median, over the rounds, of the change between the
 round's two crawls, which run back to back. A crawl stops at 5x its scenario's
 bound (at least 10 s, at most ``--time-limit``) and then shows as "> limit".
@@ -96,7 +98,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--repeats",
         type=int,
-        help="rounds of scrapy, hq-scheduler, hq-full (and scrapy-aiohttp in S2) "
+        help="rounds of scrapy, hq-scheduler, hq-full, hq-full-no-gc (and scrapy-aiohttp "
+        "in S2) "
         f"(default {DEFAULT_REPEATS})",
     )
     parser.add_argument(
@@ -231,7 +234,7 @@ def main(argv: list[str]) -> int:
         micro = run_micro(hosts, rounds=2 if args.quick else 5)
 
     probes.append(("end", cpu_probe()))
-    targets = report.issue_targets(summaries, micro, budget)
+    targets = report.targets(summaries, micro, budget)
     print()
     lines: list[str] = report.scenario_lines(scenarios, budget) if scenarios else []
     if summaries:
@@ -242,6 +245,9 @@ def main(argv: list[str]) -> int:
     reference = report.reference_lines(summaries)
     if reference:
         lines += ["", *reference]
+    gc_tuning = report.gc_lines(summaries)
+    if gc_tuning:
+        lines += ["", *gc_tuning]
     lines += ["", *report.probe_lines(probes)]
     print("\n".join(lines))
 

@@ -1,4 +1,4 @@
-"""The printed tables, issue 3's targets, the JSON file and the chart."""
+"""The printed tables, the targets, the JSON file and the chart."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.runner import Run, Summary
-from bench.scenarios import CONFIGS, SCENARIOS, Scenario
+from bench.scenarios import ADDON, ADDON_WITHOUT_GC, CONFIGS, SCENARIOS, Scenario
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def micro_lines(micro: dict[str, Any]) -> list[str]:
 
 @dataclass
 class Target:
-    """One of issue 3's "done when" speed targets, as measured in this run."""
+    """One of the suite's targets (speed, politeness, cost), as measured in this run."""
 
     target: str
     measured: str
@@ -195,17 +195,20 @@ def _slow_host_target(a: Summary | None, b: Summary | None, config: str) -> Targ
     )
 
 
-def issue_targets(
+def targets(
     summaries: Sequence[Summary], micro: dict[str, Any] | None, budget: int
 ) -> list[Target]:
-    targets: list[Target] = []
+    """Every target as measured in this run: politeness at the hosts, the
+    fast hosts' pages/s from S1 to S1b, speed against Scrapy and the bound,
+    S7's cost per pop and the memory per queued request."""
+    found: list[Target] = []
     hq_configs = ("hq-scheduler", "hq-full")
 
     for config in hq_configs:
         s = _find(summaries, "S1", config)
         handler = "HTTP11 handler" if config == "hq-scheduler" else "its aiohttp handler"
         name = f"S1 {config}: no host above its limit at the server ({handler})"
-        targets.append(
+        found.append(
             Target(name, "not run", None)
             if s is None
             else Target(
@@ -216,7 +219,7 @@ def issue_targets(
         )
 
     for config in hq_configs:
-        targets.append(
+        found.append(
             _slow_host_target(
                 _find(summaries, "S1", config), _find(summaries, "S1b", config), config
             )
@@ -227,14 +230,14 @@ def issue_targets(
         s = _find(summaries, "S3", config)
         name = f"S3 {config}: >= 3x faster than Scrapy defaults"
         if s is None or base is None or not s.time_to_budget or not base.time_to_budget:
-            targets.append(Target(name, "not run", None))
+            found.append(Target(name, "not run", None))
         elif s.at_least:
-            targets.append(Target(name, f"{config} hit the time limit", False))
+            found.append(Target(name, f"{config} hit the time limit", False))
         else:
             speedup = base.time_to_budget / s.time_to_budget
             # A capped Scrapy run makes the speed-up a lower bound.
             more = ">" if base.at_least else ""
-            targets.append(
+            found.append(
                 Target(
                     name,
                     f"{more}{base.time_to_budget:.2f} s / {s.time_to_budget:.2f} s "
@@ -249,12 +252,12 @@ def issue_targets(
         s = _find(summaries, "S2", config)
         name = f"S2 {config}: within 1.15x of the bound {bound:.2f} s"
         if s is None or s.time_to_budget is None:
-            targets.append(Target(name, "not run", None))
-            targets.append(Target(f"S2 {config}: no slower than scrapy-aiohttp", "not run", None))
+            found.append(Target(name, "not run", None))
+            found.append(Target(f"S2 {config}: no slower than scrapy-aiohttp", "not run", None))
             continue
         ratio = s.time_to_budget / bound
         more = ">" if s.at_least else ""
-        targets.append(
+        found.append(
             Target(
                 name,
                 f"{more}{s.time_to_budget:.2f} s = {more}{ratio:.2f}x",
@@ -263,9 +266,9 @@ def issue_targets(
         )
         name = f"S2 {config}: no slower than scrapy-aiohttp"
         if aiohttp is None or aiohttp.time_to_budget is None:
-            targets.append(Target(name, "scrapy-aiohttp not run", None))
+            found.append(Target(name, "scrapy-aiohttp not run", None))
         else:
-            targets.append(
+            found.append(
                 Target(
                     name,
                     f"{more}{s.time_to_budget:.2f} s vs "
@@ -287,7 +290,7 @@ def issue_targets(
         if low in series and high in series:
             values = list(series.values())
             spread = max(values) / min(values)
-            targets.append(
+            found.append(
                 Target(
                     name,
                     f"{min(values) / 1000:.1f}-{max(values) / 1000:.1f} µs, max/min {spread:.2f}x",
@@ -295,13 +298,13 @@ def issue_targets(
                 )
             )
         else:
-            targets.append(Target(name, "not run", None))
+            found.append(Target(name, "not run", None))
     at = str(MICRO_DAPQ_AT)
     dapq = costs.get("dapq", {})
     name = f"S7 scheduler next_request: >= 50x cheaper than DAPQ at {MICRO_DAPQ_AT:,} hosts"
     if at in scheduler and at in dapq:
         factor = dapq[at] / scheduler[at]
-        targets.append(
+        found.append(
             Target(
                 name,
                 f"{dapq[at] / 1000:.1f} µs / {scheduler[at] / 1000:.1f} µs = {factor:.0f}x",
@@ -309,7 +312,7 @@ def issue_targets(
             )
         )
     else:
-        targets.append(Target(name, "not run", None))
+        found.append(Target(name, "not run", None))
 
     memory: dict[str, dict[str, float]] = (micro or {}).get("bytes_per_queued", {})
     ours, stock = memory.get("scheduler", {}), memory.get("scrapy-scheduler", {})
@@ -317,7 +320,7 @@ def issue_targets(
     shared = [hosts for hosts in ours if hosts in stock]
     if shared:
         ratios = [ours[hosts] / stock[hosts] for hosts in shared]
-        targets.append(
+        found.append(
             Target(
                 name,
                 f"{min(ratios):.2f}-{max(ratios):.2f}x Scrapy's",
@@ -325,8 +328,8 @@ def issue_targets(
             )
         )
     else:
-        targets.append(Target(name, "not run", None))
-    return targets
+        found.append(Target(name, "not run", None))
+    return found
 
 
 def reference_lines(summaries: Sequence[Summary]) -> list[str]:
@@ -356,10 +359,36 @@ def reference_lines(summaries: Sequence[Summary]) -> list[str]:
     return lines
 
 
+def gc_lines(summaries: Sequence[Summary]) -> list[str]:
+    """What the GcTuning extension is worth: the add-on with it against the
+    add-on without it, in every scenario that ran both. Empty if none did."""
+    lines = []
+    for with_gc in summaries:
+        if with_gc.config != ADDON or with_gc.status != "ok" or not with_gc.time_to_budget:
+            continue
+        without = _find(summaries, with_gc.scenario, ADDON_WITHOUT_GC)
+        if without is None or not without.time_to_budget:
+            continue
+        more, more_without = (">" if s.at_least else "" for s in (with_gc, without))
+        cpu = (
+            f"; CPU {with_gc.cpu:.1f} s with, {without.cpu:.1f} s without"
+            if with_gc.cpu is not None and without.cpu is not None
+            else ""
+        )
+        lines.append(
+            f"  {with_gc.scenario:<4} {more}{with_gc.time_to_budget:.2f} s with, "
+            f"{more_without}{without.time_to_budget:.2f} s without "
+            f"({with_gc.time_to_budget / without.time_to_budget - 1:+.1%}){cpu}"
+        )
+    if not lines:
+        return []
+    return [f"GC tuning: {ADDON} (with GcTuning) against {ADDON_WITHOUT_GC} (without):", *lines]
+
+
 def target_lines(targets: Sequence[Target]) -> list[str]:
     width = max(len(t.target) for t in targets)
     mwidth = max(len(t.measured) for t in targets)
-    lines = ["Issue 3 targets:"]
+    lines = ["Targets:"]
     for t in targets:
         verdict = "n/a" if t.passed is None else "PASS" if t.passed else "FAIL"
         lines.append(f"  {t.target:<{width}}  {t.measured:<{mwidth}}  {verdict}")

@@ -8,6 +8,10 @@ from typing import Any
 from scrapy_hostqueue.testing import HostSpec, host_address, parse_specs
 
 SCRAPY_AIOHTTP = "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler"
+#: The add-on's configuration, and the same without its GC tuning: the
+#: difference between the two is what the GcTuning extension is worth.
+ADDON = "hq-full"
+ADDON_WITHOUT_GC = "hq-full-no-gc"
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,27 @@ CONFIGS: dict[str, Config] = {
             ("scrapy_hostqueue.HostQueueScheduler",),
         ),
         Config(
-            "hq-full",
+            ADDON,
             "scrapy_hostqueue.Addon: scheduler + AIMD middleware + aiohttp handler"
-            " + CONCURRENT_ITEMS 16",
+            " + CONCURRENT_ITEMS 16 + GC tuning",
             {"ADDONS": {"scrapy_hostqueue.Addon": 0}},
+            (
+                "scrapy_hostqueue.Addon",
+                "scrapy_hostqueue.HostQueueScheduler",
+                "scrapy_hostqueue.AIMDMiddleware",
+                "scrapy_hostqueue.AiohttpDownloadHandler",
+                "scrapy_hostqueue.GcTuning",
+            ),
+        ),
+        Config(
+            ADDON_WITHOUT_GC,
+            "scrapy_hostqueue.Addon without its GC tuning extension (HOSTQUEUE_GC_FREEZE"
+            " = False, HOSTQUEUE_GC_YOUNG_THRESHOLD = 0)",
+            {
+                "ADDONS": {"scrapy_hostqueue.Addon": 0},
+                "HOSTQUEUE_GC_FREEZE": False,
+                "HOSTQUEUE_GC_YOUNG_THRESHOLD": 0,
+            },
             (
                 "scrapy_hostqueue.Addon",
                 "scrapy_hostqueue.HostQueueScheduler",
@@ -66,9 +87,9 @@ CONFIGS: dict[str, Config] = {
 DEFAULT_BUDGET = 1200
 #: Every scenario runs every configuration (but a reference scenario: see
 #: ``Scenario.only``). These run in every round (``--repeats``);
-#: the others, which give context rather than being terms of issue 3's targets,
+#: the others, which give context rather than being terms of the targets,
 #: in the first rounds only (``--extra-repeats``), to keep the suite near 10 minutes.
-REPEATED_CONFIGS = ("scrapy", "hq-scheduler", "hq-full")
+REPEATED_CONFIGS = ("scrapy", "hq-scheduler", ADDON, ADDON_WITHOUT_GC)
 #: A crawl stops at this many times its scenario's bound (but not before
 #: MIN_TIME_LIMIT seconds, nor after ``--time-limit``): slower than that, a
 #: configuration shows as "more than" the limit.
@@ -161,7 +182,7 @@ class Scenario:
         return rates
 
     def per_host_bound(self, budget: int) -> float:
-        """budget / Σ per-host rate: issue 3's politeness bound."""
+        """budget / Σ per-host rate: the scenario's politeness bound."""
         return budget / sum(rate for rate, _ in self.host_rates())
 
     def bound(self, budget: int) -> float:
@@ -215,7 +236,7 @@ SCENARIOS: dict[str, Scenario] = {
             "S2",
             "50/50/50/1000 ms, limit 4",
             "3x latency=50ms; latency=1s",
-            # Issue 3 compares the add-on with Scrapy's aiohttp handler here.
+            # A target compares the add-on with Scrapy's aiohttp handler here.
             repeated=(*REPEATED_CONFIGS, "scrapy-aiohttp"),
         ),
         Scenario(

@@ -12,6 +12,7 @@ __all__ = [
     "AIMDMiddleware",
     "Addon",
     "AiohttpDownloadHandler",
+    "GcTuning",
     "HostBlocked",
     "HostGivenUp",
     "HostQueueScheduler",
@@ -26,6 +27,7 @@ _LAZY = {
     "AIMDMiddleware": "scrapy_hostqueue.middleware",
     "Addon": "scrapy_hostqueue.addon",
     "AiohttpDownloadHandler": "scrapy_hostqueue.handler",
+    "GcTuning": "scrapy_hostqueue.gc_tuning",
     "HostBlocked": "scrapy_hostqueue.exceptions",
     "HostGivenUp": "scrapy_hostqueue.exceptions",
     "HostQueueScheduler": "scrapy_hostqueue.scheduler",
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from scrapy_hostqueue._config import HostQueueSettingsError
     from scrapy_hostqueue.addon import Addon
     from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
+    from scrapy_hostqueue.gc_tuning import GcTuning
     from scrapy_hostqueue.handler import AiohttpDownloadHandler
     from scrapy_hostqueue.middleware import AIMDMiddleware
     from scrapy_hostqueue.scheduler import HostQueueScheduler

@@ -229,6 +229,7 @@ class HostQueueConfig:
     remember_hosts: int
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
+    # GC tuning extension
     gc_freeze: bool  # keep the heap alive at start out of full collections
     gc_young_threshold: int  # 0 = Python's own
     # AIMD middleware

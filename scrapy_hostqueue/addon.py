@@ -20,6 +20,7 @@ SCHEDULER = "scrapy_hostqueue.HostQueueScheduler"
 MIDDLEWARE = "scrapy_hostqueue.AIMDMiddleware"
 HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
+GC_EXTENSION = "scrapy_hostqueue.GcTuning"
 START_MIDDLEWARE = "scrapy_hostqueue.StartRequestsMiddleware"
 #: Nearest the engine of Scrapy's spider middlewares (StartSpiderMiddleware is
 #: at 25), so that its time slice covers the whole start chain.
@@ -79,9 +80,11 @@ class Addon:
     """Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
     :class:`~scrapy_hostqueue.AIMDMiddleware`,
     :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``),
-    :class:`~scrapy_hostqueue.StartRequestsMiddleware` and the
-    ``HostQueueStats`` extension (periodic log line, timeline), and sets
-    ``CONCURRENT_ITEMS`` to 16, at add-on priority. A value the user set
+    :class:`~scrapy_hostqueue.StartRequestsMiddleware`, the
+    ``HostQueueStats`` extension (periodic log line, timeline) and the
+    :class:`~scrapy_hostqueue.GcTuning` extension (off with
+    ``HOSTQUEUE_GC_FREEZE = False`` and ``HOSTQUEUE_GC_YOUNG_THRESHOLD = 0``),
+    and sets ``CONCURRENT_ITEMS`` to 16, at add-on priority. A value the user set
     (another ``SCHEDULER``, a middleware disabled with ``None``, another
     handler for a scheme, ``CONCURRENT_ITEMS``) is kept, whether a component
     is named by its import path or given as a class. Refuses to run without
@@ -117,6 +120,9 @@ class Addon:
         )
 
         _enable(settings["EXTENSIONS"], 0, EXTENSION, EXTENSION)
+        # Off (NotConfigured) with HOSTQUEUE_GC_FREEZE = False and
+        # HOSTQUEUE_GC_YOUNG_THRESHOLD = 0.
+        _enable(settings["EXTENSIONS"], 0, GC_EXTENSION, "scrapy_hostqueue.gc_tuning.GcTuning")
 
         settings.set("CONCURRENT_ITEMS", CONCURRENT_ITEMS, priority="addon")
 

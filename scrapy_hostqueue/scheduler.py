@@ -16,7 +16,6 @@ from scrapy.utils.asyncio import call_later
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_hostqueue import _gc
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._jobdir import (
@@ -198,8 +197,6 @@ class HostQueueScheduler(BaseScheduler):
         # The finish reason when the crawl must close before its first
         # request (a JOBDIR this scheduler cannot resume), else None.
         self._refusal: str | None = None
-        self._gc_held = False
-        self._gc_threshold_raised = False
         self._opened = False
 
     @classmethod
@@ -240,18 +237,6 @@ class HostQueueScheduler(BaseScheduler):
                 self._follow_autothrottle, signal=signals.response_downloaded
             )
         cfg = self.config
-        gc_note = ""
-        if cfg.gc_freeze:
-            # Everything alive now (Scrapy, the spider, the components) lives
-            # as long as the crawl: out of full garbage collections with it.
-            # Before loading JOBDIR requests, which do not live that long.
-            gc_note = f", {_gc.hold():,} start-up objects frozen out of full GC passes"
-            self._gc_held = True
-        if cfg.gc_young_threshold:
-            young = _gc.raise_young_threshold(cfg.gc_young_threshold)
-            self._gc_threshold_raised = True
-            if young:  # 0: automatic collection was off, and stays off
-                gc_note += f", young GC generation collected every {young:,} allocations"
         resumed = blocks = 0
         if self.jobdir:
             path = state_path(self.jobdir)
@@ -287,7 +272,7 @@ class HostQueueScheduler(BaseScheduler):
                     resumed, blocks = len(saved.requests), len(saved.blocks)
         logger.info(
             "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
-            "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s%s",
+            "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s",
             cfg.default_concurrency,
             cfg.max_active_hosts or "unlimited",
             self.prefetch
@@ -304,7 +289,6 @@ class HostQueueScheduler(BaseScheduler):
                 if resumed or blocks
                 else ""
             ),
-            gc_note,
         )
         return self.df.open()
 
@@ -325,7 +309,6 @@ class HostQueueScheduler(BaseScheduler):
         for duty in (
             self._stop_timers,
             self._save_job,
-            self._release_gc,
             # Before spider_closed, so that Spider.closed() and extensions
             # that read the stats at the end see the per-host keys.
             self.recorder.flush,
@@ -364,14 +347,6 @@ class HostQueueScheduler(BaseScheduler):
             return
         if unserializable:
             self.stats.inc_value("scheduler/unserializable", unserializable)
-
-    def _release_gc(self) -> None:
-        if self._gc_held:
-            self._gc_held = False
-            _gc.release()
-        if self._gc_threshold_raised:
-            self._gc_threshold_raised = False
-            _gc.restore_young_threshold()
 
     def has_pending_requests(self) -> bool:
         return len(self._store) > 0 or bool(self._refused)

@@ -1,6 +1,7 @@
 #!/bin/sh
-# The demo: starts local test hosts on loopback addresses, runs `scrapy crawl`
-# in example_project against them, and prints a per-host summary.
+# The demo (example_project/run_demo.py): starts local test hosts on loopback
+# addresses, runs `scrapy crawl` in example_project against them, and prints a
+# per-host summary.
 . "$(dirname "$0")/_venv.sh"
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY no_proxy NO_PROXY
-exec "$PY" -m scrapy_hostqueue.demo "$@"
+exec "$PY" example_project/run_demo.py "$@"

@@ -13,6 +13,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import (
     Addon,
     AIMDMiddleware,
+    GcTuning,
     HostQueueScheduler,
     HostQueueSettingsError,
     StartRequestsMiddleware,
@@ -42,6 +43,7 @@ def resolved(components: Any, cls: type) -> list[Any]:
         ("DOWNLOADER_MIDDLEWARES", AIMDMiddleware),
         ("SPIDER_MIDDLEWARES", StartRequestsMiddleware),
         ("EXTENSIONS", HostQueueStats),
+        ("EXTENSIONS", GcTuning),
     ],
 )
 @pytest.mark.parametrize("user_order", [None, 600])
@@ -57,6 +59,33 @@ def test_the_addon_places_its_components_when_the_user_did_not() -> None:
     assert resolved(result["DOWNLOADER_MIDDLEWARES"], AIMDMiddleware) == [560]
     assert resolved(result["SPIDER_MIDDLEWARES"], StartRequestsMiddleware) == [10]
     assert resolved(result["EXTENSIONS"], HostQueueStats) == [0]
+    assert resolved(result["EXTENSIONS"], GcTuning) == [0]
+
+
+@pytest.mark.parametrize(
+    "path", ["scrapy_hostqueue.GcTuning", "scrapy_hostqueue.gc_tuning.GcTuning"]
+)
+def test_the_gc_extension_the_user_disabled_stays_disabled(path: str) -> None:
+    result = applied(EXTENSIONS={path: None})
+    assert resolved(result["EXTENSIONS"], GcTuning) == [None]
+
+
+@pytest.mark.parametrize(
+    ("gc_settings", "enabled"),
+    [
+        ({}, True),
+        ({"HOSTQUEUE_GC_FREEZE": False}, True),
+        ({"HOSTQUEUE_GC_YOUNG_THRESHOLD": 0}, True),
+        ({"HOSTQUEUE_GC_FREEZE": False, "HOSTQUEUE_GC_YOUNG_THRESHOLD": 0}, False),
+    ],
+)
+def test_the_addon_runs_the_gc_extension_unless_both_gc_settings_are_off(
+    gc_settings: dict[str, Any], enabled: bool
+) -> None:
+    crawler = get_crawler(PageSpider, settings(ADDONS=ADDON, **gc_settings))
+    crawler._apply_settings()
+    running = [type(ext) for ext in crawler.extensions.middlewares]
+    assert (GcTuning in running) is enabled
 
 
 class MyScheduler(HostQueueScheduler):

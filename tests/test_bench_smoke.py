@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scrapy.utils.test import get_crawler
 
 from bench import micro
-from bench.report import issue_targets, probe_lines, reference_lines, table_lines
+from bench.report import gc_lines, probe_lines, reference_lines, table_lines, targets
 from bench.runner import (
     Run,
     Summary,
@@ -27,13 +28,15 @@ from bench.runner import (
     summarise,
 )
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
+from scrapy_hostqueue import GcTuning
 from scrapy_hostqueue.testing import HostStats, LocalHosts
+from tests.crawling import PageSpider
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_politeness_bounds_from_the_scenario_specs() -> None:
-    # Issue 3: 1,200 / (3 x 4/0.05 + 4/1) = 4.92 s.
+    # S2's bound: 1,200 / (3 x 4/0.05 + 4/1) = 4.92 s.
     assert SCENARIOS["S2"].per_host_bound(1200) == pytest.approx(1200 / 244)
     assert SCENARIOS["S2"].bound(1200) == pytest.approx(1200 / 244)
     # Delayed hosts give one page per delay each: 4 x 4/0.05 + 8 x 1.
@@ -55,11 +58,11 @@ def test_every_scenario_runs_every_configuration_with_its_own_time_limit() -> No
     assert SCENARIOS["S2"].time_limit(1200, cap=30.0) == pytest.approx(5 * 1200 / 244)
     assert SCENARIOS["S6"].time_limit(1200, cap=20.0) == 20.0
     # Scrapy defaults and this project's two configurations every round; in S2
-    # Scrapy's aiohttp handler too (issue 3 compares with it there).
+    # Scrapy's aiohttp handler too (a target compares with it there).
     for scenario in SCENARIOS.values():
         if scenario.only is not None:
             continue
-        for config in ("scrapy", "hq-scheduler", "hq-full"):
+        for config in ("scrapy", "hq-scheduler", "hq-full", "hq-full-no-gc"):
             assert rounds_of(scenario, config, repeats=3, extra_repeats=1) == (
                 5 if scenario.name in ("S1", "S1b") else 3
             )
@@ -73,7 +76,7 @@ def test_every_scenario_runs_every_configuration_with_its_own_time_limit() -> No
     reference = SCENARIOS["S3r"]
     for config in ("scrapy", "hq-scheduler"):
         assert rounds_of(reference, config, repeats=2, extra_repeats=1) == 2
-    for config in ("hq-full", "scrapy-pq", "scrapy-aiohttp"):
+    for config in ("hq-full", "hq-full-no-gc", "scrapy-pq", "scrapy-aiohttp"):
         assert rounds_of(reference, config, repeats=2, extra_repeats=1) == 0
     order = crawl_order([SCENARIOS["S3"], reference], list(CONFIGS), repeats=1, extra_repeats=1)
     assert {(name, index) for _, name, index in order if index == 1} == {
@@ -145,20 +148,51 @@ def test_targets_pass_and_fail_on_the_numbers() -> None:
     def row(scenario: str, config: str, seconds: float) -> Summary:
         return Summary(scenario, config, "ok", time_to_budget=seconds, violations=0)
 
-    targets = {
+    verdicts = {
         t.target: t.passed
-        for t in issue_targets(
+        for t in targets(
             [row("S3", "scrapy", 14.0), row("S3", "hq-scheduler", 4.0), row("S3", "hq-full", 5.0)],
             {"ns_per_pop": {"scheduler": {"1": 10.0, "100000": 30.0, "10000": 12.0}}},
             1200,
         )
     }
-    assert targets["S3 hq-scheduler: >= 3x faster than Scrapy defaults"] is True
-    assert targets["S3 hq-full: >= 3x faster than Scrapy defaults"] is False
-    assert targets["S7 scheduler next_request: flat within 2x from 1 to 100,000 hosts"] is False
+    assert verdicts["S3 hq-scheduler: >= 3x faster than Scrapy defaults"] is True
+    assert verdicts["S3 hq-full: >= 3x faster than Scrapy defaults"] is False
+    assert verdicts["S7 scheduler next_request: flat within 2x from 1 to 100,000 hosts"] is False
     # Not measured: neither pass nor fail.
-    assert targets["S2 hq-full: no slower than scrapy-aiohttp"] is None
-    assert targets[MEMORY_TARGET] is None
+    assert verdicts["S2 hq-full: no slower than scrapy-aiohttp"] is None
+    assert verdicts[MEMORY_TARGET] is None
+
+
+@pytest.mark.parametrize(("config", "tuned"), [("hq-full", True), ("hq-full-no-gc", False)])
+def test_the_addon_runs_with_and_without_its_gc_tuning(config: str, tuned: bool) -> None:
+    """The two add-on configurations differ by the GcTuning extension alone."""
+    crawler = get_crawler(PageSpider, CONFIGS[config].settings)
+    crawler._apply_settings()
+    running = [type(extension) for extension in crawler.extensions.middlewares]
+    assert (GcTuning in running) is tuned
+    assert crawler.settings["SCHEDULER"] == "scrapy_hostqueue.HostQueueScheduler"
+    assert "scrapy_hostqueue.AIMDMiddleware" in crawler.settings["DOWNLOADER_MIDDLEWARES"]
+    assert unavailable_reason(CONFIGS[config]) is None
+
+
+def test_the_report_shows_the_addon_with_and_without_gc_tuning() -> None:
+    def row(scenario: str, config: str, seconds: float, cpu: float) -> Summary:
+        return Summary(scenario, config, "ok", time_to_budget=seconds, cpu=cpu, violations=0)
+
+    assert gc_lines([row("S2", "hq-full", 5.0, 4.0)]) == []
+    rows = [
+        row("S1", "hq-full", 2.0, 3.0),
+        row("S2", "hq-full", 4.5, 4.0),
+        row("S2", "hq-full-no-gc", 5.0, 4.4),
+        row("S3", "hq-full-no-gc", 5.0, 4.4),
+    ]
+    assert gc_lines(rows) == [
+        "GC tuning: hq-full (with GcTuning) against hq-full-no-gc (without):",
+        "  S2   4.50 s with, 5.00 s without (-10.0%); CPU 4.0 s with, 4.4 s without",
+    ]
+    table = "\n".join(table_lines(rows))
+    assert "hq-full-no-gc" in table
 
 
 def test_s3r_measures_what_s3s_delayed_hosts_cost() -> None:
@@ -196,8 +230,8 @@ def test_slow_host_target_compares_the_paired_rounds() -> None:
     steady = [row("S1", {0: 300.0, 1: 200.0, 2: 300.0}), row("S1b", {0: 290.0, 1: 210.0, 2: 310.0})]
     slowed = [row("S1", {0: 300.0, 1: 200.0, 2: 300.0}), row("S1b", {0: 250.0, 1: 170.0, 2: 320.0})]
     name = "S1 -> S1b hq-full: fast hosts' pages/s change < 10 %"
-    (passed,) = [t for t in issue_targets(steady, None, 1200) if t.target == name]
-    (failed,) = [t for t in issue_targets(slowed, None, 1200) if t.target == name]
+    (passed,) = [t for t in targets(steady, None, 1200) if t.target == name]
+    (failed,) = [t for t in targets(slowed, None, 1200) if t.target == name]
     assert passed.passed is True
     assert "median of 3 paired rounds +3.3%" in passed.measured
     assert failed.passed is False
@@ -207,12 +241,12 @@ def test_slow_host_target_compares_the_paired_rounds() -> None:
         row("S1", {0: 300.0, 1: 310.0, 2: 200.0}),
         row("S1b", {0: 290.0, 1: 200.0, 2: 205.0}),
     ]
-    (paired,) = [t for t in issue_targets(drifted, None, 1200) if t.target == name]
+    (paired,) = [t for t in targets(drifted, None, 1200) if t.target == name]
     assert paired.passed is True
     assert "median of 3 paired rounds -3.3%" in paired.measured
     # A round in which either crawl fell short of the budget is left out.
     partial = [row("S1", {0: 300.0, 1: 200.0}), row("S1b", {1: 190.0})]
-    (one,) = [t for t in issue_targets(partial, None, 1200) if t.target == name]
+    (one,) = [t for t in targets(partial, None, 1200) if t.target == name]
     assert "median of 1 paired rounds -5.0%" in one.measured
 
 
@@ -229,7 +263,7 @@ def test_the_memory_target_fails_if_any_host_count_is_above_scrapy(
             "scrapy-scheduler": {"1": 8.3, "1000": 25.5},
         }
     }
-    (target,) = [t for t in issue_targets([], micro, 1200) if t.target == MEMORY_TARGET]
+    (target,) = [t for t in targets([], micro, 1200) if t.target == MEMORY_TARGET]
     assert target.passed is passed
 
 
@@ -343,7 +377,7 @@ def test_cpu_busy_is_the_cpu_share_of_the_measured_time_and_flags_cpu_bound_targ
     assert busy["scrapy"] == pytest.approx((0.5 + 0.55) / 2)
     assert busy["hq-full"] == pytest.approx((0.975 + 0.96) / 2)
     assert busy["hq-scheduler"] == pytest.approx(0.5)
-    measured = {t.target: t.measured for t in issue_targets(rows, None, 1200)}
+    measured = {t.target: t.measured for t in targets(rows, None, 1200)}
     assert "CPU-bound (97% busy)" in measured["S3 hq-full: >= 3x faster than Scrapy defaults"]
     assert "CPU-bound" not in measured["S3 hq-scheduler: >= 3x faster than Scrapy defaults"]
     table = "\n".join(table_lines(rows))
@@ -418,7 +452,7 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "hq-scheduler" in done.stdout
-    assert "Issue 3 targets:" in done.stdout
+    assert "Targets:" in done.stdout
     assert "CPU probe (ms" in done.stdout
     (result_file,) = tmp_path.glob("*.json")
     result = json.loads(result_file.read_text())
@@ -452,6 +486,38 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     # limit of 4 to each of the 4 hosts.
     assert 4 <= run["connections"] <= 16
     assert hq["connections_per_100"] == pytest.approx(100 * run["connections"] / run["requests"])
+
+
+def test_bench_runs_the_addon_with_and_without_gc_tuning(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--scenarios",
+        "S1",
+        "--configs",
+        "hq-full,hq-full-no-gc",
+        "--repeats",
+        "1",
+        "--budget",
+        "60",
+        "--out",
+        str(tmp_path),
+        "--no-chart",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "GC tuning: hq-full (with GcTuning) against hq-full-no-gc (without):" in done.stdout
+    assert re.search(r"S1 +[0-9.]+ s with, [0-9.]+ s without", done.stdout), done.stdout
+    (result_file,) = tmp_path.glob("*.json")
+    result = json.loads(result_file.read_text())
+    rows = {row["config"]: row for row in result["summary"]}
+    for config in ("hq-full", "hq-full-no-gc"):
+        assert rows[config]["status"] == "ok", rows[config]
+        assert rows[config]["violations"] == 0
+    assert [run["config"] for run in result["runs"]] == ["hq-full", "hq-full-no-gc"]
 
 
 def test_the_start_stall_bench_compares_both_variants(capsys: pytest.CaptureFixture[str]) -> None:

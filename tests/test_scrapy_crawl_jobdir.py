@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.runner import child_environment
-from scrapy_hostqueue.demo import PROJECT_DIR
+from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 

@@ -793,7 +793,7 @@ def _run_in_thread(coroutine_function: Callable[[], Awaitable[Answer]]) -> Answe
 
 
 def test_demo_runs_a_small_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from scrapy_hostqueue import demo
+    from example_project import run_demo as demo
 
     code = demo.main(
         [
@@ -829,7 +829,7 @@ def test_demo_runs_a_small_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_demo_reports_a_failed_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from scrapy_hostqueue import demo
+    from example_project import run_demo as demo
 
     code = demo.main(
         [
@@ -852,7 +852,7 @@ def test_demo_reports_a_failed_crawl(tmp_path: Path, capsys: pytest.CaptureFixtu
     [["--pages", "0"], ["--hosts", "2x lat=1"], ["-s", "NOVALUE"], ["--timeout", "x"]],
 )
 def test_demo_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    from scrapy_hostqueue import demo
+    from example_project import run_demo as demo
 
     with pytest.raises(SystemExit) as caught:
         demo.main(argv)

@@ -12,8 +12,8 @@ from xml.etree import ElementTree
 
 import pytest
 
-from scrapy_hostqueue.__main__ import load
 from scrapy_hostqueue.__main__ import main as cli
+from scrapy_hostqueue.plot import load
 from scrapy_hostqueue.timeline import (
     OTHER_HOSTS,
     HostSample,

@@ -1,6 +1,6 @@
 """Settings of the example project: stock Scrapy plus the scrapy-hostqueue add-on.
 
-``python -m scrapy_hostqueue.demo`` runs ``scrapy crawl pages`` here against local
+``python example_project/run_demo.py`` runs ``scrapy crawl pages`` here against local
 test hosts; run it by hand the same way, e.g.::
 
     scrapy crawl pages -a start_urls=http://127.0.0.1:8080/page/0 -s CLOSESPIDER_PAGECOUNT=100

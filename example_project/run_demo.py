@@ -1,8 +1,8 @@
-"""``python -m scrapy_hostqueue.demo``: a real Scrapy crawl against local test hosts.
+"""``python example_project/run_demo.py``: a real Scrapy crawl against local test hosts.
 
 Starts a varied set of local hosts (fast, slow, throttling with ``Retry-After``,
-``Crawl-delay``) in a child process, runs ``scrapy crawl pages`` in
-``example_project/`` against them, then prints what every host saw from the server
+``Crawl-delay``) in a child process, runs ``scrapy crawl pages`` in this
+example project against them, then prints what every host saw from the server
 side: pages served, the most requests it had in flight, statuses, requests that
 arrived inside a ``Retry-After`` window, and the smallest gap between requests.
 
@@ -38,8 +38,9 @@ from scrapy_hostqueue.testing import (
     parse_specs,
 )
 
-PROG = "python -m scrapy_hostqueue.demo"
-PROJECT_DIR = Path(__file__).resolve().parent.parent / "example_project"
+PROG = "python example_project/run_demo.py"
+#: The example project: it lives next to this script, outside the package.
+PROJECT_DIR = Path(__file__).resolve().parent
 SPIDER = "pages"
 OK_FINISH_REASONS = ("finished", "closespider_pagecount")
 
@@ -160,7 +161,7 @@ class CrawlResult:
 
 
 def crawl_command(start_urls: list[str], args: argparse.Namespace, output_dir: Path) -> list[str]:
-    """The ``scrapy crawl`` command line (run with cwd ``example_project``)."""
+    """The ``scrapy crawl`` command line (run with cwd :data:`PROJECT_DIR`)."""
     command = [
         sys.executable,
         "-m",
@@ -195,7 +196,8 @@ def crawl_command(start_urls: list[str], args: argparse.Namespace, output_dir: P
 def run_crawl(command: list[str], log_path: Path, timeout: float) -> CrawlResult:
     """Run the crawl with its output in ``log_path``; stop it after ``timeout``."""
     env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
-    # The crawl imports this package whether it is installed or not.
+    # The crawl imports scrapy_hostqueue from the checkout this project
+    # lives in when the package is not installed.
     root = str(PROJECT_DIR.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()
@@ -339,7 +341,7 @@ def _draw_timeline(timeline: Path, output_dir: Path) -> None:
     if not timeline.is_file():
         print(f"timeline: not written ({timeline}); is HostQueueStats enabled?")
         return
-    from scrapy_hostqueue.__main__ import PlotError, plot  # noqa: PLC0415 - optional part
+    from scrapy_hostqueue.plot import PlotError, plot  # noqa: PLC0415 - optional part
     from scrapy_hostqueue.timeline import TimelineError  # noqa: PLC0415
 
     outputs = [output_dir / "timeline.html"]
@@ -358,12 +360,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     host_set = _host_set(args, parser)
-    if not (PROJECT_DIR / "scrapy.cfg").is_file():
-        print(
-            f"{PROG}: error: {PROJECT_DIR} not found; run the demo from a source checkout",
-            file=sys.stderr,
-        )
-        return 2
     output_dir: Path = args.output_dir.resolve()
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
