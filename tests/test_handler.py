@@ -48,6 +48,8 @@ from scrapy.http import Response
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
+import scrapy_hostqueue
+import scrapy_hostqueue._scrapy_internals as internals_module
 import scrapy_hostqueue.handler as handler_module
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
@@ -484,16 +486,23 @@ def test_refuses_to_start_without_asyncio(monkeypatch: pytest.MonkeyPatch) -> No
         AiohttpDownloadHandler.from_crawler(_crawler())
 
 
-def test_clear_error_when_scrapy_handler_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Load a second copy of the module while Scrapy's private module cannot be
-    # imported, as with a Scrapy release that moved it.
-    monkeypatch.setitem(sys.modules, "scrapy.core.downloader.handlers._aiohttp", None)
-    spec = importlib.util.spec_from_file_location(
-        "_handler_without_scrapy_aiohttp", handler_module.__file__
-    )
+def _load_copy(module: Any, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, module.__file__)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def test_clear_error_when_scrapy_handler_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Load second copies of the internals module and of the handler while
+    # Scrapy's private module cannot be imported, as with a Scrapy release
+    # that moved it.
+    monkeypatch.setitem(sys.modules, "scrapy.core.downloader.handlers._aiohttp", None)
+    internals = _load_copy(internals_module, "_internals_without_scrapy_aiohttp")
+    monkeypatch.setitem(sys.modules, internals_module.__name__, internals)
+    monkeypatch.setattr(scrapy_hostqueue, "_scrapy_internals", internals)
+    module = _load_copy(handler_module, "_handler_without_scrapy_aiohttp")
     with pytest.raises(ImportError) as raised:
         module.AiohttpDownloadHandler.from_crawler(_crawler())
     message = str(raised.value)
