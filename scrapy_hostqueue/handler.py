@@ -28,6 +28,9 @@
   is not UTF-8, such as a Latin-1 file name in ``Content-Disposition``);
 * a request without a body other than a POST or a PUT is sent without a
   ``Content-Length: 0`` header, as with the HTTP/1.1 handler;
+* a URL whose host is an IPv4 address with a trailing dot (``127.0.0.1.``)
+  reaches that address (aiohttp refuses it, and Scrapy's handler reports
+  an unsupported URL scheme);
 * a request is sent again by itself only as Twisted's pool does for the
   HTTP/1.1 handler: once, on a new connection, when the kept-alive connection
   it went out on fails before any answer (the server may have closed it while
@@ -40,6 +43,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import socket
@@ -444,6 +448,27 @@ class _BoundedTCPConnector(internals.TCPConnector):
 _ANNOUNCE_EMPTY_BODY = frozenset({"POST", "PUT"})
 
 
+def _ipv4_without_trailing_dot(url: Any) -> Any:
+    """*url* (a ``yarl.URL``) without the trailing dot of an IPv4 host.
+
+    ``127.0.0.1.`` is the address ``127.0.0.1`` (the WHATWG URL standard
+    drops the empty last label before reading an IPv4 address; browsers and
+    curl connect), but aiohttp refuses it as "not a canonical IPv4 address",
+    which Scrapy reports as an unsupported URL scheme. A trailing dot after a
+    name (``example.com.``) is a fully qualified name and stays. The request's
+    URL in Scrapy stays as written; the connection and the ``Host`` header use
+    the address.
+    """
+    host = getattr(url, "raw_host", None)
+    if not isinstance(host, str) or not host.endswith("."):
+        return url
+    try:
+        ipaddress.IPv4Address(host[:-1])
+    except ValueError:
+        return url
+    return url.with_host(host[:-1])
+
+
 class _ClientRequest(aiohttp.ClientRequest):
     """Sends no ``Content-Length: 0`` on a bodiless request other than POST and
     PUT, as Scrapy's HTTP/1.1 handler does.
@@ -457,6 +482,7 @@ class _ClientRequest(aiohttp.ClientRequest):
     """
 
     def __init__(self, method: str, url: Any, *, data: Any = None, **kwargs: Any) -> None:
+        url = _ipv4_without_trailing_dot(url)
         if data != b"" or method.upper() in _ANNOUNCE_EMPTY_BODY:
             super().__init__(method, url, data=data, **kwargs)
             return

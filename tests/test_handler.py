@@ -693,6 +693,39 @@ async def test_a_failed_request_is_not_sent_again_unseen(
 
 
 @deferred_f_from_coro_f
+async def test_a_trailing_dot_after_an_ipv4_address_or_a_name_reaches_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``127.0.0.2.`` is the address 127.0.0.2 (aiohttp refused it as not
+    canonical, which Scrapy reported as an unsupported URL scheme); a name
+    with a trailing dot is a fully qualified name, resolved as such."""
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def dns(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if name.rstrip(".") == "site.hostqueue.test":
+            asked.append(name)
+            return real("127.0.0.3", port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    async with serving(["127.0.0.2", "127.0.0.3"]) as hosts, _handler() as handler:
+        address_port, name_port = hosts.ports["127.0.0.2"], hosts.ports["127.0.0.3"]
+        by_address = f"http://127.0.0.2.:{address_port}/page"
+        by_name = f"http://site.hostqueue.test.:{name_port}/page"
+        for url in (by_address, by_name):
+            response = await _download(handler, Request(url))
+            assert (response.status, response.url, response.body) == (200, url, b"page /page")
+    assert [(seen.host, seen.headers["host"]) for seen in hosts.received] == [
+        ("127.0.0.2", f"127.0.0.2:{address_port}"),
+        # aiohttp sends a name's Host header without the dot.
+        ("127.0.0.3", f"site.hostqueue.test:{name_port}"),
+    ]
+    assert asked == ["site.hostqueue.test."]
+
+
+@deferred_f_from_coro_f
 async def test_status_codes_and_redirects_are_returned_as_is() -> None:
     async with serving(["127.0.0.2"], _contract_route) as hosts, _handler() as handler:
         ok = await _download(handler, Request(hosts.url("127.0.0.2", "/page")))
