@@ -1,26 +1,231 @@
-"""Every touch of Scrapy internals that may move between releases.
+"""Every touch of Scrapy or aiohttp internals that may move between releases.
 
-Downloader slots, the downloader's set of active requests and the engine's
-wake-up call are not a stable public API (an open Scrapy proposal may replace
-download slots altogether), so nothing else in the package reaches into them.
+Downloader slots, the downloader's set of active requests, the engine's
+wake-up call, Scrapy's aiohttp download handler (a private module) and the
+connection pool inside aiohttp's connector are not a stable public API (an
+open Scrapy proposal may replace download slots altogether), so nothing else
+in the package reaches into them or names anything private of Scrapy or
+aiohttp. :func:`check_compatible` refuses, at start-up, a Scrapy or aiohttp
+this module does not know, or one that lacks a name it uses.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
 
+import aiohttp
+import scrapy
+from scrapy.core.engine import ExecutionEngine
+from scrapy.http import Headers
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
+from scrapy_hostqueue._config import HostQueueSettingsError
+
 if TYPE_CHECKING:
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.client_reqrep import ClientRequest
+    from aiohttp.tracing import Trace
     from scrapy import Request
     from scrapy.crawler import Crawler
+    from scrapy.http import Response
     from scrapy.settings import BaseSettings
 
 logger = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+# -- versions ------------------------------------------------------------------
+
+#: The Scrapy releases whose internals this module was written against, as
+#: ``(first, end)``: 2.19.x.
+SCRAPY_KNOWN = ((2, 19), (2, 20))
+#: aiohttp: 3.10 reads the session's retry switch at each request; 4.0 may
+#: change the connector (this module was tested up to 3.14).
+AIOHTTP_KNOWN = ((3, 10), (4,))
+
+
+class UnsupportedDependencyError(ImportError):
+    """The installed Scrapy or aiohttp is not a version this package knows,
+    or lacks a private name it uses."""
+
+
+def _known_range(known: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
+    first, end = (".".join(map(str, version)) for version in known)
+    if len(known[1]) == 2 and known[1] == (known[0][0], known[0][1] + 1):
+        return f"{first}.x"
+    return f">= {first}, < {end}"
+
+
+def _known_versions() -> str:
+    return (
+        f"Scrapy {_known_range(SCRAPY_KNOWN)} and aiohttp {_known_range(AIOHTTP_KNOWN)}; "
+        f"installed: Scrapy {scrapy.__version__}, aiohttp {aiohttp.__version__}"
+    )
+
+
+def _in_range(installed: str, known: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
+    # The release numbers only: a pre-release of a known version (2.19.1rc1)
+    # counts as that version.
+    match = re.match(r"\d+(?:\.\d+)*", installed)
+    if match is None:
+        return False
+    release = tuple(int(part) for part in match.group().split("."))
+    first, end = known
+    return first <= release < end
+
+
+def _assigned_in_init(cls: type, name: str) -> bool:
+    """Whether an ``__init__`` in *cls*'s MRO assigns (or reads) the
+    attribute *name*: instance attributes exist only on instances, which
+    cannot be built before the event loop runs."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        code = getattr(init, "__code__", None)
+        if code is not None and name in code.co_names:
+            return True
+    return False
+
+
+def _missing_names(*, handler: bool) -> list[str]:
+    """The private names this module uses that the installed Scrapy and
+    aiohttp lack (those of the download handler only with *handler*)."""
+    missing = []
+    if not _assigned_in_init(ExecutionEngine, "_slot"):
+        missing.append("scrapy.core.engine.ExecutionEngine._slot")
+    if not handler:
+        return missing
+    if _SCRAPY_IMPORT_ERROR is not None:
+        missing.append(f"scrapy.core.downloader.handlers._aiohttp ({_SCRAPY_IMPORT_ERROR})")
+    else:
+        for name in ("_read_response", "_extract_headers", "_make_request"):
+            if not callable(getattr(_ScrapyAiohttpHandler, name, None)):
+                missing.append(f"scrapy AiohttpDownloadHandler.{name}")
+        for name in ("_bind_address", "_session"):
+            if not _assigned_in_init(_ScrapyAiohttpHandler, name):
+                missing.append(f"scrapy AiohttpDownloadHandler.{name}")
+    if not callable(getattr(aiohttp.TCPConnector, "_create_connection", None)):
+        missing.append("aiohttp.TCPConnector._create_connection")
+    for name in ("_conns", "_acquired"):
+        if not _assigned_in_init(aiohttp.BaseConnector, name):
+            missing.append(f"aiohttp.BaseConnector.{name}")
+    if "_retry_connection" not in getattr(aiohttp.ClientSession, "ATTRS", ()):
+        missing.append("aiohttp.ClientSession._retry_connection")
+    return missing
+
+
+def check_compatible(*, handler: bool = False) -> None:
+    """Refuse to start with a Scrapy or aiohttp this module does not know,
+    or one without a private name it uses (*handler*: also those of the
+    download handler): better one clear line at start-up than an
+    AttributeError in the middle of a crawl."""
+    if not _in_range(scrapy.__version__, SCRAPY_KNOWN) or not _in_range(
+        aiohttp.__version__, AIOHTTP_KNOWN
+    ):
+        raise UnsupportedDependencyError(
+            f"scrapy-hostqueue works with {_known_versions()}. Install a known "
+            "version (pip install 'scrapy~=2.19.0' 'aiohttp>=3.10,<4')."
+        )
+    missing = _missing_names(handler=handler)
+    if missing:
+        raise UnsupportedDependencyError(
+            f"scrapy-hostqueue works with {_known_versions()}, which lack "
+            f"{', '.join(missing)}. Install Scrapy 2.19 (pip install 'scrapy~=2.19.0'), "
+            "or remove scrapy_hostqueue.AiohttpDownloadHandler from DOWNLOAD_HANDLERS to "
+            "use Scrapy's default HTTP/1.1 handler "
+            "(scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler)."
+        )
+
+
+# -- refusing to start ---------------------------------------------------------
+
+#: The errors a component refuses to start with, reported as one line.
+_REFUSALS = (HostQueueSettingsError, UnsupportedDependencyError)
+
+
+def refuses_at_start_up(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Wrap a component's ``from_crawler`` (or the add-on's
+    ``update_settings``): check the installed versions first, and have a
+    refusal (a bad setting, an unknown version) reported as one ERROR line.
+
+    ``scrapy crawl`` runs each crawl in an asyncio task that re-raises what
+    the crawl's start-up raised and leaves it to asyncio, which logs "Task
+    exception was never retrieved" and a traceback when the task is
+    collected. The refusal is still raised (the command exits with status 1,
+    and a caller of ``Crawler.crawl_async()`` gets it); only that task's
+    report of it becomes the line.
+    """
+
+    @functools.wraps(func)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            check_compatible()
+            return func(*args, **kwargs)
+        except _REFUSALS as error:
+            report_refusal(error)
+            raise
+
+    return wrapper
+
+
+def report_refusal(error: BaseException) -> None:
+    """If this runs in the task of a crawl started by Scrapy's
+    ``AsyncCrawlerRunner`` (``scrapy crawl``), have that task log *error*
+    as one ERROR line when it ends with it."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return
+    if task is None or not _is_crawl_task(task):
+        return
+    task.add_done_callback(functools.partial(_report_crawl_end, error))
+
+
+def _is_crawl_task(task: asyncio.Task[Any]) -> bool:
+    coro = task.get_coro()
+    return getattr(coro, "__qualname__", "") == "AsyncCrawlerRunner._crawl_and_track"
+
+
+def _caused_by(raised: BaseException, error: BaseException) -> bool:
+    """Whether *raised* was raised while *error* was being handled."""
+    seen = set()
+    context = raised.__context__
+    while context is not None and id(context) not in seen:
+        if context is error:
+            return True
+        seen.add(id(context))
+        context = context.__context__
+    return False
+
+
+def _report_crawl_end(error: BaseException, task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    # Nothing else retrieves this task's exception: taking it here keeps
+    # asyncio from reporting it as never retrieved.
+    raised = task.exception()
+    if raised is None:
+        return
+    if raised is error or _caused_by(raised, error):
+        logging.getLogger("scrapy_hostqueue").error("The crawl did not start: %s", error)
+        if raised is not error:
+            # Scrapy 2.19 closes an engine that failed to open its spider
+            # (a scheduler that refused to start) and fails again there,
+            # with "Engine slot not assigned": a consequence, not news.
+            logger.debug("Then, while stopping the crawl: %r", raised)
+        return
+    # Another error ended the crawl: reported as asyncio would have.
+    task.get_loop().call_exception_handler(
+        {"message": "Task exception was never retrieved", "exception": raised, "future": task}
+    )
 
 
 def _engine(crawler: Crawler) -> Any:
@@ -220,3 +425,133 @@ def slot_delay(crawler: Crawler, key: str) -> float | None:
         return None
     slot = engine.downloader.slots.get(key)
     return None if slot is None else float(slot.delay)
+
+
+# -- Scrapy's aiohttp download handler -------------------------------------------
+
+
+class _HandlerUnavailable:
+    """Stands in for Scrapy's handler when its private module is missing, so
+    that the package still imports and the handler refuses with a clear
+    message when the crawl starts rather than with an ImportError at
+    settings load."""
+
+    lazy: ClassVar[bool] = False
+
+    def __init__(self, crawler: Crawler) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    # Scrapy builds handlers with from_crawler() when the class has one, else
+    # with cls() and no crawler: keep the path that reaches the subclass's
+    # __init__ and its message.
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Any:
+        return cls(crawler)
+
+
+# Scrapy's aiohttp handler lives in a private module (2.19 marks it
+# experimental), so a Scrapy release may move or change it.
+_SCRAPY_IMPORT_ERROR: ImportError | None = None
+try:
+    from scrapy.core.downloader.handlers._aiohttp import (
+        AiohttpDownloadHandler as _ScrapyAiohttpHandler,
+    )
+    from scrapy.core.downloader.handlers._aiohttp import _ClientResponse
+    from scrapy.utils.ssl import _make_ssl_context
+except ImportError as exc:
+    _SCRAPY_IMPORT_ERROR = exc
+    _ScrapyAiohttpHandler = _HandlerUnavailable  # type: ignore[assignment,misc]
+    _ClientResponse = aiohttp.ClientResponse  # type: ignore[assignment,misc]
+
+#: The response class of Scrapy's handler (it keeps the peer's address and
+#: TLS object, which aiohttp may lose before Scrapy reads them).
+CLIENT_RESPONSE_CLASS: type[aiohttp.ClientResponse] = _ClientResponse
+
+
+class ScrapyAiohttpHandler(_ScrapyAiohttpHandler):
+    """Scrapy's aiohttp download handler, with public names for what a
+    subclass changes.
+
+    Scrapy's ``__init__`` creates the ``ClientSession`` at once, which needs a
+    running event loop (absent under ``CrawlerProcess`` until the crawl
+    starts). It is skipped on purpose: its base class's ``__init__`` runs
+    here and the SSL context is built the same way; the subclass gives each
+    download its session with :meth:`use_session`.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        check_compatible(handler=True)
+        super(_ScrapyAiohttpHandler, self).__init__(crawler)
+        self._ssl_context = _make_ssl_context(crawler.settings)
+
+    @property
+    def bind_address(self) -> tuple[str, int] | None:
+        """``DOWNLOAD_BIND_ADDRESS`` as Scrapy's handler reads it."""
+        address: tuple[str, int] | None = self._bind_address
+        return address
+
+    def use_session(self, session: aiohttp.ClientSession) -> None:
+        """Send the next downloads through *session*."""
+        self._session = session
+
+    @staticmethod
+    def response_headers(response: Any) -> Headers:
+        """The headers of an aiohttp response as a Scrapy ``Headers``."""
+        return Headers(list(response.headers.items()))
+
+    def _extract_headers(self, response: Any) -> Headers:  # type: ignore[override]
+        return self.response_headers(response)
+
+    async def read_response(self, response: Any, request: Request) -> Response:
+        """Read a response whose status line and headers have arrived: its
+        headers, the ``headers_received`` / ``bytes_received`` signals, the
+        body within the size limits."""
+        return await super()._read_response(response, request)
+
+    async def _read_response(self, response: Any, request: Request) -> Response:
+        return await self.read_response(response, request)
+
+
+# -- aiohttp's connector and session ---------------------------------------------
+
+
+class TCPConnector(aiohttp.TCPConnector):
+    """aiohttp's ``TCPConnector`` with public names for opening a connection
+    and for the pool's connections (aiohttp offers no public view of them).
+
+    Reads two private attributes of aiohttp's ``BaseConnector`` (``_conns``,
+    ``_acquired``, stable since aiohttp 3.0); :func:`check_compatible` checks
+    that they exist, and the accessors give None if their shape changes.
+    """
+
+    async def create_connection(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> ResponseHandler:
+        """Open a new connection for *req* (the pool had no idle one)."""
+        return await super()._create_connection(req, traces, timeout)
+
+    async def _create_connection(
+        self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> ResponseHandler:
+        return await self.create_connection(req, traces, timeout)
+
+    def idle_connections(self) -> dict[Any, Any] | None:
+        """The idle kept-alive connections by endpoint key (with ``host`` and
+        ``port``), each a list of ``(protocol, released_at)``, oldest first;
+        the pool's own dict, for closing some. None if aiohttp changed it."""
+        pools = getattr(self, "_conns", None)
+        return pools if isinstance(pools, dict) else None
+
+    def connections_in_use(self) -> set[Any] | None:
+        """The connections in use (and those being opened). None if aiohttp
+        changed it."""
+        acquired = getattr(self, "_acquired", None)
+        return acquired if isinstance(acquired, set) else None
+
+
+def disable_session_retry(session: aiohttp.ClientSession) -> None:
+    """Keep *session* from sending an idempotent request again by itself
+    after a disconnection (a private switch, read at each request since
+    aiohttp 3.10)."""
+    if hasattr(session, "_retry_connection"):
+        session._retry_connection = False

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.misc import load_object
 
+from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
 from scrapy_hostqueue.middleware import _is_hostqueue_scheduler as _is_hostqueue_class
 
@@ -93,6 +94,7 @@ class Addon:
     Usage: ``ADDONS = {"scrapy_hostqueue.Addon": 0}``.
     """
 
+    @internals.refuses_at_start_up
     def update_settings(self, settings: BaseSettings) -> None:
         require_asyncio_reactor(settings, "scrapy_hostqueue.Addon")
         # Fail at start-up, not at the first request, on bad HOSTQUEUE_* values.

@@ -28,6 +28,9 @@
   is not UTF-8, such as a Latin-1 file name in ``Content-Disposition``);
 * a request without a body other than a POST or a PUT is sent without a
   ``Content-Length: 0`` header, as with the HTTP/1.1 handler;
+* a URL whose host is an IPv4 address with a trailing dot (``127.0.0.1.``)
+  reaches that address (aiohttp refuses it, and Scrapy's handler reports
+  an unsupported URL scheme);
 * a request is sent again by itself only as Twisted's pool does for the
   HTTP/1.1 handler: once, on a new connection, when the kept-alive connection
   it went out on fails before any answer (the server may have closed it while
@@ -40,6 +43,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
 import socket
@@ -50,7 +54,6 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import aiohttp
-import scrapy
 from aiohttp import hdrs
 from aiohttp.abc import AbstractResolver, ResolveResult
 from scrapy.exceptions import (
@@ -83,51 +86,6 @@ if TYPE_CHECKING:
 __all__ = ["AiohttpDownloadHandler"]
 
 logger = logging.getLogger(__name__)
-
-
-class _ScrapyHandlerUnavailable:
-    """Stands in for Scrapy's handler when its private module is missing, so
-    that this module still imports and the handler fails with a clear message
-    when the crawl starts rather than with an ImportError at settings load."""
-
-    lazy: ClassVar[bool] = False
-
-    def __init__(self, crawler: Crawler) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    # Scrapy builds handlers with from_crawler() when the class has one, else
-    # with cls() and no crawler: keep the path that reaches the subclass's
-    # __init__ and its message.
-    @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Any:
-        return cls(crawler)
-
-
-# Scrapy's aiohttp handler lives in a private module (2.19 marks it
-# experimental), so a Scrapy release may move or change it.
-_SCRAPY_IMPORT_ERROR: ImportError | None = None
-try:
-    from scrapy.core.downloader.handlers._aiohttp import (
-        AiohttpDownloadHandler as _ScrapyAiohttpDownloadHandler,
-    )
-    from scrapy.core.downloader.handlers._aiohttp import _ClientResponse
-    from scrapy.utils.ssl import _make_ssl_context
-except ImportError as exc:
-    _SCRAPY_IMPORT_ERROR = exc
-    _ScrapyAiohttpDownloadHandler = _ScrapyHandlerUnavailable  # type: ignore[assignment,misc]
-
-
-def _require_scrapy_handler() -> None:
-    if _SCRAPY_IMPORT_ERROR is not None:
-        raise ImportError(
-            "scrapy_hostqueue.AiohttpDownloadHandler builds on Scrapy's aiohttp "
-            "download handler (scrapy.core.downloader.handlers._aiohttp), which "
-            f"the installed Scrapy {scrapy.__version__} does not provide "
-            f"({_SCRAPY_IMPORT_ERROR}). Install Scrapy 2.19 (pip install "
-            "'scrapy~=2.19.0'), or remove scrapy_hostqueue.AiohttpDownloadHandler "
-            "from DOWNLOAD_HANDLERS to use Scrapy's default HTTP/1.1 handler "
-            "(scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler)."
-        ) from _SCRAPY_IMPORT_ERROR
 
 
 def _require_asyncio(crawler: Crawler) -> None:
@@ -365,23 +323,23 @@ def _getaddrinfo(host: str, port: int, family: int) -> list[Any]:
     return socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)
 
 
-class _BoundedTCPConnector(aiohttp.TCPConnector):
+class _BoundedTCPConnector(internals.TCPConnector):
     """A ``TCPConnector`` whose ``limit`` also bounds idle keep-alive sockets.
 
     aiohttp counts only connections in use against ``limit``; idle ones stay
     open in the pool for ``keepalive_timeout`` (15 s), so a crawl over many
     hosts keeps one idle socket per host it has met. Before opening a
     connection this closes the longest-idle ones until in-use plus idle
-    sockets fit in ``limit``. It reads two private attributes of aiohttp's
-    ``BaseConnector`` (``_conns``, ``_acquired``, stable since aiohttp 3.0)
-    and degrades to aiohttp's own behaviour if they ever change.
+    sockets fit in ``limit`` (it degrades to aiohttp's own behaviour if the
+    pool's insides ever change).
 
     It also tells the download of the current task whether its connection was
     opened or reused and how long getting it took, with no aiohttp tracing
     (which would cost every request a dozen signal dispatches).
     """
 
-    _shape_warned: ClassVar[bool] = False
+    #: Whether the warning that the pool's insides changed was logged.
+    shape_warned: ClassVar[bool] = False
     #: Seconds opening a connection may take (name resolution, TCP, TLS, a
     #: proxy's tunnel), 0 for no bound but the download's own timeout.
     connect_timeout: float = 0.0
@@ -404,7 +362,7 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
         download.connected = True
         return connection
 
-    async def _create_connection(
+    async def create_connection(
         self, req: ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
     ) -> ResponseHandler:
         download = _current_download.get()
@@ -420,7 +378,7 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
             try:
                 # No bound (None) with a connect timeout of 0.
                 protocol = await asyncio.wait_for(
-                    super()._create_connection(req, traces, timeout), self.connect_timeout or None
+                    super().create_connection(req, traces, timeout), self.connect_timeout or None
                 )
             except asyncio.TimeoutError:
                 if not self.connect_timeout or (
@@ -439,8 +397,8 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
         """Close the idle kept-alive connections to *host*:*port*: one of them
         has just turned out closed by the server, and the others, idle as
         long, may be too."""
-        idle_pools: Any = getattr(self, "_conns", None)
-        if not isinstance(idle_pools, dict):
+        idle_pools = self.idle_connections()
+        if idle_pools is None:
             return
         for key in [k for k in idle_pools if k.host == host and k.port == port]:
             for protocol, _ in idle_pools.pop(key):
@@ -450,11 +408,11 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
         limit = self.limit
         if not limit:
             return
-        idle_pools: Any = getattr(self, "_conns", None)
-        acquired: Any = getattr(self, "_acquired", None)
-        if not isinstance(idle_pools, dict) or not isinstance(acquired, set):
-            if not _BoundedTCPConnector._shape_warned:
-                _BoundedTCPConnector._shape_warned = True
+        idle_pools = self.idle_connections()
+        acquired = self.connections_in_use()
+        if idle_pools is None or acquired is None:
+            if not _BoundedTCPConnector.shape_warned:
+                _BoundedTCPConnector.shape_warned = True
                 logger.warning(
                     "aiohttp %s changed its connection pool internals: idle "
                     "keep-alive connections are no longer counted against the "
@@ -491,6 +449,27 @@ class _BoundedTCPConnector(aiohttp.TCPConnector):
 _ANNOUNCE_EMPTY_BODY = frozenset({"POST", "PUT"})
 
 
+def _ipv4_without_trailing_dot(url: Any) -> Any:
+    """*url* (a ``yarl.URL``) without the trailing dot of an IPv4 host.
+
+    ``127.0.0.1.`` is the address ``127.0.0.1`` (the WHATWG URL standard
+    drops the empty last label before reading an IPv4 address; browsers and
+    curl connect), but aiohttp refuses it as "not a canonical IPv4 address",
+    which Scrapy reports as an unsupported URL scheme. A trailing dot after a
+    name (``example.com.``) is a fully qualified name and stays. The request's
+    URL in Scrapy stays as written; the connection and the ``Host`` header use
+    the address.
+    """
+    host = getattr(url, "raw_host", None)
+    if not isinstance(host, str) or not host.endswith("."):
+        return url
+    try:
+        ipaddress.IPv4Address(host[:-1])
+    except ValueError:
+        return url
+    return url.with_host(host[:-1])
+
+
 class _ClientRequest(aiohttp.ClientRequest):
     """Sends no ``Content-Length: 0`` on a bodiless request other than POST and
     PUT, as Scrapy's HTTP/1.1 handler does.
@@ -504,6 +483,7 @@ class _ClientRequest(aiohttp.ClientRequest):
     """
 
     def __init__(self, method: str, url: Any, *, data: Any = None, **kwargs: Any) -> None:
+        url = _ipv4_without_trailing_dot(url)
         if data != b"" or method.upper() in _ANNOUNCE_EMPTY_BODY:
             super().__init__(method, url, data=data, **kwargs)
             return
@@ -551,7 +531,7 @@ class _SharedPool:
         if self.session is None:
             if self._closed:
                 raise RuntimeError("The download handler is closed")
-            self.session = handler._new_session(self)
+            self.session = handler.new_session(self)
         return self.session
 
     async def release(self) -> None:
@@ -584,7 +564,7 @@ def _dns_threads(settings: BaseSettings) -> int:
     return threads
 
 
-class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
+class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
     """Scrapy's aiohttp download handler with a connection pool that backstops
     the per-host limits of ``HostQueueScheduler``.
 
@@ -599,15 +579,9 @@ class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
     experimental: ClassVar[bool] = False
 
     def __init__(self, crawler: Crawler) -> None:
-        _require_scrapy_handler()
         _require_asyncio(crawler)
-        # Scrapy's __init__ creates the ClientSession at once, which needs a
-        # running event loop (absent under CrawlerProcess until the crawl
-        # starts). So its own __init__ is skipped on purpose: its base class's
-        # __init__ runs here, its SSL context is built the same way, and the
-        # session with Scrapy's options is created on the first download.
-        super(_ScrapyAiohttpDownloadHandler, self).__init__(crawler)
-        self._ssl_context = _make_ssl_context(crawler.settings)
+        # The session with Scrapy's options is created on the first download.
+        super().__init__(crawler)
         pool = _pools.get(crawler)
         if pool is None:
             pool = _pools[crawler] = _SharedPool(
@@ -616,10 +590,8 @@ class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
         pool.users += 1
         self._pool = pool
         self._released = False
-        self._pool_size_total = pool.total
-        self._pool_size_per_host = pool.per_host
 
-    def _new_session(self, pool: _SharedPool) -> aiohttp.ClientSession:
+    def new_session(self, pool: _SharedPool) -> aiohttp.ClientSession:
         # aiohttp's limit_per_host counts connections per (host, port, TLS)
         # endpoint, while Scrapy's slots (and this project's hosts) are keyed
         # by hostname alone: a site serving on two ports or on both http and
@@ -629,7 +601,7 @@ class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
             pool.dns_threads, pool.config.dns_cache_ttl if pool.dns_cache else 0.0
         )
         connector = _BoundedTCPConnector(
-            local_addr=self._bind_address,
+            local_addr=self.bind_address,
             limit=pool.total,
             limit_per_host=pool.per_host,
             resolver=pool.resolver,
@@ -647,7 +619,7 @@ class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
-            response_class=_ClientResponse,
+            response_class=internals.CLIENT_RESPONSE_CLASS,
             request_class=_ClientRequest,
             # aiohttp refuses a response header line over 8,190 bytes, where
             # Scrapy's HTTP/1.1 handler takes long cookies and CSP headers.
@@ -663,19 +635,18 @@ class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
         # aiohttp sends an idempotent request again after any disconnection
         # (a private switch, read at each request since aiohttp 3.10); the
         # handler sends it again itself, as Twisted does (_download).
-        if hasattr(session, "_retry_connection"):
-            session._retry_connection = False
+        internals.disable_session_retry(session)
         return session
 
     @staticmethod
-    def _extract_headers(response: Any) -> Headers:
+    def response_headers(response: Any) -> Headers:
         # aiohttp's decoded headers turn a byte that is not UTF-8 into a lone
         # surrogate, which Scrapy's Headers cannot encode back: the bytes the
         # server sent are taken instead, as the HTTP/1.1 handler does.
         return Headers(list(response.raw_headers))
 
     async def download_request(self, request: Request) -> Response:
-        self._session = self._pool.get_session(self)
+        self.use_session(self._pool.get_session(self))
         # With HOSTQUEUE_PREFETCH, the scheduler hands a host one more
         # request than its limit; it waits here, before Scrapy's handler starts
         # its clock, for the host to have a free send slot.
@@ -690,7 +661,7 @@ class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
             return response
         return await self._download(request)
 
-    async def _read_response(self, response: Any, request: Request) -> Response:
+    async def read_response(self, response: Any, request: Request) -> Response:
         # Scrapy's handler reads the status line, sends headers_received,
         # then reads the body: the scheduler hears of a back-off status
         # before that signal (which gives a silent host its limit) and before
@@ -698,7 +669,7 @@ class AiohttpDownloadHandler(UsesSendGate, _ScrapyAiohttpDownloadHandler):
         gate = gate_of(self.crawler)
         if gate is not None:
             gate.status_read(request, response.status)
-        return await super()._read_response(response, request)
+        return await super().read_response(response, request)
 
     async def _download(self, request: Request) -> Response:
         try:

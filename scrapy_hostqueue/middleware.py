@@ -215,6 +215,7 @@ class AIMDMiddleware:
         self._warned_slot_set_late = False
 
     @classmethod
+    @internals.refuses_at_start_up
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = crawler.settings
         config = HostQueueConfig.from_settings(settings)

@@ -200,6 +200,7 @@ class HostQueueScheduler(BaseScheduler):
         self._opened = False
 
     @classmethod
+    @internals.refuses_at_start_up
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
         _warn_unused_queue_settings(crawler.settings)

@@ -125,6 +125,7 @@ class HostQueueStats:
         self._started = self._last_tick = 0.0
 
     @classmethod
+    @internals.refuses_at_start_up
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
         if not config.log_interval and not config.timeline_file:

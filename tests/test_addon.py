@@ -4,15 +4,25 @@ whether components are named by import path or given as classes."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import pytest
+import scrapy
+from scrapy.core.downloader.handlers._base_streaming import BaseStreamingDownloadHandler
+from scrapy.core.engine import ExecutionEngine
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
+from bench.runner import child_environment
+from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue import (
     Addon,
     AIMDMiddleware,
+    AiohttpDownloadHandler,
     GcTuning,
     HostQueueScheduler,
     HostQueueSettingsError,
@@ -120,3 +130,111 @@ def test_the_addon_refuses_another_reactor_naming_it() -> None:
     reactor = "twisted.internet.selectreactor.SelectReactor"
     with pytest.raises(HostQueueSettingsError, match="SelectReactor"):
         Addon().update_settings(Settings({"TWISTED_REACTOR": reactor}))
+
+
+# -- refusing to start ---------------------------------------------------------
+
+
+def _start_addon() -> None:
+    Addon().update_settings(Settings())
+
+
+def _start_scheduler() -> None:
+    HostQueueScheduler.from_crawler(get_crawler(PageSpider, settings()))
+
+
+def _start_handler() -> None:
+    crawler = get_crawler(PageSpider, settings())
+    AiohttpDownloadHandler.from_crawler(crawler)
+
+
+STARTS = [_start_addon, _start_scheduler, _start_handler]
+
+
+@pytest.mark.parametrize("start", STARTS)
+@pytest.mark.parametrize(
+    ("library", "version"),
+    [(scrapy, "2.20.0"), (scrapy, "2.18.1"), (aiohttp, "4.0.0"), (aiohttp, "3.9.5")],
+)
+def test_an_unknown_scrapy_or_aiohttp_is_refused_naming_the_versions(
+    start: Callable[[], None], library: Any, version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(library, "__version__", version)
+    with pytest.raises(ImportError) as raised:
+        start()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"{library.__name__.capitalize()} {version}".lower() in message.lower()
+    assert "Scrapy 2.19.x" in message and "aiohttp >= 3.10, < 4" in message
+
+
+@pytest.mark.parametrize("version", ["2.19.0", "2.19.3", "2.19.1rc1"])
+def test_known_scrapy_versions_start(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scrapy, "__version__", version)
+    _start_addon()
+    _start_scheduler()
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "value"),
+    [
+        (aiohttp.ClientSession, "ATTRS", frozenset()),
+        (BaseStreamingDownloadHandler, "_read_response", None),
+    ],
+)
+def test_a_missing_private_name_is_refused_at_start_up(
+    owner: Any, name: str, value: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if value is None:
+        monkeypatch.delattr(owner, name)
+    else:
+        monkeypatch.setattr(owner, name, value)
+    with pytest.raises(ImportError, match=r"lack .*_re") as raised:
+        _start_handler()
+    assert "Scrapy 2.19.0" in str(raised.value)
+
+
+def test_the_scheduler_refuses_an_engine_without_its_wake_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    init = ExecutionEngine.__init__
+
+    def without_slot(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExecutionEngine, "__init__", without_slot)
+    with pytest.raises(ImportError, match=r"ExecutionEngine\._slot"):
+        _start_scheduler()
+
+
+@pytest.mark.parametrize(
+    "wiring",
+    [
+        [],
+        # Without the add-on, the scheduler's from_crawler refuses (inside
+        # the engine's start, which Scrapy then fails to close).
+        ["-s", "ADDONS={}", "-s", "SCHEDULER=scrapy_hostqueue.HostQueueScheduler"],
+    ],
+    ids=["addon", "scheduler"],
+)
+def test_scrapy_crawl_with_a_bad_setting_says_so_in_one_line(wiring: list[str]) -> None:
+    command = [
+        *(sys.executable, "-m", "scrapy", "crawl", "pages"),
+        *("-a", "start_urls=http://127.0.0.2:9/", "-s", "HOSTQUEUE_AIMD_FLOOR=0"),
+        *wiring,
+    ]
+    done = subprocess.run(
+        command,
+        cwd=PROJECT_DIR,
+        env=child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if "HOSTQUEUE_AIMD_FLOOR" in line]
+    assert len(errors) == 1, done.stderr
+    assert "ERROR" in errors[0] and "got '0'" in errors[0]
+    assert "Traceback" not in done.stderr
+    assert "Task exception was never retrieved" not in done.stderr

@@ -48,6 +48,8 @@ from scrapy.http import Response
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
+import scrapy_hostqueue
+import scrapy_hostqueue._scrapy_internals as internals_module
 import scrapy_hostqueue.handler as handler_module
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
@@ -484,16 +486,23 @@ def test_refuses_to_start_without_asyncio(monkeypatch: pytest.MonkeyPatch) -> No
         AiohttpDownloadHandler.from_crawler(_crawler())
 
 
-def test_clear_error_when_scrapy_handler_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Load a second copy of the module while Scrapy's private module cannot be
-    # imported, as with a Scrapy release that moved it.
-    monkeypatch.setitem(sys.modules, "scrapy.core.downloader.handlers._aiohttp", None)
-    spec = importlib.util.spec_from_file_location(
-        "_handler_without_scrapy_aiohttp", handler_module.__file__
-    )
+def _load_copy(module: Any, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, module.__file__)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def test_clear_error_when_scrapy_handler_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Load second copies of the internals module and of the handler while
+    # Scrapy's private module cannot be imported, as with a Scrapy release
+    # that moved it.
+    monkeypatch.setitem(sys.modules, "scrapy.core.downloader.handlers._aiohttp", None)
+    internals = _load_copy(internals_module, "_internals_without_scrapy_aiohttp")
+    monkeypatch.setitem(sys.modules, internals_module.__name__, internals)
+    monkeypatch.setattr(scrapy_hostqueue, "_scrapy_internals", internals)
+    module = _load_copy(handler_module, "_handler_without_scrapy_aiohttp")
     with pytest.raises(ImportError) as raised:
         module.AiohttpDownloadHandler.from_crawler(_crawler())
     message = str(raised.value)
@@ -681,6 +690,39 @@ async def test_a_failed_request_is_not_sent_again_unseen(
     assert [r.target for r in hosts.received if r.target == path] == [path]
     stats = get_recorder(crawler).host_stats()
     assert host_stat_key("127.0.0.2", "resent_count") not in stats
+
+
+@deferred_f_from_coro_f
+async def test_a_trailing_dot_after_an_ipv4_address_or_a_name_reaches_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``127.0.0.2.`` is the address 127.0.0.2 (aiohttp refused it as not
+    canonical, which Scrapy reported as an unsupported URL scheme); a name
+    with a trailing dot is a fully qualified name, resolved as such."""
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def dns(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if name.rstrip(".") == "site.hostqueue.test":
+            asked.append(name)
+            return real("127.0.0.3", port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", dns)
+    async with serving(["127.0.0.2", "127.0.0.3"]) as hosts, _handler() as handler:
+        address_port, name_port = hosts.ports["127.0.0.2"], hosts.ports["127.0.0.3"]
+        by_address = f"http://127.0.0.2.:{address_port}/page"
+        by_name = f"http://site.hostqueue.test.:{name_port}/page"
+        for url in (by_address, by_name):
+            response = await _download(handler, Request(url))
+            assert (response.status, response.url, response.body) == (200, url, b"page /page")
+    assert [(seen.host, seen.headers["host"]) for seen in hosts.received] == [
+        ("127.0.0.2", f"127.0.0.2:{address_port}"),
+        # aiohttp sends a name's Host header without the dot.
+        ("127.0.0.3", f"site.hostqueue.test:{name_port}"),
+    ]
+    assert asked == ["site.hostqueue.test."]
 
 
 @deferred_f_from_coro_f
