@@ -133,11 +133,11 @@ class HostQueueScheduler(BaseScheduler):
     out until it leaves the downloader, whatever its outcome, which holds the
     per-host limit at the server even where Scrapy's downloader does not.
 
-    The queues and per-host state live in a request store
-    (:class:`~scrapy_hostqueue.store.RequestStore`); each counted request has
-    one record (:mod:`scrapy_hostqueue._requests`); the send gate
-    (:class:`~scrapy_hostqueue.sendgate.SendGate`) holds the on-the-wire limit
-    for the download handler. This class is the Scrapy glue between them.
+    The queues and per-host state live in a request store (``RequestStore``,
+    in ``scrapy_hostqueue.store``); each counted request has one record
+    (``scrapy_hostqueue._requests``); the send gate (``SendGate``, in
+    ``scrapy_hostqueue.sendgate``) holds the on-the-wire limit for the
+    download handler. This class is the Scrapy glue between them.
     """
 
     def __init__(
