@@ -48,9 +48,8 @@ from scrapy_hostqueue.middleware import (
 )
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests.crawling import SCHEDULER, PageSpider, settings
+from tests.crawling import MIDDLEWARE, SCHEDULER, PageSpider, settings
 
-MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
 HOST = "example.com"
 URL = f"http://{HOST}/page"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import pickle
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 from scrapy import Request, signals
 from scrapy.crawler import Crawler
-from scrapy.exceptions import CloseSpider, DownloadFailedError, IgnoreRequest
+from scrapy.exceptions import DownloadFailedError, IgnoreRequest
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
@@ -29,32 +28,24 @@ from scrapy_hostqueue.scheduler import STATE_FILE, HostBlocked, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import (
+    MIDDLEWARE,
     OUR_HANDLER,
     SCHEDULER,
     SCRAPY_HTTP11,
+    DirectDownloadSpider,
+    HostsFactory,
     PageSpider,
+    Received,
+    Reply,
+    StoppableSpider,
     dropping_connections,
     interleave,
+    serving,
     settings,
 )
-from tests.test_handler import Received, Reply, serving
 
-HostsFactory = Callable[..., LocalHosts]
-
-MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
 # A hard bound on every crawl here; each test stops its crawl much earlier.
 CRAWL_TIMEOUT = 30
-
-
-class StoppableSpider(PageSpider):
-    """A PageSpider that closes itself once ``stop_at`` (monotonic) has passed."""
-
-    stop_at: float = math.inf
-
-    def parse(self, response: Response) -> Iterable[Any]:
-        if time.monotonic() >= self.stop_at:
-            raise CloseSpider("test_done")
-        yield from super().parse(response)
 
 
 def aimd_settings(handler: str = SCRAPY_HTTP11, **overrides: Any) -> dict[str, Any]:
@@ -828,32 +819,6 @@ async def test_crawl_delay_holds_at_the_server_when_bodies_are_slow(
 
 
 # -- requests that did not come from the scheduler -------------------------------
-
-
-class DirectDownloadSpider(StoppableSpider):
-    """Each callback also downloads ``direct_per_page`` other pages of the same
-    host with ``engine.download_async``, as a media pipeline does."""
-
-    direct_per_page = 3
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.direct_statuses: list[int] = []
-
-    async def parse(self, response: Response) -> AsyncIterator[Any]:  # type: ignore[override]
-        self.seen.append(response.url)
-        base, page = response.url.rsplit("/page/", 1)
-        assert self.crawler.engine is not None
-        downloads = [
-            self.crawler.engine.download_async(
-                Request(f"{base}/page/{5000 + int(page) * 10 + k}", dont_filter=True)
-            )
-            for k in range(self.direct_per_page)
-        ]
-        for answer in await asyncio.gather(*downloads):
-            self.direct_statuses.append(answer.status)
-        return
-        yield
 
 
 @HANDLERS

@@ -10,7 +10,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -37,19 +36,18 @@ from tests.crawling import (
     SCHEDULER,
     SCRAPY_AIOHTTP,
     SCRAPY_HTTP11,
+    DirectDownloadSpider,
+    HostsFactory,
     PageSpider,
     crawl,
     interleave,
     settings,
 )
-from tests.test_middleware_crawl import DirectDownloadSpider
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from scrapy.crawler import Crawler
-
-HostsFactory = Callable[..., LocalHosts]
 
 
 def _handlers(path: str) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,11 +12,9 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import StartRequestsMiddleware
 from scrapy_hostqueue import start as start_module
-from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests.crawling import SCHEDULER, PageSpider, settings
+from scrapy_hostqueue.testing import HostSpec
+from tests.crawling import ADDON, SCHEDULER, HostsFactory, PageSpider, settings
 
-HostsFactory = Callable[..., LocalHosts]
-ADDON = {"scrapy_hostqueue.Addon": 0}
 NAME = "scrapy_hostqueue.StartRequestsMiddleware"
 
 

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import re
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,12 @@ from tests.crawling import (
     BASE_SETTINGS,
     OUR_HANDLER,
     SCHEDULER,
+    HostsFactory,
     PageSpider,
     crawl,
     interleave,
 )
 
-HostsFactory = Callable[..., LocalHosts]
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
 LIMIT = 4
 
