@@ -84,6 +84,7 @@ def test_every_scenario_runs_every_configuration_with_its_own_time_limit() -> No
     assert [summary.config for summary in summaries] == ["scrapy", "hq-scheduler"]
 
 
+@pytest.mark.crawl
 def test_a_crawl_reports_and_exits_at_its_time_limit(
     local_hosts: Callable[..., LocalHosts],
 ) -> None:
@@ -396,6 +397,7 @@ def test_cpu_probe_lines_warn_when_the_machine_speed_drifted() -> None:
     assert "changed by up to 1.30x" in drifted[1]
 
 
+@pytest.mark.crawl
 def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     command = [
         sys.executable,
@@ -454,6 +456,7 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
     assert hq["connections_per_100"] == pytest.approx(100 * run["connections"] / run["requests"])
 
 
+@pytest.mark.crawl
 def test_the_start_stall_bench_compares_both_variants(capsys: pytest.CaptureFixture[str]) -> None:
     from bench import start_stall
 
@@ -467,6 +470,7 @@ def test_the_start_stall_bench_compares_both_variants(capsys: pytest.CaptureFixt
     assert re.search(r"without / with: median [0-9.]+x", out), out
 
 
+@pytest.mark.crawl
 def test_the_dead_hosts_bench_counts_what_the_hanging_hosts_had_in_flight(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -123,6 +123,7 @@ class _Watcher(PageSpider):
         return super().parse(response)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(("setting", "during"), [(None, 7000), (0, 700), (12_000, 12_000)])
 @deferred_f_from_coro_f
 async def test_the_scheduler_raises_the_young_threshold_while_the_crawl_runs(
@@ -147,6 +148,7 @@ def test_a_bad_young_threshold_is_refused_naming_the_setting(bad: object) -> Non
         HostQueueScheduler.from_crawler(crawler)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("enabled", [True, False])
 @deferred_f_from_coro_f
 async def test_the_scheduler_freezes_while_the_crawl_runs(enabled: bool) -> None:

@@ -766,6 +766,7 @@ async def test_pool_holds_per_host_limit_for_direct_downloads() -> None:
     assert hosts.accepted["127.0.0.2"] == 3
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
     def slow(received: Received) -> Reply:
@@ -786,6 +787,7 @@ async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
     assert _connection_stats(crawler)["127.0.0.2"]["connections_opened_count"] <= 4
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
     addresses = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(500)]
@@ -811,6 +813,7 @@ async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
     )
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None:
     """With ``HOSTQUEUE_MAX_ACTIVE_HOSTS = 0`` about ``CONCURRENT_REQUESTS``
@@ -837,6 +840,7 @@ async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None
     assert all(hosts.max_inflight[a] <= 2 for a in addresses)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections() -> None:
     """The scheduler without the AIMD middleware gives a host its
@@ -861,6 +865,7 @@ async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections()
 # -- crawls ----------------------------------------------------------------------
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_crawl_decompresses_and_retries_refused_connections() -> None:
     with socket.socket() as unused:
@@ -879,6 +884,7 @@ async def test_crawl_decompresses_and_retries_refused_connections() -> None:
     assert stats["retry/max_reached"] == 1
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_crawl_download_timeout_setting() -> None:
     async with serving(["127.0.0.2"], _contract_route) as hosts:
@@ -926,6 +932,7 @@ _PROCESS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("process", ["CrawlerProcess", "AsyncCrawlerProcess"])
 @deferred_f_from_coro_f
 async def test_crawl_in_a_process(process: str, tmp_path: Path) -> None:

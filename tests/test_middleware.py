@@ -843,6 +843,7 @@ def test_the_addon_lowers_concurrent_items_unless_the_user_set_it(
     assert crawler.settings.getint("CONCURRENT_ITEMS") == expected
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> None:
     hosts: LocalHosts = local_hosts([HostSpec(latency=0.01, pages=20)])

@@ -44,6 +44,8 @@ from tests.crawling import (
     settings,
 )
 
+pytestmark = pytest.mark.crawl
+
 # A hard bound on every crawl here; each test stops its crawl much earlier.
 CRAWL_TIMEOUT = 30
 

@@ -78,6 +78,7 @@ def _arrival_gaps(arrivals: list[float]) -> list[float]:
     return [later - earlier for earlier, later in itertools.pairwise(arrivals)]
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     ("handler", "limit", "budget"),
     [
@@ -119,6 +120,7 @@ async def test_per_host_limit_holds_at_the_server(
     assert max(host.max_in_flight for host in stats) == limit
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_without_the_aimd_middleware_a_host_not_heard_from_has_its_limit(
     local_hosts: HostsFactory,
@@ -139,6 +141,7 @@ async def test_without_the_aimd_middleware_a_host_not_heard_from_has_its_limit(
     assert stats.max_in_flight == 4
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_stock_scheduler_breaks_the_limit_that_ours_holds(local_hosts: HostsFactory) -> None:
     """The Scrapy 2.14-2.19 downloader sends more than CONCURRENT_REQUESTS_PER_DOMAIN
@@ -153,6 +156,7 @@ async def test_stock_scheduler_breaks_the_limit_that_ours_holds(local_hosts: Hos
     assert hosts.stats(0).max_in_flight > 1
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_follows_links_and_fetches_each_page_once(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.005, pages=60, links=3, cross_links=1)] * 3)
@@ -175,6 +179,7 @@ async def test_follows_links_and_fetches_each_page_once(local_hosts: HostsFactor
     assert crawler.stats.get_value("dupefilter/filtered") > 0
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
     local_hosts: HostsFactory,
@@ -194,6 +199,7 @@ async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
     assert max(gaps) < 1.5
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_the_engine_is_woken_when_an_idle_host_gives_its_place_up(
     local_hosts: HostsFactory,
@@ -215,6 +221,7 @@ async def test_the_engine_is_woken_when_an_idle_host_gives_its_place_up(
     assert 0.58 <= gap < 1.5, gap
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_active_host_cap(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.02)] * 5)
@@ -245,6 +252,7 @@ async def test_active_host_cap(local_hosts: HostsFactory) -> None:
     assert crawler.stats.get_value("hostqueue/max_active_hosts") == 2
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_busy_hosts_take_turns_at_the_active_places(local_hosts: HostsFactory) -> None:
     # Two sites, one place, turns of 10 requests. Each site always has
@@ -266,6 +274,7 @@ async def test_busy_hosts_take_turns_at_the_active_places(local_hosts: HostsFact
     assert runs == [10] * 8, runs
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
     local_hosts: HostsFactory,
@@ -323,6 +332,7 @@ class _ShortCircuit:
         return None
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_accounting_survives_short_circuits_errors_and_redirects(
     local_hosts: HostsFactory,
@@ -371,6 +381,7 @@ def test_request_rank_orders_priority_then_non_start_first() -> None:
     assert len(set(ranks)) == 4
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_priorities_within_a_host(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.001)])
@@ -413,6 +424,7 @@ class _DataSpider(PageSpider):
         yield scrapy.Request("data:text/html,<html>two</html>")
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_urls_without_a_host_are_crawled() -> None:
     crawler = await crawl([], spider_cls=_DataSpider, SCHEDULER=SCHEDULER)
@@ -483,6 +495,7 @@ def test_fifo_queue_settings_of_the_breadth_first_recipe_are_named_at_info(
     assert record.levelno == logging.INFO
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_stop_and_resume_fetch_every_page_once(
     local_hosts: HostsFactory, tmp_path: Any
@@ -511,6 +524,7 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
     assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_jobdir_with_requests_queued_by_scrapys_scheduler_is_refused(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
@@ -565,6 +579,7 @@ class _RenamedCallbackSpider(PageSpider):
         return self.parse(response)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("damage", ["truncated", "other version", "lost callback"])
 @deferred_f_from_coro_f
 async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
@@ -607,6 +622,7 @@ async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
     assert len(seen) == len(set(seen)) == 80
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_jobdir_state_of_the_first_format_is_resumed(
     local_hosts: HostsFactory, tmp_path: Any
@@ -635,6 +651,7 @@ class _SelectorMetaSpider(PageSpider):
             yield request
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
     local_hosts: HostsFactory, tmp_path: Any
@@ -663,6 +680,7 @@ async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
     assert hosts.stats(0).served == len(seen)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_jobdir_state_that_cannot_be_written_still_closes_the_dupefilter(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
@@ -706,6 +724,7 @@ class _BlockingSpider(_StopAtFirstPageSpider):
         return super().parse(response)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path: Any) -> None:
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
@@ -728,6 +747,7 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
     assert arrivals[0] - resumed_at >= 1.5
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     local_hosts: HostsFactory, tmp_path: Any
@@ -750,6 +770,7 @@ async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     assert arrivals[1] - first >= 2.9
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     local_hosts: HostsFactory,
@@ -794,6 +815,7 @@ class _RedirectToOtherHost:
         return response.replace(status=302, headers={"Location": location})
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_a_redirect_to_another_host_counts_for_that_host(
@@ -820,6 +842,7 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
     assert crawler.stats.get_value(f"{key}/request_count") == 60
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
@@ -839,6 +862,7 @@ async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     assert min(gaps) >= 0.475, gaps
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_download_delay_holds_from_the_first_page_with_robots_txt(
@@ -858,6 +882,7 @@ async def test_download_delay_holds_from_the_first_page_with_robots_txt(
     assert min(gaps) >= 0.475, gaps
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     ("handler", "addon"),
     [(SCRAPY_HTTP11, False), (SCRAPY_HTTP11, True), (OUR_HANDLER, False), (OUR_HANDLER, True)],
@@ -891,6 +916,7 @@ async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
     assert min(gaps) >= 0.225, [round(gap, 3) for gap in gaps]
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_downloads_that_skip_the_scheduler_hold_the_slot_concurrency(
     local_hosts: HostsFactory,
@@ -915,6 +941,7 @@ async def test_downloads_that_skip_the_scheduler_hold_the_slot_concurrency(
     assert server.max_in_flight == 2, server
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     ("prefetch", "addon", "in_downloader"), [(1, False, 3), (0, False, 2), (1, True, 2)]
 )
@@ -970,6 +997,7 @@ class _AnswerOddPages:
         return None
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
@@ -996,6 +1024,7 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     assert max(gaps) < 1.6, gaps
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
     local_hosts: HostsFactory, tmp_path: Any

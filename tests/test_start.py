@@ -103,6 +103,7 @@ class StartWatchingSpider(PageSpider):
         self.parsed_when_start_ended = len(self.seen)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     "wiring",
     [
@@ -136,6 +137,7 @@ async def test_responses_are_handled_while_start_requests_are_read(
     assert hosts.stats(0).max_in_flight <= 2
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_crawl_closed_while_start_requests_are_read_stops_reading_them(
     local_hosts: HostsFactory,
