@@ -1,22 +1,39 @@
-"""Running real crawls in tests: settings shared by every crawl test and a spider
-that starts from given URLs and (optionally) follows links."""
+"""Helpers shared by the tests: settings and spiders for real crawls, the
+component paths they wire, and small local HTTP servers whose answers a test
+scripts request by request (``serving``)."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import socket
-from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+import ssl
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import ExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import scrapy
+from scrapy import Request
 from scrapy.crawler import Crawler
+from scrapy.exceptions import CloseSpider
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
+
+from scrapy_hostqueue.testing import LocalHosts
 
 SCRAPY_HTTP11 = "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler"
 SCRAPY_AIOHTTP = "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler"
 OUR_HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
 SCHEDULER = "scrapy_hostqueue.HostQueueScheduler"
+MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
+ADDON = {"scrapy_hostqueue.Addon": 0}
+
+# The type of the ``local_hosts`` fixture (conftest.py).
+HostsFactory = Callable[..., LocalHosts]
 
 BASE_SETTINGS: dict[str, Any] = {
     "TELNETCONSOLE_ENABLED": False,
@@ -65,6 +82,43 @@ class PageSpider(scrapy.Spider):
                 yield response.follow(href)
 
 
+class StoppableSpider(PageSpider):
+    """A PageSpider that closes itself once ``stop_at`` (monotonic) has passed."""
+
+    stop_at: float = math.inf
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        if time.monotonic() >= self.stop_at:
+            raise CloseSpider("test_done")
+        yield from super().parse(response)
+
+
+class DirectDownloadSpider(StoppableSpider):
+    """Each callback also downloads ``direct_per_page`` other pages of the same
+    host with ``engine.download_async``, as a media pipeline does."""
+
+    direct_per_page = 3
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.direct_statuses: list[int] = []
+
+    async def parse(self, response: Response) -> AsyncIterator[Any]:  # type: ignore[override]
+        self.seen.append(response.url)
+        base, page = response.url.rsplit("/page/", 1)
+        assert self.crawler.engine is not None
+        downloads = [
+            self.crawler.engine.download_async(
+                Request(f"{base}/page/{5000 + int(page) * 10 + k}", dont_filter=True)
+            )
+            for k in range(self.direct_per_page)
+        ]
+        for answer in await asyncio.gather(*downloads):
+            self.direct_statuses.append(answer.status)
+        return
+        yield
+
+
 async def crawl(
     start_urls: list[str],
     *,
@@ -104,3 +158,185 @@ def dropping_connections(address: str) -> Iterator[int]:
             filler.setblocking(False)
             filler.connect_ex((address, port))
         yield port
+
+
+# -- local servers scripted per request ---------------------------------------
+
+
+@dataclass
+class Reply:
+    """What a test server sends back for one request."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b"ok"
+    head_delay: float = 0.0
+    # Sent with chunked transfer encoding (no Content-Length), chunk_delay apart.
+    chunks: list[bytes] | None = None
+    chunk_delay: float = 0.0
+    # Declared Content-Length; larger than len(body) truncates the body.
+    declared_length: int | None = None
+    # Close the connection without answering.
+    drop: bool = False
+
+
+@dataclass
+class Received:
+    host: str
+    method: str
+    target: str
+    headers: dict[str, str]
+
+
+Route = Callable[[Received], Reply]
+
+
+def ok_reply(received: Received) -> Reply:
+    return Reply(body=f"page {received.target}".encode())
+
+
+class Hosts:
+    """HTTP/1.1 servers, one per loopback address, that count per host."""
+
+    def __init__(self, route: Route = ok_reply, *, tls: ssl.SSLContext | None = None) -> None:
+        self.route = route
+        self.tls = tls
+        self.ports: dict[str, int] = {}
+        self.received: list[Received] = []
+        self.inflight: Counter[str] = Counter()
+        self.max_inflight: Counter[str] = Counter()
+        self.accepted: Counter[str] = Counter()
+        self.open_connections = 0
+        self.max_open_connections = 0
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, addresses: list[str]) -> None:
+        for address in addresses:
+            server = await asyncio.start_server(
+                lambda r, w, a=address: self._serve(a, r, w), address, 0, ssl=self.tls
+            )
+            self._servers.append(server)
+            self.ports[address] = server.sockets[0].getsockname()[1]
+
+    def url(self, address: str, path: str = "/") -> str:
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{address}:{self.ports[address]}{path}"
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for server in self._servers:
+            await server.wait_closed()
+
+    async def _serve(
+        self, host: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.accepted[host] += 1
+        self.open_connections += 1
+        self.max_open_connections = max(self.max_open_connections, self.open_connections)
+        try:
+            keep_alive = True
+            while keep_alive:
+                received = await self._read(host, reader)
+                if received is None:
+                    break
+                self.received.append(received)
+                self.inflight[host] += 1
+                self.max_inflight[host] = max(self.max_inflight[host], self.inflight[host])
+                finished = False
+
+                def finish() -> None:
+                    # Called right before the last bytes go out: the client
+                    # cannot send its next request before the count drops.
+                    nonlocal finished
+                    if not finished:
+                        finished = True
+                        self.inflight[host] -= 1
+
+                try:
+                    keep_alive = await self._respond(received, writer, finish)
+                except (ConnectionError, OSError):
+                    keep_alive = False
+                finally:
+                    finish()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.open_connections -= 1
+            writer.close()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _read(host: str, reader: asyncio.StreamReader) -> Received | None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            return None
+        request_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+        method, target, _ = request_line.split(" ", 2)
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0") or 0)
+        if length:
+            await reader.readexactly(length)
+        return Received(host, method, target, headers)
+
+    async def _respond(
+        self, received: Received, writer: asyncio.StreamWriter, finish: Callable[[], None]
+    ) -> bool:
+        reply = self.route(received)
+        if reply.drop:
+            finish()
+            return False
+        keep_alive = received.headers.get("connection", "").lower() != "close"
+        truncated = reply.declared_length is not None and reply.declared_length > len(reply.body)
+        if reply.head_delay:
+            await asyncio.sleep(reply.head_delay)
+        headers = dict(reply.headers)
+        if reply.chunks is not None:
+            headers["Transfer-Encoding"] = "chunked"
+        else:
+            length = len(reply.body) if reply.declared_length is None else reply.declared_length
+            headers["Content-Length"] = str(length)
+        if not keep_alive or truncated:
+            headers["Connection"] = "close"
+        head = f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        head_bytes = head.encode("latin-1") + b"\r\n"
+        if reply.chunks is None:
+            finish()
+            writer.write(head_bytes + reply.body)
+            await writer.drain()
+            return keep_alive and not truncated
+        writer.write(head_bytes)
+        await writer.drain()
+        for chunk in reply.chunks:
+            if reply.chunk_delay:
+                await asyncio.sleep(reply.chunk_delay)
+            writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            await writer.drain()
+        finish()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return keep_alive
+
+
+@asynccontextmanager
+async def serving(
+    addresses: list[str], route: Route = ok_reply, *, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[Hosts]:
+    hosts = Hosts(route, tls=tls)
+    await hosts.start(addresses)
+    try:
+        yield hosts
+    finally:
+        await hosts.close()

@@ -29,9 +29,7 @@ from scrapy_hostqueue import (
     StartRequestsMiddleware,
 )
 from scrapy_hostqueue.stats import HostQueueStats
-from tests.crawling import PageSpider, settings
-
-ADDON = {"scrapy_hostqueue.Addon": 0}
+from tests.crawling import ADDON, PageSpider, settings
 
 
 def applied(**overrides: Any) -> Settings:

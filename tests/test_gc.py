@@ -140,6 +140,7 @@ class _Watcher(PageSpider):
         return super().parse(response)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(("setting", "during"), [(None, 7000), (0, 700), (12_000, 12_000)])
 @deferred_f_from_coro_f
 async def test_the_extension_raises_the_young_threshold_while_the_crawl_runs(
@@ -167,6 +168,7 @@ def test_a_bad_young_threshold_is_refused_naming_the_setting(
         component.from_crawler(crawler)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("enabled", [True, False])
 @deferred_f_from_coro_f
 async def test_the_extension_freezes_while_the_crawl_runs(enabled: bool) -> None:

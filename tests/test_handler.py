@@ -23,10 +23,8 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +53,7 @@ from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.handler import AiohttpDownloadHandler, _pool_limits
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
-from tests.crawling import dropping_connections
+from tests.crawling import Received, Reply, Route, dropping_connections, ok_reply, serving
 
 HANDLER_PATH = "scrapy_hostqueue.AiohttpDownloadHandler"
 HANDLERS = {"http": HANDLER_PATH, "https": HANDLER_PATH}
@@ -65,185 +63,6 @@ TEST_TIMEOUT = 60.0
 
 
 # -- local servers -----------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    """What a test server sends back for one request."""
-
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b"ok"
-    head_delay: float = 0.0
-    # Sent with chunked transfer encoding (no Content-Length), chunk_delay apart.
-    chunks: list[bytes] | None = None
-    chunk_delay: float = 0.0
-    # Declared Content-Length; larger than len(body) truncates the body.
-    declared_length: int | None = None
-    # Close the connection without answering.
-    drop: bool = False
-
-
-@dataclass
-class Received:
-    host: str
-    method: str
-    target: str
-    headers: dict[str, str]
-
-
-Route = Callable[[Received], Reply]
-
-
-def _ok(received: Received) -> Reply:
-    return Reply(body=f"page {received.target}".encode())
-
-
-class Hosts:
-    """HTTP/1.1 servers, one per loopback address, that count per host."""
-
-    def __init__(self, route: Route = _ok, *, tls: ssl.SSLContext | None = None) -> None:
-        self.route = route
-        self.tls = tls
-        self.ports: dict[str, int] = {}
-        self.received: list[Received] = []
-        self.inflight: Counter[str] = Counter()
-        self.max_inflight: Counter[str] = Counter()
-        self.accepted: Counter[str] = Counter()
-        self.open_connections = 0
-        self.max_open_connections = 0
-        self._servers: list[asyncio.AbstractServer] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self, addresses: list[str]) -> None:
-        for address in addresses:
-            server = await asyncio.start_server(
-                lambda r, w, a=address: self._serve(a, r, w), address, 0, ssl=self.tls
-            )
-            self._servers.append(server)
-            self.ports[address] = server.sockets[0].getsockname()[1]
-
-    def url(self, address: str, path: str = "/") -> str:
-        scheme = "https" if self.tls else "http"
-        return f"{scheme}://{address}:{self.ports[address]}{path}"
-
-    async def close(self) -> None:
-        for server in self._servers:
-            server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for server in self._servers:
-            await server.wait_closed()
-
-    async def _serve(
-        self, host: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self.accepted[host] += 1
-        self.open_connections += 1
-        self.max_open_connections = max(self.max_open_connections, self.open_connections)
-        try:
-            keep_alive = True
-            while keep_alive:
-                received = await self._read(host, reader)
-                if received is None:
-                    break
-                self.received.append(received)
-                self.inflight[host] += 1
-                self.max_inflight[host] = max(self.max_inflight[host], self.inflight[host])
-                finished = False
-
-                def finish() -> None:
-                    # Called right before the last bytes go out: the client
-                    # cannot send its next request before the count drops.
-                    nonlocal finished
-                    if not finished:
-                        finished = True
-                        self.inflight[host] -= 1
-
-                try:
-                    keep_alive = await self._respond(received, writer, finish)
-                except (ConnectionError, OSError):
-                    keep_alive = False
-                finally:
-                    finish()
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self.open_connections -= 1
-            writer.close()
-            self._tasks.discard(task)
-
-    @staticmethod
-    async def _read(host: str, reader: asyncio.StreamReader) -> Received | None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            return None
-        request_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-        method, target, _ = request_line.split(" ", 2)
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0") or 0)
-        if length:
-            await reader.readexactly(length)
-        return Received(host, method, target, headers)
-
-    async def _respond(
-        self, received: Received, writer: asyncio.StreamWriter, finish: Callable[[], None]
-    ) -> bool:
-        reply = self.route(received)
-        if reply.drop:
-            finish()
-            return False
-        keep_alive = received.headers.get("connection", "").lower() != "close"
-        truncated = reply.declared_length is not None and reply.declared_length > len(reply.body)
-        if reply.head_delay:
-            await asyncio.sleep(reply.head_delay)
-        headers = dict(reply.headers)
-        if reply.chunks is not None:
-            headers["Transfer-Encoding"] = "chunked"
-        else:
-            length = len(reply.body) if reply.declared_length is None else reply.declared_length
-            headers["Content-Length"] = str(length)
-        if not keep_alive or truncated:
-            headers["Connection"] = "close"
-        head = f"HTTP/1.1 {reply.status} {HTTPStatus(reply.status).phrase}\r\n"
-        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        head_bytes = head.encode("latin-1") + b"\r\n"
-        if reply.chunks is None:
-            finish()
-            writer.write(head_bytes + reply.body)
-            await writer.drain()
-            return keep_alive and not truncated
-        writer.write(head_bytes)
-        await writer.drain()
-        for chunk in reply.chunks:
-            if reply.chunk_delay:
-                await asyncio.sleep(reply.chunk_delay)
-            writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-            await writer.drain()
-        finish()
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return keep_alive
-
-
-@asynccontextmanager
-async def serving(
-    addresses: list[str], route: Route = _ok, *, tls: ssl.SSLContext | None = None
-) -> AsyncIterator[Hosts]:
-    hosts = Hosts(route, tls=tls)
-    await hosts.start(addresses)
-    try:
-        yield hosts
-    finally:
-        await hosts.close()
 
 
 class ForwardProxy:
@@ -554,7 +373,7 @@ def _contract_route(received: Received) -> Reply:
         return Reply(head_delay=0.1, chunks=[b"late"], chunk_delay=0.6)
     if path == "/echo":
         return Reply(body=json.dumps(received.headers).encode())
-    return _ok(received)
+    return ok_reply(received)
 
 
 @deferred_f_from_coro_f
@@ -634,7 +453,7 @@ def _drop_first(*targets: str) -> Route:
         if received.target in targets and received.target not in dropped:
             dropped.add(received.target)
             return Reply(drop=True)
-        return _ok(received)
+        return ok_reply(received)
 
     return route
 
@@ -989,6 +808,7 @@ async def test_pool_holds_per_host_limit_for_direct_downloads() -> None:
     assert hosts.accepted["127.0.0.2"] == 3
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
     def slow(received: Received) -> Reply:
@@ -1009,6 +829,7 @@ async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
     assert _connection_stats(crawler)["127.0.0.2"]["connections_opened_count"] <= 4
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
     addresses = [f"127.0.{1 + i // 250}.{1 + i % 250}" for i in range(500)]
@@ -1034,6 +855,7 @@ async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
     )
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None:
     """With ``HOSTQUEUE_MAX_ACTIVE_HOSTS = 0`` about ``CONCURRENT_REQUESTS``
@@ -1060,6 +882,7 @@ async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None
     assert all(hosts.max_inflight[a] <= 2 for a in addresses)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections() -> None:
     """The scheduler without the AIMD middleware gives a host its
@@ -1084,6 +907,7 @@ async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections()
 # -- crawls ----------------------------------------------------------------------
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_crawl_decompresses_and_retries_refused_connections() -> None:
     with socket.socket() as unused:
@@ -1102,6 +926,7 @@ async def test_crawl_decompresses_and_retries_refused_connections() -> None:
     assert stats["retry/max_reached"] == 1
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_crawl_download_timeout_setting() -> None:
     async with serving(["127.0.0.2"], _contract_route) as hosts:
@@ -1149,6 +974,7 @@ _PROCESS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("process", ["CrawlerProcess", "AsyncCrawlerProcess"])
 @deferred_f_from_coro_f
 async def test_crawl_in_a_process(process: str, tmp_path: Path) -> None:

@@ -49,9 +49,8 @@ from scrapy_hostqueue.sendgate import SendGate
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
 from scrapy_hostqueue.store.memory import HostState, MemoryStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests.crawling import SCHEDULER, PageSpider, settings
+from tests.crawling import MIDDLEWARE, SCHEDULER, PageSpider, settings
 
-MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
 HOST = "example.com"
 URL = f"http://{HOST}/page"
 
@@ -858,6 +857,7 @@ def test_the_addon_lowers_concurrent_items_unless_the_user_set_it(
     assert crawler.settings.getint("CONCURRENT_ITEMS") == expected
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> None:
     hosts: LocalHosts = local_hosts([HostSpec(latency=0.01, pages=20)])

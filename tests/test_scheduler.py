@@ -10,7 +10,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -38,19 +37,18 @@ from tests.crawling import (
     SCHEDULER,
     SCRAPY_AIOHTTP,
     SCRAPY_HTTP11,
+    DirectDownloadSpider,
+    HostsFactory,
     PageSpider,
     crawl,
     interleave,
     settings,
 )
-from tests.test_middleware_crawl import DirectDownloadSpider
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from scrapy.crawler import Crawler
-
-HostsFactory = Callable[..., LocalHosts]
 
 
 def _handlers(path: str) -> dict[str, str]:
@@ -81,12 +79,13 @@ def _arrival_gaps(arrivals: list[float]) -> list[float]:
     return [later - earlier for earlier, later in itertools.pairwise(arrivals)]
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     ("handler", "limit", "budget"),
     [
-        (SCRAPY_HTTP11, 4, 1200),
-        (SCRAPY_AIOHTTP, 4, 1200),
-        (OUR_HANDLER, 4, 1200),
+        (SCRAPY_HTTP11, 4, 400),
+        (SCRAPY_AIOHTTP, 4, 400),
+        (OUR_HANDLER, 4, 400),
         (SCRAPY_HTTP11, 1, 200),
         (SCRAPY_HTTP11, 2, 400),
         (SCRAPY_AIOHTTP, 1, 200),
@@ -122,6 +121,7 @@ async def test_per_host_limit_holds_at_the_server(
     assert max(host.max_in_flight for host in stats) == limit
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_without_the_aimd_middleware_a_host_not_heard_from_has_its_limit(
     local_hosts: HostsFactory,
@@ -142,6 +142,7 @@ async def test_without_the_aimd_middleware_a_host_not_heard_from_has_its_limit(
     assert stats.max_in_flight == 4
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_stock_scheduler_breaks_the_limit_that_ours_holds(local_hosts: HostsFactory) -> None:
     """The Scrapy 2.14-2.19 downloader sends more than CONCURRENT_REQUESTS_PER_DOMAIN
@@ -156,6 +157,7 @@ async def test_stock_scheduler_breaks_the_limit_that_ours_holds(local_hosts: Hos
     assert hosts.stats(0).max_in_flight > 1
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_follows_links_and_fetches_each_page_once(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.005, pages=60, links=3, cross_links=1)] * 3)
@@ -178,25 +180,28 @@ async def test_follows_links_and_fetches_each_page_once(local_hosts: HostsFactor
     assert crawler.stats.get_value("dupefilter/filtered") > 0
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
     local_hosts: HostsFactory,
 ) -> None:
+    delay = 0.6
     hosts = local_hosts([HostSpec(latency=0.001)])
     await crawl(
         hosts.start_urls(0, 6),
         SCHEDULER=SCHEDULER,
-        DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": 0.6, "jitter": 0}},
+        DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": delay, "jitter": 0}},
     )
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 6
     gaps = _arrival_gaps(arrivals)
     # The delay holds, and the host is served when it becomes ready (the
     # engine's own heartbeat would leave gaps of up to 5 s).
-    assert min(gaps) >= 0.58
-    assert max(gaps) < 1.5
+    assert min(gaps) >= delay - 0.02
+    assert max(gaps) < 2.5 * delay
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_the_engine_is_woken_when_an_idle_host_gives_its_place_up(
     local_hosts: HostsFactory,
@@ -204,20 +209,22 @@ async def test_the_engine_is_woken_when_an_idle_host_gives_its_place_up(
     # One place: the first site keeps it for the grace after its last page;
     # the second site, waiting, is served as soon as the grace ends (the
     # engine's own heartbeat would leave it waiting up to 5 s).
+    grace = 0.6
     hosts = local_hosts([HostSpec(latency=0.001)] * 2)
     await crawl(
         interleave(hosts.start_urls(0, 3), hosts.start_urls(1, 3)),
         SCHEDULER=SCHEDULER,
         HOSTQUEUE_MAX_ACTIVE_HOSTS=1,
-        HOSTQUEUE_IDLE_GRACE=0.6,
+        HOSTQUEUE_IDLE_GRACE=grace,
     )
     arrivals = [host.arrivals for host in hosts.all_stats()]
     assert [len(times) for times in arrivals] == [3, 3]
     first, second = sorted(arrivals, key=min)
     gap = min(second) - max(first)
-    assert 0.58 <= gap < 1.5, gap
+    assert grace - 0.02 <= gap < 2.5 * grace, gap
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_active_host_cap(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.02)] * 5)
@@ -248,6 +255,7 @@ async def test_active_host_cap(local_hosts: HostsFactory) -> None:
     assert crawler.stats.get_value("hostqueue/max_active_hosts") == 2
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_busy_hosts_take_turns_at_the_active_places(local_hosts: HostsFactory) -> None:
     # Two sites, one place, turns of 10 requests. Each site always has
@@ -269,6 +277,7 @@ async def test_busy_hosts_take_turns_at_the_active_places(local_hosts: HostsFact
     assert runs == [10] * 8, runs
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
     local_hosts: HostsFactory,
@@ -326,6 +335,7 @@ class _ShortCircuit:
         return None
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_accounting_survives_short_circuits_errors_and_redirects(
     local_hosts: HostsFactory,
@@ -374,6 +384,7 @@ def test_request_rank_orders_priority_then_non_start_first() -> None:
     assert len(set(ranks)) == 4
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_priorities_within_a_host(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.001)])
@@ -416,6 +427,7 @@ class _DataSpider(PageSpider):
         yield scrapy.Request("data:text/html,<html>two</html>")
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_urls_without_a_host_are_crawled() -> None:
     crawler = await crawl([], spider_cls=_DataSpider, SCHEDULER=SCHEDULER)
@@ -486,6 +498,7 @@ def test_fifo_queue_settings_of_the_breadth_first_recipe_are_named_at_info(
     assert record.levelno == logging.INFO
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_stop_and_resume_fetch_every_page_once(
     local_hosts: HostsFactory, tmp_path: Any
@@ -514,6 +527,7 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
     assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_jobdir_with_requests_queued_by_scrapys_scheduler_is_refused(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
@@ -568,6 +582,7 @@ class _RenamedCallbackSpider(PageSpider):
         return self.parse(response)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("damage", ["truncated", "other version", "lost callback"])
 @deferred_f_from_coro_f
 async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
@@ -610,6 +625,7 @@ async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
     assert len(seen) == len(set(seen)) == 80
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_jobdir_state_of_the_first_format_is_resumed(
     local_hosts: HostsFactory, tmp_path: Any
@@ -638,6 +654,7 @@ class _SelectorMetaSpider(PageSpider):
             yield request
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
     local_hosts: HostsFactory, tmp_path: Any
@@ -666,6 +683,7 @@ async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
     assert hosts.stats(0).served == len(seen)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_jobdir_state_that_cannot_be_written_still_closes_the_dupefilter(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
@@ -709,6 +727,7 @@ class _BlockingSpider(_StopAtFirstPageSpider):
         return super().parse(response)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path: Any) -> None:
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
@@ -731,6 +750,7 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
     assert arrivals[0] - resumed_at >= 1.5
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     local_hosts: HostsFactory, tmp_path: Any
@@ -753,6 +773,7 @@ async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     assert arrivals[1] - first >= 2.9
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     local_hosts: HostsFactory,
@@ -797,16 +818,18 @@ class _RedirectToOtherHost:
         return response.replace(status=302, headers={"Location": location})
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_a_redirect_to_another_host_counts_for_that_host(
     local_hosts: HostsFactory, handler: str
 ) -> None:
+    pages = 10
     hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.2, links=0)])
     _RedirectToOtherHost.source = hosts.hostnames[0]
     _RedirectToOtherHost.target = hosts.url(1, "/").rstrip("/")
     crawler = await crawl(
-        interleave(hosts.start_urls(0, 30), hosts.start_urls(1, 30)),
+        interleave(hosts.start_urls(0, pages), hosts.start_urls(1, pages)),
         SCHEDULER=SCHEDULER,
         DOWNLOAD_HANDLERS=_handlers(handler),
         CONCURRENT_REQUESTS_PER_DOMAIN=2,
@@ -814,15 +837,16 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
     )
     hosts.wait_idle()  # the last answers counted at the hosts
     source, target = hosts.all_stats(arrivals=False)
-    assert source.served == 30
-    assert target.served == 60
+    assert source.served == pages
+    assert target.served == 2 * pages
     # The redirects went to the target host's queue and limit, not the source's.
     assert target.max_in_flight <= 2
     assert crawler.stats is not None
     key = f"hostqueue/hosts/{hosts.hostnames[1]}"
-    assert crawler.stats.get_value(f"{key}/request_count") == 60
+    assert crawler.stats.get_value(f"{key}/request_count") == 2 * pages
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
@@ -842,6 +866,7 @@ async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     assert min(gaps) >= 0.475, gaps
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_download_delay_holds_from_the_first_page_with_robots_txt(
@@ -861,6 +886,7 @@ async def test_download_delay_holds_from_the_first_page_with_robots_txt(
     assert min(gaps) >= 0.475, gaps
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     ("handler", "addon"),
     [(SCRAPY_HTTP11, False), (SCRAPY_HTTP11, True), (OUR_HANDLER, False), (OUR_HANDLER, True)],
@@ -894,6 +920,7 @@ async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
     assert min(gaps) >= 0.225, [round(gap, 3) for gap in gaps]
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_downloads_that_skip_the_scheduler_hold_the_slot_concurrency(
     local_hosts: HostsFactory,
@@ -918,6 +945,7 @@ async def test_downloads_that_skip_the_scheduler_hold_the_slot_concurrency(
     assert server.max_in_flight == 2, server
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     ("prefetch", "addon", "in_downloader"), [(1, False, 3), (0, False, 2), (1, True, 2)]
 )
@@ -973,6 +1001,7 @@ class _AnswerOddPages:
         return None
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
@@ -981,9 +1010,10 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     """As in stock Scrapy, a request answered or refused by a downloader
     middleware does not make the host's next request wait a delay (each of
     them used to cost the crawl a whole DOWNLOAD_DELAY, 1 s here)."""
+    delay = 1.0
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler = await _crawl_one_host_at_one_request(
-        hosts, 8, handler, 1.0, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
+        hosts, 8, handler, delay, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
     )
     hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
@@ -994,11 +1024,12 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     assert pages == [0, 1, 2, 4, 5, 6]
     gaps = _arrival_gaps(stats.arrivals)
     # The delay holds between the requests the host saw, and the ones
-    # answered in between did not add theirs (2 s a gap before).
-    assert min(gaps) >= 0.975, gaps
-    assert max(gaps) < 1.6, gaps
+    # answered in between did not add theirs (2 delays a gap before).
+    assert min(gaps) >= delay - 0.025, gaps
+    assert max(gaps) < 1.6 * delay, gaps
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
     local_hosts: HostsFactory, tmp_path: Any

@@ -23,6 +23,8 @@ from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 
+pytestmark = pytest.mark.crawl
+
 PAGES = 60
 HOSTS = 3
 

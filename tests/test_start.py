@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -12,11 +12,9 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import StartRequestsMiddleware
 from scrapy_hostqueue import start as start_module
-from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests.crawling import SCHEDULER, PageSpider, settings
+from scrapy_hostqueue.testing import HostSpec
+from tests.crawling import ADDON, SCHEDULER, HostsFactory, PageSpider, settings
 
-HostsFactory = Callable[..., LocalHosts]
-ADDON = {"scrapy_hostqueue.Addon": 0}
 NAME = "scrapy_hostqueue.StartRequestsMiddleware"
 
 
@@ -105,6 +103,7 @@ class StartWatchingSpider(PageSpider):
         self.parsed_when_start_ended = len(self.seen)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     "wiring",
     [
@@ -138,6 +137,7 @@ async def test_responses_are_handled_while_start_requests_are_read(
     assert hosts.stats(0).max_in_flight <= 2
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_crawl_closed_while_start_requests_are_read_stops_reading_them(
     local_hosts: HostsFactory,

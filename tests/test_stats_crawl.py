@@ -7,7 +7,6 @@ import asyncio
 import logging
 import re
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,12 @@ from tests.crawling import (
     BASE_SETTINGS,
     OUR_HANDLER,
     SCHEDULER,
+    HostsFactory,
     PageSpider,
     crawl,
     interleave,
 )
 
-HostsFactory = Callable[..., LocalHosts]
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
 LIMIT = 4
 
@@ -87,6 +86,7 @@ def start_urls(hosts: LocalHosts) -> list[str]:
     return interleave(*(hosts.start_urls(i, 1) for i in range(len(hosts))))
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_stats_match_the_servers_counts(local_hosts: HostsFactory) -> None:
     hosts = three_hosts(local_hosts)
@@ -107,6 +107,7 @@ async def test_stats_match_the_servers_counts(local_hosts: HostsFactory) -> None
     assert not any(OTHER_HOSTS in key for key in stats)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_hosts_beyond_the_cap_share_one_key(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.005, links=2, pages=6 + 4 * i) for i in range(5)])
@@ -125,6 +126,7 @@ async def test_hosts_beyond_the_cap_share_one_key(local_hosts: HostsFactory) -> 
     assert responses == served
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_with_prefetch_the_log_line_stats_and_timeline_count_requests_on_the_wire(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -162,6 +164,7 @@ async def test_with_prefetch_the_log_line_stats_and_timeline_count_requests_on_t
     assert max(sampled) <= LIMIT
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_log_line_and_timeline(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -210,6 +213,7 @@ async def test_log_line_and_timeline(
     assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_dead_host_shows_its_failed_downloads_in_the_timeline(
     local_hosts: HostsFactory, tmp_path: Path
@@ -238,6 +242,7 @@ async def test_a_dead_host_shows_its_failed_downloads_in_the_timeline(
     assert down in text
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_requests_the_send_gate_sends_back_are_not_failed_downloads(
     local_hosts: HostsFactory, tmp_path: Path
@@ -266,6 +271,7 @@ async def test_requests_the_send_gate_sends_back_are_not_failed_downloads(
     assert hosts.stats(0).served >= 30
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_the_log_line_shows_a_hosts_download_delay(
     local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
@@ -290,6 +296,7 @@ async def test_the_log_line_shows_a_hosts_download_delay(
     assert not any(undelayed.search(line) for line in lines)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_the_log_line_and_timeline_show_a_silent_hosts_one_request(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -324,6 +331,7 @@ async def test_the_log_line_and_timeline_show_a_silent_hosts_one_request(
     assert hosts.stats(1).max_in_flight == 1
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_timeline_under_the_stock_scheduler(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -371,6 +379,7 @@ class ClosingSpider(PageSpider):
         self.at_close = dict(self.crawler.stats.get_stats())
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_per_host_stats_are_in_place_when_the_spider_closes(
     local_hosts: HostsFactory,
@@ -417,6 +426,7 @@ class ReceiverSpider(PageSpider):
                         self.receivers.add(name)
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize(
     ("scheduler", "timeline", "expected"),
     [
@@ -451,6 +461,7 @@ async def test_per_request_receivers_only_where_their_counts_are_read(
     assert hosts.stats(0, arrivals=False).served == 3
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_an_empty_crawl_timeline_says_nothing_is_queued(tmp_path: Path) -> None:
     """``null`` means a scheduler that does not tell its queues; this one
@@ -466,6 +477,7 @@ class OtherSpider(PageSpider):
     name = "other"
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_two_crawls_of_one_process_do_not_write_one_timeline(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -508,6 +520,7 @@ async def test_two_crawls_of_one_process_do_not_write_one_timeline(
         assert fetched == hosts.stats(i, arrivals=False).served == 30
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_the_closing_line_gives_a_plot_command_that_runs(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture

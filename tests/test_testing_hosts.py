@@ -792,6 +792,7 @@ def _run_in_thread(coroutine_function: Callable[[], Awaitable[Answer]]) -> Answe
 # -- the demo and the example project ---------------------------------------------
 
 
+@pytest.mark.crawl
 def test_demo_runs_a_small_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from example_project import run_demo as demo
 
@@ -828,6 +829,7 @@ def test_demo_runs_a_small_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "<svg" in (tmp_path / "timeline.html").read_text()
 
 
+@pytest.mark.crawl
 def test_demo_reports_a_failed_crawl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from example_project import run_demo as demo
 
