@@ -82,10 +82,10 @@ def save_state(
     spider: Spider,
     *,
     debug: bool,
-) -> tuple[int, int]:
+) -> int:
     """Write what *store* holds (and the requests of given-up hosts, whose
     host may be back next time) to *path*, atomically. Returns how many
-    requests were written and how many could not be serialised."""
+    requests could not be serialised."""
     requests: list[tuple[str, bytes]] = []
     unserializable = 0
     queued = [(host, request) for host, _rank, request in store.items()]
@@ -129,7 +129,7 @@ def save_state(
             os.unlink(tmp)
         raise
     logger.info("Saved %d queued requests to %s", len(requests), path)
-    return len(requests), unserializable
+    return unserializable
 
 
 def load_state(path: str, spider: Spider) -> SavedState | None:

@@ -43,24 +43,22 @@ class AutoSlot(str):
     __slots__ = ()
 
 
-@dataclass(eq=False)
+@dataclass(slots=True, eq=False)
 class RequestRecord:
     """What the scheduler knows of one counted request."""
-
-    __slots__ = ("adopted", "backing_off", "host", "on_wire", "reached", "refusing", "unsent_at")
 
     #: The host it counts for (which a later middleware's download_slot may
     #: differ from).
     host: str
-    adopted: bool
-    refusing: bool
+    adopted: bool = False
+    refusing: bool = False
     #: Counted on its way to the handler (without the send gate, see has_room).
-    reached: bool
+    reached: bool = False
     #: For a host with an interval between starts: when its hand-out was
     #: made, until it reaches the downloader (the interval counts from then).
-    unsent_at: float | None
-    on_wire: bool
-    backing_off: bool
+    unsent_at: float | None = None
+    on_wire: bool = False
+    backing_off: bool = False
 
     @property
     def stage(self) -> Stage:
@@ -90,17 +88,15 @@ class RequestTable:
     def __len__(self) -> int:
         return len(self._records)
 
-    def __bool__(self) -> bool:
-        return bool(self._records)
-
     def hand_out(self, request: Request, host: str, unsent_at: float | None) -> None:
-        self._records[request] = RequestRecord(host, False, False, False, unsent_at, False, False)
+        self._records[request] = RequestRecord(host, unsent_at=unsent_at)
 
-    def adopt(self, request: Request, host: str) -> None:
-        self._records[request] = RequestRecord(host, True, False, False, None, False, False)
+    def adopt(self, request: Request, host: str) -> RequestRecord:
+        record = self._records[request] = RequestRecord(host, adopted=True)
+        return record
 
     def refuse(self, request: Request, host: str) -> None:
-        self._records[request] = RequestRecord(host, False, True, False, None, False, False)
+        self._records[request] = RequestRecord(host, refusing=True)
 
     def get(self, request: Request) -> RequestRecord | None:
         return self._records.get(request)
@@ -117,7 +113,7 @@ class RequestTable:
             record.reached = True
             self.reached_per_host[record.host] = self.reached_per_host.get(record.host, 0) + 1
 
-    def put_on_wire(self, request: Request, host: str) -> None:
+    def put_on_wire(self, request: Request) -> None:
         self._records[request].on_wire = True
 
     def leave(self, request: Request) -> RequestRecord | None:

@@ -335,7 +335,7 @@ class HostQueueScheduler(BaseScheduler):
             return
         path = state_path(self.jobdir)
         try:
-            _saved, unserializable = save_state(
+            unserializable = save_state(
                 path, self._store, self._refused, self.spider, debug=self.debug
             )
         except Exception:
@@ -468,9 +468,6 @@ class HostQueueScheduler(BaseScheduler):
     def host_state(self, host: str) -> HostState:
         return self._store.policy(host)
 
-    #: The name the AIMD middleware and tests use for :meth:`host_state`.
-    policy = host_state
-
     def inflight(self, host: str) -> int:
         return self._store.inflight(host)
 
@@ -484,10 +481,6 @@ class HostQueueScheduler(BaseScheduler):
         it was not handed out or has left the downloader."""
         record = self._records.handed_out(request)
         return None if record is None else record.host
-
-    def host_busy(self, host: str) -> bool:
-        """Whether *host* has requests handed out and not yet done."""
-        return self._store.inflight(host) > 0
 
     def limit_filled(self, host: str) -> bool:
         return self._store.limit_filled(host)
@@ -609,21 +602,18 @@ class HostQueueScheduler(BaseScheduler):
         """Count *request*, which did not come from next_request, for *host*
         from now until it leaves the downloader."""
         self._store.adopt(host, now)
-        self._records.adopt(request, host)
+        record = self._records.adopt(request, host)
         if self.prefetch:
             self.gate.take(host, request)
         else:
             # From now: several let through at once would not all reach the
             # download handler before the next asks (an async middleware).
-            record = self._records.get(request)
-            assert record is not None
             self._records.count_on_the_way(record)
 
     def _room_changed(self, host: str) -> None:
         """*host* may have more on the wire now (a send slot freed, a higher
         limit, its first answer): let through what waits for that."""
-        if self.gate.has_waiters(host):
-            self.gate.open(host)
+        self.gate.open(host)
         if host in self._room_waiters:
             self._wake_room_waiters(host)
 
@@ -676,6 +666,8 @@ class HostQueueScheduler(BaseScheduler):
         if record is None:
             return
         host = record.host
+        if self.debug:
+            logger.debug("%s left the downloader (host %s, %s)", request, host, record.stage.value)
         if record.refusing:
             # Answered or refused by a downloader middleware before the AIMD
             # one: never counted.

@@ -47,9 +47,6 @@ class UsesSendGate:
 class GateClient(Protocol):
     """What the download handler needs of the send gate."""
 
-    def acquire_needed(self) -> bool:
-        """Whether the handler must :meth:`acquire` before sending."""
-
     async def acquire(self, request: Request) -> None:
         """Wait until *request*'s host may have one more request on the wire."""
 
@@ -135,9 +132,6 @@ class SendGate:
 
     # -- GateClient ------------------------------------------------------
 
-    def acquire_needed(self) -> bool:
-        return True
-
     async def acquire(self, request: Request) -> None:
         if not self.enabled:
             return
@@ -216,7 +210,7 @@ class SendGate:
 
     def take(self, host: str, request: Request) -> None:
         self._sending[host] = self._sending.get(host, 0) + 1
-        self.records.put_on_wire(request, host)
+        self.records.put_on_wire(request)
         self.store.policy(host).last_sent = time.monotonic()
 
     def release(self, request: Request) -> None:
@@ -247,9 +241,6 @@ class SendGate:
         opens_at = gate_opens_at(self.store.policy(host))
         if opens_at > time.monotonic() and host not in self._timers:
             self._timers[host] = call_later(opens_at - time.monotonic(), self._timer, host)
-
-    def has_waiters(self, host: str) -> bool:
-        return host in self._waiters
 
     def blocked(self, host: str, when: float, reason: str) -> None:
         """*host* got blocked until *when*: its requests waiting here go back

@@ -432,16 +432,16 @@ def test_cpu_probe_lines_warn_when_the_machine_speed_drifted() -> None:
     assert "changed by up to 1.30x" in drifted[1]
 
 
-@pytest.mark.crawl
-def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
+def run_bench(tmp_path: Path, scenarios: str, configs: str) -> tuple[str, dict[str, Any]]:
+    """``python -m bench`` for one round of 60 pages: its output and its JSON results."""
     command = [
         sys.executable,
         "-m",
         "bench",
         "--scenarios",
-        "S1,S1b",
+        scenarios,
         "--configs",
-        "scrapy,hq-scheduler",
+        configs,
         "--repeats",
         "1",
         "--budget",
@@ -454,11 +454,16 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
         command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "hq-scheduler" in done.stdout
-    assert "Targets:" in done.stdout
-    assert "CPU probe (ms" in done.stdout
     (result_file,) = tmp_path.glob("*.json")
-    result = json.loads(result_file.read_text())
+    return done.stdout, json.loads(result_file.read_text())
+
+
+@pytest.mark.crawl
+def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
+    stdout, result = run_bench(tmp_path, "S1,S1b", "scrapy,hq-scheduler")
+    assert "hq-scheduler" in stdout
+    assert "Targets:" in stdout
+    assert "CPU probe (ms" in stdout
     assert result["budget"] == 60
     # One group (S1 with S1b): probed at the start and at the end.
     assert [label for label, _ in result["cpu_probe_ms"]] == ["start", "end"]
@@ -493,30 +498,9 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
 
 @pytest.mark.crawl
 def test_bench_runs_the_addon_with_and_without_gc_tuning(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "bench",
-        "--scenarios",
-        "S1",
-        "--configs",
-        "hq-full,hq-full-no-gc",
-        "--repeats",
-        "1",
-        "--budget",
-        "60",
-        "--out",
-        str(tmp_path),
-        "--no-chart",
-    ]
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "GC tuning: hq-full (with GcTuning) against hq-full-no-gc (without):" in done.stdout
-    assert re.search(r"S1 +[0-9.]+ s with, [0-9.]+ s without", done.stdout), done.stdout
-    (result_file,) = tmp_path.glob("*.json")
-    result = json.loads(result_file.read_text())
+    stdout, result = run_bench(tmp_path, "S1", "hq-full,hq-full-no-gc")
+    assert "GC tuning: hq-full (with GcTuning) against hq-full-no-gc (without):" in stdout
+    assert re.search(r"S1 +[0-9.]+ s with, [0-9.]+ s without", stdout), stdout
     rows = {row["config"]: row for row in result["summary"]}
     for config in ("hq-full", "hq-full-no-gc"):
         assert rows[config]["status"] == "ok", rows[config]

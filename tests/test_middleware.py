@@ -187,7 +187,7 @@ def answer(mw: AIMDMiddleware, request: Request, status: int = 200, latency: flo
 
 
 def limit(scheduler: StandInScheduler, host: str = HOST) -> int:
-    return scheduler.policy(host).limit
+    return scheduler.host_state(host).limit
 
 
 # -- start-up ------------------------------------------------------------------
@@ -509,7 +509,7 @@ def test_a_capped_crawl_delay_is_logged_with_what_robots_txt_asked(
     mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
         robots(mw, "User-agent: *\nCrawl-delay: 99999\n")
-    assert scheduler.policy(HOST).interval == pytest.approx(30 + CRAWL_DELAY_MARGIN)
+    assert scheduler.host_state(HOST).interval == pytest.approx(30 + CRAWL_DELAY_MARGIN)
     (record,) = [r for r in caplog.records if "Crawl-delay" in r.getMessage()]
     assert "Crawl-delay 30s is obeyed (it asks 99999s; HOSTQUEUE_CRAWL_DELAY_MAX)" in (
         record.getMessage()
@@ -592,7 +592,7 @@ def test_a_cached_answer_counts_as_heard_from(monkeypatch: pytest.MonkeyPatch) -
     request = sent(mw)
     scheduler.frontier.set_answering(HOST, False)
     mw.process_response(request, Response(URL, status=200, flags=["cached"], request=request))
-    policy = scheduler.policy(HOST)
+    policy = scheduler.host_state(HOST)
     assert policy.answering
     assert scheduler.frontier.in_flight_cap(policy) == policy.limit == 2
 
@@ -672,7 +672,7 @@ def test_error_budget_parks_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> No
         clock.now += 10
         mw.process_exception(sent(mw), error)
     assert scheduler.given_up == [HOST]
-    assert scheduler.policy(HOST).given_up
+    assert scheduler.host_state(HOST).given_up
     stats = mw.crawler.stats
     assert stats is not None
     assert stats.get_value("hostqueue/hosts_parked_count") == 1
@@ -787,7 +787,7 @@ def test_crawl_delay_becomes_the_interval_without_jitter(
 ) -> None:
     mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True, **overrides)
     robots(mw, body)
-    policy = scheduler.policy(HOST)
+    policy = scheduler.host_state(HOST)
     assert policy.interval == pytest.approx(interval)
     if interval:
         assert policy.jitter == 0
@@ -797,14 +797,14 @@ def test_the_strictest_crawl_delay_of_a_hosts_ports_wins(monkeypatch: pytest.Mon
     mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 3\n", f"http://{HOST}:8001/")
     robots(mw, "User-agent: *\nCrawl-delay: 1\n", f"http://{HOST}:8002/")
-    assert scheduler.policy(HOST).interval == pytest.approx(3 + CRAWL_DELAY_MARGIN)
+    assert scheduler.host_state(HOST).interval == pytest.approx(3 + CRAWL_DELAY_MARGIN)
 
 
 def test_a_larger_download_delay_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     scheduler.frontier.set_interval(HOST, 5.0, jitter=0.0)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
-    assert scheduler.policy(HOST).interval == 5.0
+    assert scheduler.host_state(HOST).interval == 5.0
 
 
 def test_robots_crawl_delay_holds_requests_already_handed_out(
@@ -841,7 +841,7 @@ def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
     scheduler.frontier = MemoryStore(scheduler._make_policy)  # forgot every host
     clock.now += 2  # past the block that follows robots.txt
     sent(mw)
-    assert scheduler.policy(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
+    assert scheduler.host_state(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
 
 
 # -- the add-on wiring, end to end --------------------------------------------------

@@ -505,15 +505,10 @@ class MemoryStore(Generic[T]):
                 continue
             token, host = bucket.popleft()
             self._ring_entries -= 1
-            if host.token != token:
-                continue
-            if not host.leased and 0 < self.max_active <= self.active:
-                self._set_capped(host)
-                continue
-            if self._turn_over(host):
-                self._place(host, now)  # ENDING
-                continue
-            return self._serve(host, now)
+            if host.token == token:
+                served = self._serve_in_turn(host, now)
+                if served is not None:
+                    return served
         # finish() hands a freed slot to one capped host; if that host stopped
         # being ready before it was popped (blocked, emptied, given up), the
         # slot would stay unused while other capped hosts wait: pass it on.
@@ -523,15 +518,23 @@ class MemoryStore(Generic[T]):
         while prefetchable:
             _, _, token, host = heapq.heappop(prefetchable)
             if host.token == token:
-                if not host.leased and 0 < self.max_active <= self.active:
-                    # In flight only adopted requests, and the places went.
-                    self._set_capped(host)
-                    continue
-                if self._turn_over(host):
-                    self._place(host, now)  # ENDING
-                    continue
-                return self._serve(host, now)
+                served = self._serve_in_turn(host, now)
+                if served is not None:
+                    return served
         return None
+
+    def _serve_in_turn(self, host: _Host[T], now: float) -> tuple[str, T] | None:
+        """Serve *host*, taken from the ring or the prefetch heap, unless it
+        must wait for a place (CAPPED: it holds none, perhaps with only
+        adopted requests in flight, and the places are taken) or its turn is
+        over (ENDING)."""
+        if not host.leased and 0 < self.max_active <= self.active:
+            self._set_capped(host)
+            return None
+        if self._turn_over(host):
+            self._place(host, now)  # ENDING
+            return None
+        return self._serve(host, now)
 
     def finish(self, key: str) -> None:
         """A request handed out by :meth:`pop` for *key* is done (whatever its outcome)."""
