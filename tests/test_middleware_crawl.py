@@ -384,11 +384,11 @@ async def test_a_download_slots_concurrency_is_the_hosts_ceiling_above_the_defau
 async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
     local_hosts: HostsFactory,
 ) -> None:
-    """Four sites that answer and 30 hosts whose pages hang until the
+    """Four sites that answer and 16 hosts whose pages hang until the
     download timeout, 8 places: the hanging hosts hold at most half of them
     while the sites have work, so the sites are not sent behind them at the
     end of each turn."""
-    healthy, hanging = 4, 30
+    healthy, hanging = 4, 16
     hosts = local_hosts(
         [HostSpec(latency=0.01, links=0)] * healthy + [HostSpec(fault="hang")] * hanging,
         process=True,
