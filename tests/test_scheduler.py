@@ -184,19 +184,20 @@ async def test_follows_links_and_fetches_each_page_once(local_hosts: HostsFactor
 async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
     local_hosts: HostsFactory,
 ) -> None:
+    delay = 0.6
     hosts = local_hosts([HostSpec(latency=0.001)])
     await crawl(
         hosts.start_urls(0, 6),
         SCHEDULER=SCHEDULER,
-        DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": 0.6, "jitter": 0}},
+        DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": delay, "jitter": 0}},
     )
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 6
     gaps = _arrival_gaps(arrivals)
     # The delay holds, and the host is served when it becomes ready (the
     # engine's own heartbeat would leave gaps of up to 5 s).
-    assert min(gaps) >= 0.58
-    assert max(gaps) < 1.5
+    assert min(gaps) >= delay - 0.02
+    assert max(gaps) < 2.5 * delay
 
 
 @pytest.mark.crawl
@@ -207,18 +208,19 @@ async def test_the_engine_is_woken_when_an_idle_host_gives_its_place_up(
     # One place: the first site keeps it for the grace after its last page;
     # the second site, waiting, is served as soon as the grace ends (the
     # engine's own heartbeat would leave it waiting up to 5 s).
+    grace = 0.6
     hosts = local_hosts([HostSpec(latency=0.001)] * 2)
     await crawl(
         interleave(hosts.start_urls(0, 3), hosts.start_urls(1, 3)),
         SCHEDULER=SCHEDULER,
         HOSTQUEUE_MAX_ACTIVE_HOSTS=1,
-        HOSTQUEUE_IDLE_GRACE=0.6,
+        HOSTQUEUE_IDLE_GRACE=grace,
     )
     arrivals = [host.arrivals for host in hosts.all_stats()]
     assert [len(times) for times in arrivals] == [3, 3]
     first, second = sorted(arrivals, key=min)
     gap = min(second) - max(first)
-    assert 0.58 <= gap < 1.5, gap
+    assert grace - 0.02 <= gap < 2.5 * grace, gap
 
 
 @pytest.mark.crawl
@@ -1007,9 +1009,10 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     """As in stock Scrapy, a request answered or refused by a downloader
     middleware does not make the host's next request wait a delay (each of
     them used to cost the crawl a whole DOWNLOAD_DELAY, 1 s here)."""
+    delay = 1.0
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler = await _crawl_one_host_at_one_request(
-        hosts, 8, handler, 1.0, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
+        hosts, 8, handler, delay, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
     )
     hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
@@ -1020,9 +1023,9 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     assert pages == [0, 1, 2, 4, 5, 6]
     gaps = _arrival_gaps(stats.arrivals)
     # The delay holds between the requests the host saw, and the ones
-    # answered in between did not add theirs (2 s a gap before).
-    assert min(gaps) >= 0.975, gaps
-    assert max(gaps) < 1.6, gaps
+    # answered in between did not add theirs (2 delays a gap before).
+    assert min(gaps) >= delay - 0.025, gaps
+    assert max(gaps) < 1.6 * delay, gaps
 
 
 @pytest.mark.crawl
