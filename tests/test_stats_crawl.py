@@ -502,6 +502,7 @@ async def test_two_crawls_of_one_process_do_not_write_one_timeline(
     caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
     shared = tmp_path / "timeline.jsonl"
     await both(str(shared))
+    hosts.wait_idle()  # the last answers counted at the hosts
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "another crawl of this process" in errors[0], errors
     # The file reads, and holds one crawl's rows, all of them.
@@ -513,6 +514,7 @@ async def test_two_crawls_of_one_process_do_not_write_one_timeline(
     caplog.clear()
     hosts.reset()
     await both(str(tmp_path / "%(name)s.jsonl"))
+    hosts.wait_idle()  # the last answers counted at the hosts
     assert not [r for r in caplog.records if r.levelno == logging.ERROR]
     for name, i in (("pages", 0), ("other", 1)):
         rows = read_timeline(str(tmp_path / f"{name}.jsonl"))
