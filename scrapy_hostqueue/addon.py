@@ -101,19 +101,21 @@ class Addon:
         HostQueueConfig.from_settings(settings)
 
         settings.set("SCHEDULER", SCHEDULER, priority="addon")
-        if not _is_hostqueue_scheduler(settings["SCHEDULER"]):
+        if _is_hostqueue_scheduler(settings["SCHEDULER"]):
+            _enable(
+                settings["DOWNLOADER_MIDDLEWARES"],
+                MIDDLEWARE_ORDER,
+                MIDDLEWARE,
+                "scrapy_hostqueue.middleware.AIMDMiddleware",
+            )
+        else:
+            # The middleware holds hosts back through HostQueueScheduler: with
+            # another scheduler it would refuse to run, and the crawl with it.
             logger.warning(
-                "SCHEDULER is set to %s: scrapy_hostqueue.Addon leaves it; the AIMD "
-                "middleware needs HostQueueScheduler and will refuse to run",
+                "SCHEDULER is set to %s: scrapy_hostqueue.Addon leaves it and does not "
+                "enable the AIMD middleware, which needs HostQueueScheduler",
                 settings["SCHEDULER"],
             )
-
-        _enable(
-            settings["DOWNLOADER_MIDDLEWARES"],
-            MIDDLEWARE_ORDER,
-            MIDDLEWARE,
-            "scrapy_hostqueue.middleware.AIMDMiddleware",
-        )
         _enable(
             settings["SPIDER_MIDDLEWARES"],
             START_MIDDLEWARE_ORDER,

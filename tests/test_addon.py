@@ -114,8 +114,13 @@ def test_the_addon_warns_only_about_a_scheduler_the_middleware_refuses(
     scheduler: Any, warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.addon"):
-        applied(SCHEDULER=scheduler)
-    assert ("will refuse to run" in caplog.text) is warned
+        values = applied(SCHEDULER=scheduler)
+    assert ("does not enable the AIMD middleware" in caplog.text) is warned
+    # The middleware would refuse to run with another scheduler: not enabled then.
+    enabled = values.getwithbase("DOWNLOADER_MIDDLEWARES").get(
+        "scrapy_hostqueue.AIMDMiddleware"
+    )
+    assert (enabled is None) is warned
 
 
 def test_the_addon_runs_on_asyncio_without_a_twisted_reactor() -> None:
