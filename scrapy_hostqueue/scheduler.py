@@ -239,8 +239,6 @@ class HostQueueScheduler(BaseScheduler):
             self._request_left,
             self._overdue.excused if self.config.max_overdue else None,
         )
-        self._overdue_loop = create_looping_call(self._overdue.check)
-        self._overdue_loop.start(WATCH_INTERVAL, now=False)
         self.crawler.signals.connect(
             self._reached_downloader, signal=signals.request_reached_downloader
         )
@@ -483,6 +481,7 @@ class HostQueueScheduler(BaseScheduler):
         # download need not finish before the host gets its limit.
         self.crawler.signals.connect(self._headers_received, signal=signals.headers_received)
         self._store.on_forget = hook.forget_host
+        self._watch_overdue()
 
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
@@ -633,18 +632,24 @@ class HostQueueScheduler(BaseScheduler):
             self._records.count_on_the_way(record)
             record.sent_at = now
 
+    def _watch_overdue(self) -> None:
+        """Look for overdue requests from now on, with the hosts' latency the
+        policy hook learns; an answer stops counting as overdue at its
+        headers (_headers_received)."""
+        self._overdue_loop = create_looping_call(self._overdue.check)
+        self._overdue_loop.start(WATCH_INTERVAL, now=False)
+
     def _overdue_after(self, host: str) -> float:
-        if self._policy_hook is not None:
-            return self._policy_hook.overdue_after(host)
-        return self.config.aimd_slow_latency
+        assert self._policy_hook is not None  # the watch runs with it only
+        return self._policy_hook.overdue_after(host)
 
     def _became_overdue(self, request: Request, record: RequestRecord, seconds: float) -> None:
         host = record.host
         self.recorder.overdue(host, self._overdue.count)
         if self.debug:
             logger.debug("%s overdue after %.1fs (host %s)", request, seconds, host)
-        if self._policy_hook is not None:
-            self._policy_hook.overdue(request, host, seconds)
+        assert self._policy_hook is not None
+        self._policy_hook.overdue(request, host, seconds)
         if self.prefetch and not self.gate.may_send(host):
             # Requests waiting at the gate behind overdue ones would wait for
             # them to time out, holding download budget: back to the queue.

@@ -117,9 +117,7 @@ def test_the_addon_warns_only_about_a_scheduler_the_middleware_refuses(
         values = applied(SCHEDULER=scheduler)
     assert ("does not enable the AIMD middleware" in caplog.text) is warned
     # The middleware would refuse to run with another scheduler: not enabled then.
-    enabled = values.getwithbase("DOWNLOADER_MIDDLEWARES").get(
-        "scrapy_hostqueue.AIMDMiddleware"
-    )
+    enabled = values.getwithbase("DOWNLOADER_MIDDLEWARES").get("scrapy_hostqueue.AIMDMiddleware")
     assert (enabled is None) is warned
 
 

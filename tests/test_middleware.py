@@ -93,6 +93,10 @@ class StandInScheduler(HostQueueScheduler):
     def _store(self) -> MemoryStore[Request]:  # type: ignore[override]
         return self.frontier
 
+    def _watch_overdue(self) -> None:
+        """No event loop here: overdue requests are tested with the watch
+        itself and in crawls."""
+
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request(), and in flight for
         its host until :meth:`leave`."""
