@@ -4,11 +4,13 @@ asserted here."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from bench.runner import (
 )
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
 from scrapy_hostqueue import GcTuning
-from scrapy_hostqueue.testing import HostStats, LocalHosts
+from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import PageSpider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -545,3 +547,89 @@ def test_the_dead_hosts_bench_counts_what_the_hanging_hosts_had_in_flight(
     # alone gives it more, up to its limit.
     assert most["hq-full"] == 1
     assert 1 < most["hq-scheduler"] <= 8
+
+
+# --- the crawl child's budget hosts; the hosts' open connections ---------------
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met within 10 s"
+        time.sleep(0.01)
+
+
+def test_the_hosts_count_the_connections_open_at_once(
+    local_hosts: Callable[..., LocalHosts],
+) -> None:
+    """What the soak's open-sockets figure is built from."""
+    hosts = local_hosts("latency=0")
+    hostname, port = hosts.hostnames[0], hosts.ports[0]
+    clients = [http.client.HTTPConnection(hostname, port, timeout=10) for _ in range(3)]
+    for client in clients:
+        client.request("GET", "/page/0")
+        client.getresponse().read()
+    _wait_for(lambda: hosts.stats(0).open_connections == 3)
+    clients[0].close()
+    _wait_for(lambda: hosts.stats(0).open_connections == 2)
+    stats = hosts.stats(0)
+    assert (stats.connections, stats.max_open_connections) == (3, 3)
+    # A reset keeps the connections still open counted.
+    hosts.reset()
+    stats = hosts.stats(0)
+    assert (stats.connections, stats.open_connections, stats.max_open_connections) == (0, 2, 2)
+    for client in clients[1:]:
+        client.close()
+    _wait_for(lambda: hosts.stats(0).open_connections == 0)
+
+
+@pytest.mark.crawl
+def test_a_crawl_stops_at_the_budget_hosts_last_page(
+    local_hosts: Callable[..., LocalHosts],
+) -> None:
+    """Only the budget hosts' responses count: the crawl ends at their last
+    page while the other host's requests still hang."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(fault="hang", links=0)])
+    child = {
+        "settings": {"DOWNLOAD_TIMEOUT": 60},
+        "hosts": [hosts.netloc(0), hosts.netloc(1)],
+        "start_per_host": 5,
+        "budget": 5,
+        "budget_hosts": [hosts.hostnames[0]],
+        "time_limit": 30,
+        "follow": False,
+    }
+    result = run_child(child, timeout=60)
+    assert result["finish_reason"] == "budget", result
+    assert result["budget_pages"] == 5
+    assert result["host_pages"] == {hosts.hostnames[0]: 5}
+    assert 0 < result["time_to_budget"] < 30
+    assert "response_times" not in result
+
+
+@pytest.mark.crawl
+def test_a_crawl_marks_the_budget_and_goes_on_to_the_end(
+    local_hosts: Callable[..., LocalHosts],
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.5, links=0)])
+    child = {
+        "settings": {},
+        "hosts": [hosts.netloc(0), hosts.netloc(1)],
+        "start_per_host": 3,
+        "budget": 3,
+        "budget_hosts": [hosts.hostnames[0]],
+        "stop_at_budget": False,
+        "response_times": True,
+        "time_limit": 30,
+        "follow": False,
+    }
+    result = run_child(child, timeout=60)
+    assert result["finish_reason"] == "finished", result
+    assert result["pages"] == 6
+    assert result["host_pages"] == {hosts.hostnames[0]: 3, hosts.hostnames[1]: 3}
+    times = result["response_times"]
+    assert len(times) == 6
+    assert times == sorted(times)
+    # The budget was the fast host's third page, before the slow host's (0.5 s).
+    assert result["time_to_budget"] == pytest.approx(times[2], abs=1e-3)
+    assert times[2] < 0.5 <= times[3]
