@@ -26,7 +26,8 @@ The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
   forgets it. A run is therefore about one round of the window at ``p = 1``;
 * a success between the two latencies breaks the run; one slower than
   ``slow_latency`` is a decrease;
-* a back-off status and a connection failure or timeout are decreases;
+* a back-off status, a connection failure or timeout, and a request still
+  in flight after :meth:`AimdTable.overdue_after` (overdue) are decreases;
 * a decrease sets ``L = max(F, L // 2)``, at most once per burst: an outcome
   of a request that *started* before the last decrease is the same congestion
   seen again and changes nothing;
@@ -67,6 +68,11 @@ __all__ = [
 #: How much longer a run must be before probing a level at which the host
 #: pushed back once; each further push-back there multiplies it again.
 PROBE_PENALTY = 4
+#: A request is overdue after this many times its host's usual latency.
+OVERDUE_FACTOR = 4
+#: Weights of a new answer in the smoothed latency and in its deviation.
+_SRTT_GAIN = 0.125
+_RTTVAR_GAIN = 0.25
 #: The largest factor by which a run is lengthened before such a probe.
 MAX_PROBE_PENALTY = 64
 _MAX_BACKOFF_EXPONENT = 60
@@ -76,6 +82,7 @@ FAST = "fast"
 SLOW = "slow"
 BACKOFF = "backoff"
 ERROR = "error"
+OVERDUE = "overdue"
 # Block reasons.
 RETRY_AFTER = "retry-after"
 COOLDOWN = "error-cooldown"
@@ -113,7 +120,9 @@ class AimdHost:
         "parked_at",
         "probe_level",
         "probe_penalty",
+        "rttvar",
         "run",
+        "srtt",
         "warned",
     )
 
@@ -131,6 +140,10 @@ class AimdHost:
         self.parked_at = float("-inf")
         self.given_up = False
         self.warned = False  # the back-off WARNING was logged
+        #: Smoothed latency of the host's answers and its mean deviation
+        #: (None until the first answer), as TCP keeps a round-trip time.
+        self.srtt: float | None = None
+        self.rttvar = 0.0
 
     def __repr__(self) -> str:
         return (
@@ -241,6 +254,7 @@ class AimdTable:
         state.failures = 0
         state.cooldowns = 0
         state.backoff_exponent = 0
+        _observe_latency(state, latency)
         s = self.settings
         if latency > s.slow_latency:
             return self._decrease(key, state, started, SLOW)
@@ -308,6 +322,28 @@ class AimdTable:
                 state.backoff_exponent = 0
         return adjustment
 
+    def overdue_after(self, key: str) -> float:
+        """Seconds after which a request of *key* in flight is overdue: four
+        times the host's usual latency (smoothed latency plus four mean
+        deviations), within ``[fast_latency, slow_latency]``; ``slow_latency``
+        for a host not heard from yet."""
+        s = self.settings
+        state = self._hosts.get(key)
+        if state is None or state.srtt is None:
+            return s.slow_latency
+        usual = state.srtt + 4 * state.rttvar
+        return min(s.slow_latency, max(s.fast_latency, OVERDUE_FACTOR * usual))
+
+    def on_overdue(self, key: str, started: float) -> Adjustment | None:
+        """A request of *key* that started at *started* is still in flight
+        after :meth:`overdue_after`: a decrease now, not at its timeout, so a
+        host that hangs now and then does not pile up hung requests. The
+        error budget is spent when (if) it fails."""
+        state = self.host(key)
+        if state.given_up:
+            return None
+        return self._decrease(key, state, started, OVERDUE)
+
     def on_failure(self, key: str, started: float) -> Adjustment | None:
         """A connection failure or timeout of a request started at *started*."""
         state = self.host(key)
@@ -366,3 +402,14 @@ class AimdTable:
         state.run = 0
         state.last_decrease = self.clock()
         return Adjustment(key, old, new, reason, decreased=True)
+
+
+def _observe_latency(state: AimdHost, latency: float) -> None:
+    """Fold one answer's *latency* into the host's smoothed latency and
+    deviation (the estimator TCP uses for its retransmission timeout)."""
+    if state.srtt is None:
+        state.srtt = latency
+        state.rttvar = latency / 2
+        return
+    state.rttvar += _RTTVAR_GAIN * (abs(state.srtt - latency) - state.rttvar)
+    state.srtt += _SRTT_GAIN * (latency - state.srtt)

@@ -229,6 +229,7 @@ class HostQueueConfig:
     remember_hosts: int
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
+    max_overdue: int  # overdue requests kept out of CONCURRENT_REQUESTS, 0 = none
     # GC tuning extension
     gc_freeze: bool  # keep the heap alive at start out of full collections
     gc_young_threshold: int  # 0 = Python's own
@@ -250,6 +251,7 @@ class HostQueueConfig:
     error_max_cooldowns: int
     # Download handler
     dns_cache_ttl: float
+    keepalive_timeout: float  # seconds an idle kept-alive connection stays open
     connect_timeout: float  # 0 = bounded by the download's timeout only
     # Stats and diagnostics
     stats_enabled: bool
@@ -313,6 +315,9 @@ class HostQueueConfig:
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
+            max_overdue=_integer(
+                settings, "HOSTQUEUE_MAX_OVERDUE", 2 * max(global_concurrency, 0), minimum=0
+            ),
             gc_freeze=_boolean(settings, "HOSTQUEUE_GC_FREEZE", True),
             gc_young_threshold=_integer(
                 settings,
@@ -343,6 +348,9 @@ class HostQueueConfig:
             ),
             error_max_cooldowns=_integer(settings, "HOSTQUEUE_ERROR_MAX_COOLDOWNS", 3, minimum=0),
             dns_cache_ttl=_number(settings, "HOSTQUEUE_DNS_CACHE_TTL", 300.0),
+            keepalive_timeout=_number(
+                settings, "HOSTQUEUE_KEEPALIVE_TIMEOUT", 120.0, strict=True, maximum=3600.0
+            ),
             connect_timeout=_number(
                 settings, "HOSTQUEUE_CONNECT_TIMEOUT", CONNECT_TIMEOUT, maximum=_MAX_WAIT
             ),

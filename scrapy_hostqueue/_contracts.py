@@ -36,6 +36,12 @@ class PolicyHook(Protocol):
 
     def learn(self, request: Request, response: Response) -> None: ...
 
+    def overdue_after(self, host: str) -> float:
+        """Seconds after which a request of *host* in flight is overdue."""
+
+    def overdue(self, request: Request, host: str, seconds: float) -> None:
+        """*request* has been in flight *seconds*, past its host's overdue time."""
+
 
 class HostView(Protocol):
     """Read-only view of the hosts, for stats and diagnostics."""
@@ -54,6 +60,8 @@ class HostView(Protocol):
     def in_flight_cap(self, state: HostState) -> int: ...
 
     def on_wire(self, host: str) -> int: ...
+
+    def overdue(self, host: str) -> int: ...
 
     def sent_back_from_gate(self, request: Request) -> bool: ...
 

@@ -358,6 +358,15 @@ class HostStatsRecorder:
         entry.inc(f"block_count/{reason}")
         entry.inc("blocked_seconds", max(0.0, float(seconds)))
 
+    def overdue(self, host: str, overdue_now: int) -> None:
+        """A request of *host* became overdue; *overdue_now* are overdue in
+        the whole crawl."""
+        if not self.enabled:
+            return
+        self._global_inc("overdue_count")
+        self.stats.max_value(stat_key("max_overdue"), overdue_now)
+        self.counters(host).inc("overdue_count")
+
     def host_parked(self, host: str) -> None:
         if not self.enabled:
             return

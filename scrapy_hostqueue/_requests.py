@@ -15,6 +15,8 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from scrapy import Request
 
 #: A request is sent back to the scheduler at most this many times.
@@ -59,6 +61,13 @@ class RequestRecord:
     unsent_at: float | None = None
     on_wire: bool = False
     backing_off: bool = False
+    #: When it went to the host (past the send gate, or into the downloader
+    #: without one), for the overdue watch; None before, and once the
+    #: headers of its answer are in.
+    sent_at: float | None = None
+    #: In flight far longer than its host usually takes (see
+    #: HostQueueScheduler._watch_overdue).
+    overdue: bool = False
 
     @property
     def stage(self) -> Stage:
@@ -113,8 +122,13 @@ class RequestTable:
             record.reached = True
             self.reached_per_host[record.host] = self.reached_per_host.get(record.host, 0) + 1
 
-    def put_on_wire(self, request: Request) -> None:
-        self._records[request].on_wire = True
+    def put_on_wire(self, request: Request, now: float) -> None:
+        record = self._records[request]
+        record.on_wire = True
+        record.sent_at = now
+
+    def items(self) -> Iterator[tuple[Request, RequestRecord]]:
+        return iter(self._records.items())
 
     def leave(self, request: Request) -> RequestRecord | None:
         """*request* left the downloader: its record, now dropped."""

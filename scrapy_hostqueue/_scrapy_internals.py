@@ -348,7 +348,9 @@ class _StartingQueue(deque):  # type: ignore[type-arg]
 
 
 def on_request_leaving_downloader(
-    crawler: Crawler, callback: Callable[[Request], None]
+    crawler: Crawler,
+    callback: Callable[[Request], None],
+    excused: Callable[[], int] | None = None,
 ) -> Callable[[], None]:
     """Call *callback* whenever a request leaves the downloader, whatever the
     outcome: response, exception, a middleware short-circuit (cache hit,
@@ -357,12 +359,17 @@ def on_request_leaving_downloader(
     ``Downloader.fetch`` adds every request to ``downloader.active`` before the
     downloader middlewares run and removes it in a ``finally`` clause; no
     signal covers all of these cases. Returns a function that undoes the hook.
+
+    *excused* says how many of the requests in the downloader do not count
+    against ``CONCURRENT_REQUESTS`` (the downloader's ``needs_backout`` is
+    ``len(active) >= CONCURRENT_REQUESTS``): overdue requests, which must not
+    hold the budget of the hosts that answer.
     """
     engine = _engine(crawler)
     assert engine is not None
     downloader = engine.downloader
     original = downloader.active
-    hooked = _LeaveNotifyingSet(original, callback)
+    hooked = _LeaveNotifyingSet(original, callback, excused)
     downloader.active = hooked
 
     def undo() -> None:
@@ -373,11 +380,28 @@ def on_request_leaving_downloader(
 
 
 class _LeaveNotifyingSet(set):  # type: ignore[type-arg]
-    __slots__ = ("_callback",)
+    __slots__ = ("_callback", "_excused")
 
-    def __init__(self, items: Iterable[Any], callback: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        items: Iterable[Any],
+        callback: Callable[[Any], None],
+        excused: Callable[[], int] | None,
+    ) -> None:
         super().__init__(items)
         self._callback = callback
+        self._excused = excused
+
+    def __len__(self) -> int:
+        size = set.__len__(self)
+        if self._excused is None:
+            return size
+        return max(0, size - self._excused())
+
+    def __bool__(self) -> bool:
+        # Whether requests are in the downloader at all (the engine's idle
+        # check), excused ones included.
+        return set.__len__(self) > 0
 
     def remove(self, item: Any) -> None:
         super().remove(item)

@@ -120,7 +120,8 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
     x the ceiling, so that every host the scheduler is working on keeps its
     keep-alive connections between two of its requests
     (``CONCURRENT_REQUESTS`` bounds the requests in flight, not the idle
-    sockets, which count against the total).
+    sockets, which count against the total), and at least the requests that
+    may be in flight plus ``HOSTQUEUE_MAX_OVERDUE``.
     """
     # HostQueueConfig.from_settings has checked that every entry is a dict
     # and its concurrency a number.
@@ -129,8 +130,15 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
     largest += [int(slot["concurrency"]) for slot in slots.values() if "concurrency" in slot]
     per_host = max(largest)
     hosts = config.max_active_hosts or max(config.global_concurrency, 0)
-    total = max(hosts * config.aimd_ceiling, per_host) if hosts else 0
-    return total, per_host
+    if not hosts:
+        return 0, per_host
+    active = hosts * config.aimd_ceiling
+    # Room for the requests in flight plus the overdue ones kept out of
+    # CONCURRENT_REQUESTS (HOSTQUEUE_MAX_OVERDUE), which hold their
+    # connections until they time out.
+    budget = config.global_concurrency
+    in_flight = (min(budget, active) if budget > 0 else active) + config.max_overdue
+    return max(active, per_host, in_flight), per_host
 
 
 #: Longest response status or header line accepted, in bytes.
@@ -608,6 +616,11 @@ class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
             use_dns_cache=pool.dns_cache,
             # aiohttp annotates the TTL as int but takes any number of seconds.
             ttl_dns_cache=pool.config.dns_cache_ttl,  # type: ignore[arg-type]
+            # A host that waits for an active place (or between turns) keeps
+            # its idle connections that long, within the pool's total (see
+            # _close_idle_over_limit); aiohttp's 15 s default made such a host
+            # reconnect at its next turn.
+            keepalive_timeout=pool.config.keepalive_timeout,
         )
         gate = gate_of(self.crawler)
         if gate is not None:

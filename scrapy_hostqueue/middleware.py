@@ -538,6 +538,22 @@ class AIMDMiddleware:
         burst of its URLs with the whole ceiling at once."""
         return scheduler.host_state(host).full_at >= started or scheduler.limit_filled(host)
 
+    def overdue_after(self, host: str) -> float:
+        """Seconds after which a request of *host* in flight is overdue (the
+        policy hook; see ``AimdTable.overdue_after``)."""
+        return self.table.overdue_after(host)
+
+    def overdue(self, request: Request, host: str, seconds: float) -> None:
+        """*request* has been in flight *seconds*, past its host's overdue
+        time (the policy hook): the host backs off now, not at the timeout."""
+        started = request.meta.get(META_START)
+        if started is None:
+            return  # not sent through this middleware
+        adjustment = self.table.on_overdue(host, started)
+        if adjustment is not None:
+            detail = f"no answer after {seconds:.1f}s (overdue)"
+            self._apply(self._scheduler(), adjustment, self.clock(), seconds, detail)
+
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
         if isinstance(exception, HostBlocked):
             # Held at the send gate when its host got blocked: not a failure

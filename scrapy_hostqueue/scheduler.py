@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.exceptions import CloseSpider
 from scrapy.settings import SETTINGS_PRIORITIES
-from scrapy.utils.asyncio import call_later
+from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -25,8 +26,9 @@ from scrapy_hostqueue._jobdir import (
     scrapy_job_refusal,
     state_path,
 )
+from scrapy_hostqueue._overdue import WATCH_INTERVAL, OverdueWatch
 from scrapy_hostqueue._recorder import get_recorder
-from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestTable
+from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestRecord, RequestTable
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
 from scrapy_hostqueue.sendgate import SendGate, UsesSendGate, gate_opens_at
 from scrapy_hostqueue.store import HostState, MemoryStore, RequestStore
@@ -188,6 +190,14 @@ class HostQueueScheduler(BaseScheduler):
             room_changed=self._room_changed,
         )
         self._room_waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        self._overdue = OverdueWatch(
+            self._records,
+            self._store,
+            self._overdue_after,
+            self._became_overdue,
+            max_excused=config.max_overdue,
+        )
+        self._overdue_loop: Any = None
         # Requests of given-up hosts on their way to their errbacks: queued
         # here, then handed out for the AIMD middleware to raise HostGivenUp.
         self._refused: deque[tuple[str, Request]] = deque()
@@ -224,7 +234,13 @@ class HostQueueScheduler(BaseScheduler):
         self._opened = True
         self.gate.register(self.crawler)
         self.recorder.host_view = self
-        self._undo_hook = internals.on_request_leaving_downloader(self.crawler, self._request_left)
+        self._undo_hook = internals.on_request_leaving_downloader(
+            self.crawler,
+            self._request_left,
+            self._overdue.excused if self.config.max_overdue else None,
+        )
+        self._overdue_loop = create_looping_call(self._overdue.check)
+        self._overdue_loop.start(WATCH_INTERVAL, now=False)
         self.crawler.signals.connect(
             self._reached_downloader, signal=signals.request_reached_downloader
         )
@@ -326,6 +342,8 @@ class HostQueueScheduler(BaseScheduler):
             self._wakeup.cancel()
             self._wakeup = None
         self.gate.unregister(self.crawler)
+        if self._overdue_loop is not None and self._overdue_loop.running:
+            self._overdue_loop.stop()
         if self._undo_hook is not None:
             self._undo_hook()
             self._undo_hook = None
@@ -418,6 +436,10 @@ class HostQueueScheduler(BaseScheduler):
 
     def in_flight_cap(self, state: HostState) -> int:
         return self._store.in_flight_cap(state)
+
+    def overdue(self, host: str) -> int:
+        """Requests of *host* in flight and overdue."""
+        return self._store.overdue(host)
 
     def on_wire(self, host: str) -> int:
         """Requests of *host* sent and not yet answered: with prefetch, those
@@ -609,6 +631,26 @@ class HostQueueScheduler(BaseScheduler):
             # From now: several let through at once would not all reach the
             # download handler before the next asks (an async middleware).
             self._records.count_on_the_way(record)
+            record.sent_at = now
+
+    def _overdue_after(self, host: str) -> float:
+        if self._policy_hook is not None:
+            return self._policy_hook.overdue_after(host)
+        return self.config.aimd_slow_latency
+
+    def _became_overdue(self, request: Request, record: RequestRecord, seconds: float) -> None:
+        host = record.host
+        self.recorder.overdue(host, self._overdue.count)
+        if self.debug:
+            logger.debug("%s overdue after %.1fs (host %s)", request, seconds, host)
+        if self._policy_hook is not None:
+            self._policy_hook.overdue(request, host, seconds)
+        if self.prefetch and not self.gate.may_send(host):
+            # Requests waiting at the gate behind overdue ones would wait for
+            # them to time out, holding download budget: back to the queue.
+            self.gate.blocked(host, math.inf, "overdue")
+        # Its place and a share of the budget are free for other hosts.
+        internals.wake_engine(self.crawler)
 
     def _room_changed(self, host: str) -> None:
         """*host* may have more on the wire now (a send slot freed, a higher
@@ -689,7 +731,8 @@ class HostQueueScheduler(BaseScheduler):
             # slot, or, without the send gate, when it leaves.
             self.recorder.in_flight_seen(host, self.on_wire(host))
         self._records.leave(request)
-        self._store.finish(host)
+        self._store.finish(host, record.overdue)
+        self._overdue.left(record)
         self._store.ack(request)
         if self._room_waiters:
             self._wake_room_waiters(host)
@@ -710,9 +753,12 @@ class HostQueueScheduler(BaseScheduler):
                 internals.apply_to_slot(self.crawler, key, delay=0.0)
             return
         host = record.host
-        if not self.prefetch and self._policy_hook is not None:
-            # Only the AIMD middleware asks has_room.
-            self._records.count_on_the_way(record)
+        if not self.prefetch:
+            # Without the send gate it goes to the host from here.
+            record.sent_at = time.monotonic()
+            if self._policy_hook is not None:
+                # Only the AIMD middleware asks has_room.
+                self._records.count_on_the_way(record)
         if record.unsent_at is not None:
             # It starts now, not when handed out: a downloader middleware may
             # have held it (for robots.txt), together with none of the host's
@@ -745,6 +791,10 @@ class HostQueueScheduler(BaseScheduler):
         # is in, once the AIMD middleware has blocked it. The add-on's handler
         # tells the status before this signal; with other handlers such an
         # answer mostly carries a Retry-After.
+        record = self._records.get(request)
+        if record is not None:
+            # Answered: a long body is not a hung request.
+            record.sent_at = None
         backoff = self.gate.take_status_read(request)
         if backoff:
             return

@@ -162,7 +162,11 @@ class SendGate:
         if self.notes_status:
             self._status_read = (request, backoff)
         record = self.records.get(request)
-        if backoff and record is not None and record.on_wire:
+        if record is None:
+            return
+        # Answered: a long body is not a hung request.
+        record.sent_at = None
+        if backoff and record.on_wire:
             self._hold_back(request)
 
     def body_read(self, request: Request, status: int) -> None:
@@ -210,8 +214,9 @@ class SendGate:
 
     def take(self, host: str, request: Request) -> None:
         self._sending[host] = self._sending.get(host, 0) + 1
-        self.records.put_on_wire(request)
-        self.store.policy(host).last_sent = time.monotonic()
+        now = time.monotonic()
+        self.records.put_on_wire(request, now)
+        self.store.policy(host).last_sent = now
 
     def release(self, request: Request) -> None:
         record = self.records.get(request)

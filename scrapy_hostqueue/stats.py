@@ -289,6 +289,10 @@ class HostQueueStats:
         for key, _queued, _inflight, policy in busiest:
             cap = view.in_flight_cap(policy)
             text = f"{key or NO_HOST} {view.on_wire(key)}/{cap}"
+            overdue = view.overdue(key)
+            if overdue:
+                # Why a host with room sends nothing: its requests hang.
+                text += f" ({overdue} overdue)"
             if policy.blocked_until > now:
                 text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
             elif cap < policy.limit:
@@ -325,6 +329,7 @@ class HostQueueStats:
                     view.in_flight_cap(policy),
                     max(0.0, policy.blocked_until - now),
                     policy.block_reason,
+                    view.overdue(key),
                 )
         # Hosts that left the frontier (or, under another scheduler, any host)
         # but had requests in the downloader, responses or failures in the

@@ -54,6 +54,7 @@ class HostSample:
     limit: int | None
     blocked_for: float = 0.0  # seconds until a running block ends
     block_reason: str | None = None
+    overdue: int = 0  # of in_flight, requests in flight past the host's overdue time
 
 
 class TimelineWriter:
@@ -106,6 +107,7 @@ class TimelineWriter:
                 "dt": dt,
                 "host": sample.host,
                 "in_flight": sample.in_flight,
+                "overdue": sample.overdue,
                 "fetched": fetched.get(sample.host, 0),
                 "failed": failed.get(sample.host, 0),
                 "queued": sample.queued,
@@ -120,6 +122,7 @@ class TimelineWriter:
             "dt": dt,
             "host": OTHER_HOSTS,
             "in_flight": sum(sample.in_flight for sample in rest),
+            "overdue": sum(sample.overdue for sample in rest),
             "fetched": sum(fetched.get(sample.host, 0) for sample in rest),
             "failed": sum(failed.get(sample.host, 0) for sample in rest),
             "queued": sum(sample.queued or 0 for sample in rest) if self.queues_known else None,
@@ -146,9 +149,10 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
     missing = [name for name in _FIELDS if name not in row]
     if missing:
         raise TimelineError(f"{where}: missing {', '.join(missing)}")
-    # Files written before "failed" existed have none: no failures.
+    # Files written before "failed" and "overdue" existed have none.
     row.setdefault("failed", 0)
-    for name in ("t", "dt", "in_flight", "fetched", "failed", "queued"):
+    row.setdefault("overdue", 0)
+    for name in ("t", "dt", "in_flight", "overdue", "fetched", "failed", "queued"):
         value = row[name]
         if value is None and name == "queued":
             continue

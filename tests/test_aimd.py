@@ -14,6 +14,7 @@ from scrapy_hostqueue._aimd import (
     ERROR,
     FAST,
     MAX_PROBE_PENALTY,
+    OVERDUE,
     PROBE_PENALTY,
     RETRY_AFTER,
     SLOW,
@@ -530,3 +531,50 @@ def test_the_limit_always_stays_within_floor_and_ceiling(
             if outcome.block is not None:
                 assert outcome.block >= 0
         clock.tick(pause)
+
+
+# -- overdue requests ---------------------------------------------------------
+
+
+def test_a_host_not_heard_from_is_overdue_after_the_slow_latency() -> None:
+    table, _clock = make(fast_latency=0.5, slow_latency=SLOW_LATENCY)
+    assert table.overdue_after("new") == SLOW_LATENCY
+
+
+@pytest.mark.parametrize(
+    ("latencies", "expected"),
+    [
+        ([0.02] * 20, 0.5),  # four times its usual 20 ms is below the floor
+        ([0.3] * 40, pytest.approx(1.2, rel=0.05)),  # steady: about 4 x 0.3 s
+        ([5.0] * 5, SLOW_LATENCY),  # capped at the slow latency
+    ],
+)
+def test_overdue_time_follows_the_hosts_latency(latencies: list[float], expected: float) -> None:
+    table, clock = make(fast_latency=0.5, slow_latency=SLOW_LATENCY)
+    for latency in latencies:
+        table.on_success("h", clock.tick(), latency)
+    assert table.overdue_after("h") == expected
+
+
+def test_a_varying_latency_moves_the_overdue_time_up() -> None:
+    steady, clock = make(fast_latency=0.1, slow_latency=SLOW_LATENCY)
+    varying, _ = make(fast_latency=0.1, slow_latency=SLOW_LATENCY)
+    for index in range(40):
+        started = clock.tick()
+        steady.on_success("h", started, 0.2)
+        varying.on_success("h", started, 0.1 if index % 2 else 0.3)
+    assert varying.overdue_after("h") > steady.overdue_after("h")
+
+
+def test_an_overdue_request_decreases_once_per_burst_and_spends_no_budget() -> None:
+    table, clock = make(start=8, error_budget=1)
+    started = clock.tick()
+    clock.tick(0.5)  # in flight since
+    adjustment = table.on_overdue("h", started)
+    assert adjustment is not None
+    assert (adjustment.old_limit, adjustment.new_limit, adjustment.reason) == (8, 4, OVERDUE)
+    # Another request of the same burst: no second decrease.
+    assert table.on_overdue("h", started) is None
+    # No failure counted: the budget of one would have parked the host.
+    assert table.host("h").failures == 0
+    assert table.on_overdue("h", clock.tick()).new_limit == 2  # type: ignore[union-attr]

@@ -2058,3 +2058,50 @@ def test_silent_hosts_still_get_places_from_busy_answering_hosts() -> None:
     # x holds fewer than its share (1 of 2 places): an answering host's turn
     # ends for it.
     assert "x" in order[:6]
+
+
+# -- overdue requests ---------------------------------------------------------
+
+
+def test_a_host_with_only_overdue_requests_in_flight_gives_its_place_up() -> None:
+    frontier, _clock = make(limit=2, max_active=1, turn=10)
+    for key in ("hangs", "waits"):
+        for page in range(3):
+            frontier.push(key, 0, f"{key}{page}")
+    assert frontier.pop() == ("hangs", "hangs0")
+    assert frontier.pop() == ("hangs", "hangs1")
+    assert frontier.pop() is None  # hangs is full, waits has no place
+    frontier.set_overdue("hangs")
+    assert frontier.active == 1  # one of its two still answers
+    frontier.set_overdue("hangs")
+    # Both hang: the place goes to the host that waited for it.
+    assert frontier.pop() == ("waits", "waits0")
+    assert frontier.inflight("hangs") == 2
+    assert frontier.overdue("hangs") == 2
+    assert frontier.active == 1
+    # An overdue request that ends frees its host's room, not a place.
+    frontier.finish("hangs", overdue=True)
+    assert frontier.overdue("hangs") == 1
+    assert frontier.inflight("hangs") == 1
+
+
+def test_overdue_requests_still_count_against_their_hosts_limit() -> None:
+    frontier, _clock = make(limit=2)
+    for page in range(4):
+        frontier.push("h", 0, f"p{page}")
+    assert frontier.pop() is not None
+    assert frontier.pop() is not None
+    frontier.set_overdue("h")
+    frontier.set_overdue("h")
+    assert frontier.pop() is None
+    frontier.finish("h", overdue=True)
+    assert frontier.pop() == ("h", "p2")
+
+
+def test_marking_more_overdue_than_in_flight_is_refused() -> None:
+    frontier, _clock = make(limit=2)
+    frontier.push("h", 0, "p")
+    assert frontier.pop() is not None
+    frontier.set_overdue("h")
+    with pytest.raises(KeyError):
+        frontier.set_overdue("h")

@@ -252,7 +252,18 @@ async def _crawl(
         # Scrapy defaults: 16 active hosts (CONCURRENT_REQUESTS) x 8 per host.
         ({}, (128, 8)),
         ({"CONCURRENT_REQUESTS": 32, "CONCURRENT_REQUESTS_PER_DOMAIN": 4}, (128, 4)),
-        ({"CONCURRENT_REQUESTS": 100, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 5}, (40, 8)),
+        # 5 hosts x 8 in flight, plus 2 x 100 overdue requests.
+        ({"CONCURRENT_REQUESTS": 100, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 5}, (240, 8)),
+        (
+            {
+                "CONCURRENT_REQUESTS": 100,
+                "HOSTQUEUE_MAX_ACTIVE_HOSTS": 5,
+                "HOSTQUEUE_MAX_OVERDUE": 0,
+            },
+            (40, 8),
+        ),
+        # Room for the requests in flight and the overdue ones (2 x 16).
+        ({"CONCURRENT_REQUESTS": 16, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 2}, (48, 8)),
         ({"CONCURRENT_REQUESTS": 4, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10}, (80, 8)),
         ({"CONCURRENT_REQUESTS": 0, "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10}, (80, 8)),
         # No active-host cap: CONCURRENT_REQUESTS hosts (0: no limit).
@@ -837,6 +848,8 @@ async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
         "CONCURRENT_REQUESTS": 32,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
         "HOSTQUEUE_MAX_ACTIVE_HOSTS": 10,
+        # No room for overdue requests: the pool's total is the active hosts'.
+        "HOSTQUEUE_MAX_OVERDUE": 0,
     }
     async with serving(addresses) as hosts:
         urls = [hosts.url(a, f"/{n}") for n in range(2) for a in addresses]

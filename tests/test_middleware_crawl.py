@@ -719,10 +719,16 @@ async def test_a_host_turning_slow_drops_to_the_floor_and_climbs_back(
     controller = asyncio.ensure_future(control())
     await crawler.crawl_async(start_urls=[hosts.url(0)], follow=True)
     await controller
-    # 4 -> 2 -> 1: two decreases, each seen once per burst.
+    # 4 -> 2 -> 1: two decreases, each seen once per burst. A 1 s answer
+    # is overdue (past the 0.5 s slow latency) before it arrives: the
+    # decrease comes then, and the slow answer is the same burst.
     assert phases["to_floor"] <= 10, phases
     assert 0 < phases["back_up"] <= 60, phases
-    assert stat(crawler, host_stat_key(hostname, "backoff_count/slow")) == 2
+    decreases = [
+        stat(crawler, host_stat_key(hostname, f"backoff_count/{reason}")) or 0
+        for reason in ("slow", "overdue")
+    ]
+    assert sum(decreases) == 2, decreases
     assert stat(crawler, host_stat_key(hostname, "min_limit")) == 1
 
 
@@ -1380,3 +1386,54 @@ async def test_direct_downloads_behind_an_async_middleware_keep_a_silent_host_at
     assert len(arrivals) == 3
     # The second waited for the first one's answer (1 s).
     assert arrivals[1] - arrivals[0] >= 0.8, arrivals
+
+
+class _TimedSpider(PageSpider):
+    """Records when each response arrived (monotonic seconds)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrived: dict[str, float] = {}
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        self.arrived[response.url] = time.monotonic()
+        return super().parse(response)
+
+
+@HANDLERS
+@deferred_f_from_coro_f
+async def test_hung_requests_do_not_hold_the_budget_of_hosts_that_answer(
+    local_hosts: HostsFactory, handler: str
+) -> None:
+    """Two hosts hang on their second request, with CONCURRENT_REQUESTS = 2:
+    counted against the budget until their timeout, their hung requests would
+    hold both places and the healthy host would wait for the timeout. Overdue
+    after half a second (the hosts answered in 20 ms before), they no longer
+    count: the healthy host's pages all come before any hung one times out."""
+    timeout = 6
+    hanging = HostSpec(latency=0.02, links=0, fault="hang", fault_rate=0.5)
+    hosts = local_hosts([hanging, hanging, HostSpec(latency=0.02, links=0)])
+    crawler = get_crawler(
+        _TimedSpider,
+        aimd_settings(
+            handler,
+            CONCURRENT_REQUESTS=2,
+            CONCURRENT_REQUESTS_PER_DOMAIN=2,
+            DOWNLOAD_TIMEOUT=timeout,
+            RETRY_ENABLED=False,
+        ),
+    )
+    started = time.monotonic()
+    healthy = hosts.start_urls(2, 30)
+    await crawler.crawl_async(
+        start_urls=interleave(hosts.start_urls(0, 3), hosts.start_urls(1, 3)) + healthy
+    )
+    hosts.wait_idle()
+    spider = crawler.spider
+    assert isinstance(spider, _TimedSpider)
+    assert set(healthy) <= set(spider.arrived)
+    assert max(spider.arrived[url] for url in healthy) - started < timeout
+    assert crawler.stats is not None
+    assert crawler.stats.get_value(stat_key("overdue_count"), 0) >= 2
+    for index in range(3):
+        assert hosts.stats(index, arrivals=False).max_in_flight <= 2

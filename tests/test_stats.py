@@ -92,6 +92,9 @@ class _StoreView:
     def on_wire(self, host: str) -> int:
         return self.store.inflight(host)
 
+    def overdue(self, host: str) -> int:
+        return self.store.overdue(host)
+
     def sent_back_from_gate(self, request: Request) -> bool:
         return False
 

@@ -46,6 +46,7 @@ def test_writer_rows(tmp_path: Path) -> None:
             "dt": 0.5,
             "host": "fast.test",
             "in_flight": 4,
+            "overdue": 0,
             "fetched": 20,
             "failed": 0,
             "queued": 10,
@@ -57,6 +58,7 @@ def test_writer_rows(tmp_path: Path) -> None:
             "dt": 0.5,
             "host": "slow.test",
             "in_flight": 2,
+            "overdue": 0,
             "fetched": 1,
             "failed": 0,
             "queued": 3,
@@ -69,6 +71,7 @@ def test_writer_rows(tmp_path: Path) -> None:
             "dt": 0.5,
             "host": OTHER_HOSTS,
             "in_flight": 0,
+            "overdue": 0,
             "fetched": 3,
             "failed": 0,
             "queued": 1,
@@ -339,3 +342,21 @@ def test_plot_output_names_other_than_png_or_html_are_one_line_errors(
     assert err.count("\n") == 1
     assert "wrote" not in out
     assert set(tmp_path.iterdir()) == before
+
+
+def test_overdue_requests_are_written_per_host_and_added_up(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    writer = TimelineWriter(str(path), max_hosts=1)
+    writer.write(
+        1.0,
+        1.0,
+        [
+            HostSample("hangs.test", 3, 5, 4, overdue=2),
+            HostSample("a.test", 1, 0, 4, overdue=1),
+            HostSample("b.test", 1, 0, 4),
+        ],
+        {},
+    )
+    writer.close()
+    rows = read_timeline(str(path))
+    assert [(row["host"], row["overdue"]) for row in rows] == [("hangs.test", 2), (OTHER_HOSTS, 1)]

@@ -63,8 +63,16 @@ class RequestStore(Protocol[T]):
         hosts, or None. The request counts in flight for its host until
         :meth:`finish` and stays leased until :meth:`ack`."""
 
-    def finish(self, key: str) -> None:
-        """One request of *key* is no longer in flight."""
+    def finish(self, key: str, overdue: bool = False) -> None:
+        """One request of *key* is no longer in flight (*overdue*: one marked
+        with :meth:`set_overdue`)."""
+
+    def set_overdue(self, key: str) -> None:
+        """One request of *key* in flight is overdue: it still counts against
+        the host's limit, but does not keep the host's active place."""
+
+    def overdue(self, key: str) -> int:
+        """Requests of *key* in flight and overdue."""
 
     def ack(self, item: T) -> None:
         """*item*, handed out earlier, is done: its outcome (the requests and

@@ -206,6 +206,7 @@ class _Host(Generic[T]):
         "inflight",
         "key",
         "leased",
+        "overdue",
         "pending_start",
         "policy",
         "queued",
@@ -223,6 +224,9 @@ class _Host(Generic[T]):
         self.ranks: list[int] = []  # heap of -rank, stale ranks skipped lazily
         self.queued = 0
         self.inflight = 0
+        #: Of ``inflight``, the requests in flight far longer than the host
+        #: usually takes (see :meth:`MemoryStore.set_overdue`).
+        self.overdue = 0
         #: Whether the host holds one of the active-host places, and how many
         #: requests it was handed since it took it.
         self.leased = False
@@ -536,19 +540,42 @@ class MemoryStore(Generic[T]):
             return None
         return self._serve(host, now)
 
-    def finish(self, key: str) -> None:
-        """A request handed out by :meth:`pop` for *key* is done (whatever its outcome)."""
+    def finish(self, key: str, overdue: bool = False) -> None:
+        """A request handed out by :meth:`pop` for *key* is done (whatever its
+        outcome); *overdue*: it was marked with :meth:`set_overdue`."""
         host = self._hosts.get(key)
         if host is None or host.inflight <= 0:
             raise KeyError(f"no request in flight for host {key!r}")
         host.inflight -= 1
+        if overdue:
+            host.overdue -= 1
         if not host.inflight:
             host.pending_start = None
-        if (host.inflight == 0 and host.state != CAPPED) or host.state in (FULL, PREFETCH):
-            # With nothing in flight the host may give its active place up. A
-            # host waiting for a place (with adopted requests in flight) keeps
-            # its turn in the line.
+        if (host.inflight == host.overdue and host.state != CAPPED) or host.state in (
+            FULL,
+            PREFETCH,
+        ):
+            # With nothing in flight (but overdue requests) the host may give
+            # its active place up. A host waiting for a place (with adopted
+            # requests in flight) keeps its turn in the line.
             self._place(host, self.clock())
+
+    def set_overdue(self, key: str) -> None:
+        """One request of *key* in flight is overdue: it still counts against
+        the host's limit, but a host with nothing else in flight gives its
+        active place up to a host that answers (a hanging host must not hold
+        a place, as an idle one does not)."""
+        host = self._hosts.get(key)
+        if host is None or host.overdue >= host.inflight:
+            raise KeyError(f"no request in flight for host {key!r} that is not overdue")
+        host.overdue += 1
+        if host.overdue == host.inflight and host.state != CAPPED:
+            self._place(host, self.clock())
+
+    def overdue(self, key: str) -> int:
+        """Requests of *key* in flight and overdue."""
+        host = self._hosts.get(key)
+        return host.overdue if host is not None else 0
 
     def ack(self, item: T) -> None:
         """Nothing to do: a request leaves this store when handed out, and
@@ -731,13 +758,16 @@ class MemoryStore(Generic[T]):
         if host.inflight >= host.policy.limit:
             host.policy.full_at = now
 
-    def _handed_out_at_most(self, policy: HostState) -> int:
+    def _handed_out_at_most(self, host: _Host[T]) -> int:
         """In flight from which a host is handed nothing more: its limit plus
         ``prefetch``, except that a host with a delay between request starts
         gets no prefetch (its next request may not go before the delay
         anyway, and would hold download budget meanwhile), nor does a silent
-        one, held to ``silent_limit`` until it answers."""
-        if policy.interval or (self.silent_limit and not policy.answering):
+        one, held to ``silent_limit`` until it answers, nor one with overdue
+        requests (its next one would wait for them to time out, holding
+        download budget)."""
+        policy = host.policy
+        if policy.interval or host.overdue or (self.silent_limit and not policy.answering):
             return self.in_flight_cap(policy)
         return policy.limit + self.prefetch
 
@@ -756,9 +786,13 @@ class MemoryStore(Generic[T]):
         # over (its timer): then it retires.
         was_idle = host.state == IDLE
         host.token += 1
+        # Requests in flight that are overdue do not keep a place.
+        working = host.inflight - host.overdue
         if not host.queued:
             if host.inflight:
                 host.state = DRAINED
+                if not working:
+                    self._leave(host, now)
                 return
             if host.leased and self.grace and self.max_active and not was_idle:
                 host.state = IDLE
@@ -772,17 +806,20 @@ class MemoryStore(Generic[T]):
         if ready_at > now:
             host.state = BLOCKED
             self._push_timer(host, ready_at)
-            if not host.inflight:
+            if not working:
                 self._leave(host, now)
-        elif host.leased and host.served >= self.turn and not host.inflight:
+        elif host.leased and host.served >= self.turn and not working:
             # Its turn is over: behind the hosts waiting for a place.
             self._leave(host, now, requeue=True)
         elif self._turn_over(host):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
             host.state = ENDING
-        elif host.inflight >= self._handed_out_at_most(policy) or host.pending_start is not None:
+        elif host.inflight >= self._handed_out_at_most(host) or host.pending_start is not None:
             host.state = FULL
+            if not working:
+                # Filled by overdue requests: it waits for them without a place.
+                self._leave(host, now)
         elif not host.leased and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).
             self._set_capped(host)
@@ -822,9 +859,9 @@ class MemoryStore(Generic[T]):
         return self._active_silent < self._silent_share
 
     def _leave(self, host: _Host[T], now: float, requeue: bool = False) -> None:
-        """*host*, with nothing in flight, gives its active place up (if it
-        holds one) to the first host waiting for one; with *requeue*, it waits
-        behind them for its next turn."""
+        """*host*, with nothing in flight but overdue requests, gives its
+        active place up (if it holds one) to the first host waiting for one;
+        with *requeue*, it waits behind them for its next turn."""
         if not host.leased:
             return
         host.leased = False
