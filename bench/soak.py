@@ -160,6 +160,7 @@ class Crawl:
     pages: int = 0
     never_served: dict[str, int] = field(default_factory=dict)
     connections: int = 0
+    connections_by_group: dict[str, int] = field(default_factory=dict)
     open_sockets_peak: int = 0
     open_sockets_host_peaks: int = 0
     max_in_flight: dict[str, int] = field(default_factory=dict)
@@ -268,6 +269,7 @@ def crawl(
             max(0, size.pages - host.statuses.get(200, 0)) for host in mine
         )
         run.max_in_flight[name] = max(host.max_in_flight for host in mine)
+        run.connections_by_group[name] = sum(host.connections for host in mine)
     if "error" in result:
         run.error = str(result["error"])
         return run
@@ -301,12 +303,13 @@ def describe(run: Crawl) -> str:
         head += f"({run.error}) "
     never = ", ".join(f"{name} {count}" for name, count in run.never_served.items() if count)
     in_flight = ", ".join(f"{name} {count}" for name, count in run.max_in_flight.items())
+    by_group = ", ".join(f"{name} {count}" for name, count in run.connections_by_group.items())
     return head + (
         f"healthy hosts done at {_num(run.healthy_done, suffix=' s')}, longest gap before "
         f"{_num(run.longest_gap, suffix=' s')} (at {_num(run.longest_gap_at, '.1f', ' s')}; "
         f"{run.long_gaps} >= {GAP_TARGET:g} s); crawl {_num(run.last_response, '.1f', ' s')}; "
         f"never served {run.never_served_total}{f' ({never})' if never else ''}; "
-        f"connections {run.connections}; open sockets peak {run.open_sockets_peak} "
+        f"connections {run.connections} ({by_group}); open sockets peak {run.open_sockets_peak} "
         f"(host peaks {run.open_sockets_host_peaks}); max in flight {in_flight}; "
         f"429s {run.status_429}, timeouts {run.timeouts}"
     )

@@ -751,6 +751,7 @@ def test_the_soak_bench_reports_gaps_pages_and_sockets(tmp_path: Path) -> None:
         assert run["longest_gap"] is not None
         assert run["never_served"]["healthy"] == 0
         assert 0 < run["open_sockets_peak"] <= run["open_sockets_host_peaks"] <= run["connections"]
+        assert sum(run["connections_by_group"].values()) == run["connections"]
     summary = result["summary"]
     assert summary["scrapy"]["connections_x_scrapy"] == pytest.approx(1.0)
     assert summary["hq-full"]["max_in_flight"] <= 4
