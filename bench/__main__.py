@@ -40,7 +40,16 @@ from typing import Any
 import scrapy
 
 from bench import report
-from bench.runner import ROOT, Run, Summary, cpu_probe, run_micro, run_scenarios, summarise
+from bench.runner import (
+    ROOT,
+    Run,
+    Summary,
+    cpu_model,
+    cpu_probe,
+    run_micro,
+    run_scenarios,
+    summarise,
+)
 from bench.scenarios import (
     ALL_SCENARIOS,
     CONFIGS,
@@ -58,16 +67,6 @@ DEFAULT_TIME_LIMIT = 30.0  # the cap; each scenario's own limit is usually lower
 QUICK_BUDGET = 400
 MICRO_HOSTS = (1, 1_000, 10_000, 100_000)
 QUICK_MICRO_HOSTS = (1, 1_000, 10_000)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _split(value: str, known: Any, what: str) -> list[str]:

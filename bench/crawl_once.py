@@ -8,7 +8,11 @@
       "start_per_host": 400,        # start URLs /page/0 .. /page/N-1 on every host
       "budget": 1200,               # CLOSESPIDER_PAGECOUNT
       "time_limit": 30,             # seconds from spider_opened (optional)
-      "follow": true                # follow the links of every page
+      "follow": true,               # follow the links of every page
+      "budget_hosts": [...],        # optional: only these hostnames' responses
+                                    # count toward the budget
+      "stop_at_budget": true,       # false: mark the budget's time, crawl on
+      "response_times": false       # true: list the time of every response
     }
 
 Start URLs are interleaved across hosts (host 0 page 0, host 1 page 0, ...), as a
@@ -32,7 +36,16 @@ longer. Times come from ``time.monotonic()`` in this process:
 * ``cpu``, ``peak_rss_mb``: ``resource.getrusage(RUSAGE_SELF)`` of this process
   at the same moment (user + system seconds, ``ru_maxrss``), imports included.
 * ``cpu_window``: CPU seconds of this process between the two marks above.
-* ``host_pages``: responses per hostname up to the ``budget``-th.
+* ``host_pages``: responses per hostname up to the ``budget``-th (every
+  response when the crawl goes on past the budget).
+
+With ``budget_hosts``, only responses from those hostnames count toward the
+budget (``budget_pages``): ``time_to_budget`` is then the time the last of
+their pages was answered, whatever the other hosts are doing, and
+``CLOSESPIDER_PAGECOUNT``, which counts every response, is not set. With
+``stop_at_budget`` false the crawl goes on after the budget until the spider
+closes or the time limit. ``response_times`` (when asked for) holds the time of
+every response from the first request, in order, as ``time_to_budget`` counts.
 """
 
 from __future__ import annotations
@@ -58,17 +71,30 @@ from scrapy.http import Response
 class Marks:
     """What the signal handlers record during the crawl."""
 
-    def __init__(self, budget: int, on_budget: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        budget: int,
+        on_budget: Callable[[], None],
+        *,
+        budget_hosts: Iterable[str] | None = None,
+        stop_at_budget: bool = True,
+        response_times: bool = False,
+    ) -> None:
         self.budget = budget
         self.on_budget = on_budget
+        self.budget_hosts = None if budget_hosts is None else frozenset(budget_hosts)
+        self.stop_at_budget = stop_at_budget
         self.first_request: float | None = None
         self.first_request_cpu = 0.0
         self.first_response: float | None = None
         self.budget_reached: float | None = None
         self.budget_cpu = 0.0
         self.responses = 0
+        #: Responses that count toward the budget.
+        self.budget_pages = 0
         self.host_pages: Counter[str] = Counter()
         self.statuses: Counter[int] = Counter()
+        self.response_times: list[float] | None = [] if response_times else None
 
     def request_reached(self, request: scrapy.Request, spider: scrapy.Spider) -> None:
         if self.first_request is None:
@@ -78,15 +104,22 @@ class Marks:
     def response_received(
         self, response: Response, request: scrapy.Request, spider: scrapy.Spider
     ) -> None:
+        now = time.monotonic()
         self.responses += 1
         if self.first_response is None:
-            self.first_response = time.monotonic()
-        if self.responses > self.budget:
+            self.first_response = now
+        if self.budget_reached is not None and self.stop_at_budget:
             return
-        self.host_pages[urlsplit(response.url).hostname or ""] += 1
+        hostname = urlsplit(response.url).hostname or ""
+        self.host_pages[hostname] += 1
         self.statuses[response.status] += 1
-        if self.responses == self.budget:
-            self.budget_reached = time.monotonic()
+        if self.response_times is not None:
+            self.response_times.append(now)
+        if self.budget_hosts is not None and hostname not in self.budget_hosts:
+            return
+        self.budget_pages += 1
+        if self.budget_pages == self.budget:
+            self.budget_reached = now
             self.budget_cpu = time.process_time()
             self.on_budget()
 
@@ -124,14 +157,17 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     """Run the crawl; returns its result if it ends short of the budget (at the
     budget, the result is printed and the process exits)."""
     budget = int(config["budget"])
+    budget_hosts = config.get("budget_hosts")
+    stop_at_budget = bool(config.get("stop_at_budget", True))
     settings: dict[str, Any] = {
         "LOG_LEVEL": "WARNING",
         "TELNETCONSOLE_ENABLED": False,
         "REMOTE_CONTROL_ENABLED": False,
-        # A backstop: the crawl normally ends at the budget by exiting.
-        "CLOSESPIDER_PAGECOUNT": budget,
-        **config["settings"],
     }
+    if budget_hosts is None and stop_at_budget:
+        # A backstop: the crawl normally ends at the budget by exiting.
+        settings["CLOSESPIDER_PAGECOUNT"] = budget
+    settings.update(config["settings"])
     time_limit = float(config.get("time_limit") or 0)
     if time_limit:
         # A backstop: the crawl normally ends at the time limit by exiting.
@@ -145,7 +181,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         assert crawler.stats is not None
         stats = crawler.stats.get_stats()
         reached = marks.budget_reached is not None and marks.first_request is not None
-        return {
+        data: dict[str, Any] = {
             "pages": marks.responses,
             "time_to_budget": (
                 marks.budget_reached - marks.first_request  # type: ignore[operator]
@@ -162,12 +198,24 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             "cpu_window": marks.budget_cpu - marks.first_request_cpu if reached else None,
             # ru_maxrss is in kilobytes on Linux.
             "peak_rss_mb": usage.ru_maxrss / 1024,
+            "budget_pages": marks.budget_pages,
             "host_pages": dict(marks.host_pages),
             "statuses": {str(code): n for code, n in sorted(marks.statuses.items())},
             "finish_reason": finish_reason,
             "log_errors": stats.get("log_count/ERROR", 0),
             "retries": stats.get("retry/count", 0),
+            # Download timeouts, whatever the handler's exception class.
+            "timeouts": sum(
+                count
+                for key, count in stats.items()
+                if key.startswith("downloader/exception_type_count/") and "Timeout" in key
+            ),
         }
+        if marks.response_times is not None and marks.first_request is not None:
+            data["response_times"] = [
+                round(moment - marks.first_request, 4) for moment in marks.response_times
+            ]
+        return data
 
     def exit_with(finish_reason: str) -> None:
         print(json.dumps(result(finish_reason)), flush=True)
@@ -178,7 +226,13 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         if time_limit:
             asyncio.get_running_loop().call_later(time_limit, exit_with, "time_limit")
 
-    marks = Marks(budget, lambda: exit_with("budget"))
+    marks = Marks(
+        budget,
+        (lambda: exit_with("budget")) if stop_at_budget else (lambda: None),
+        budget_hosts=budget_hosts,
+        stop_at_budget=stop_at_budget,
+        response_times=bool(config.get("response_times", False)),
+    )
     crawler.signals.connect(start_the_clock, signal=signals.spider_opened)
     crawler.signals.connect(marks.request_reached, signal=signals.request_reached_downloader)
     crawler.signals.connect(marks.response_received, signal=signals.response_received)

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,16 @@ class Summary:
     #: to compare two interleaved scenarios round by round.
     fast_rates: dict[int, float] = field(default_factory=dict)
     times: list[float] = field(default_factory=list)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def cpu_probe(rounds: int = 5) -> float:

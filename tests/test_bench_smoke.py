@@ -4,11 +4,13 @@ asserted here."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 from scrapy.utils.test import get_crawler
 
-from bench import micro
+from bench import hanging_hosts, micro, soak, standalone
 from bench.report import gc_lines, probe_lines, reference_lines, table_lines, targets
 from bench.runner import (
     Run,
@@ -29,7 +31,7 @@ from bench.runner import (
 )
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
 from scrapy_hostqueue import GcTuning
-from scrapy_hostqueue.testing import HostStats, LocalHosts
+from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import PageSpider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -545,3 +547,211 @@ def test_the_dead_hosts_bench_counts_what_the_hanging_hosts_had_in_flight(
     # alone gives it more, up to its limit.
     assert most["hq-full"] == 1
     assert 1 < most["hq-scheduler"] <= 8
+
+
+# --- the standalone scenarios: hanging hosts and the soak ----------------------
+
+
+def test_standalone_scenarios_rotate_configurations_and_swap_modes() -> None:
+    order = standalone.crawl_order(["scrapy", "hq-full"], ("alone", "mixed"), rounds=2)
+    assert order == [
+        (0, "scrapy", "alone"),
+        (0, "scrapy", "mixed"),
+        (0, "hq-full", "alone"),
+        (0, "hq-full", "mixed"),
+        (1, "hq-full", "mixed"),
+        (1, "hq-full", "alone"),
+        (1, "scrapy", "mixed"),
+        (1, "scrapy", "alone"),
+    ]
+
+
+def test_the_troubled_hosts_are_spread_among_the_healthy_ones() -> None:
+    healthy = [f"h{index}" for index in range(10)]
+    order = standalone.spread(healthy, ["x", "y"])
+    assert order == ["h0", "h1", "h2", "h3", "h4", "x", "h5", "h6", "h7", "h8", "h9", "y"]
+    assert standalone.spread(healthy, []) == healthy
+    assert standalone.spread(["h0"], ["x", "y"]) == ["h0", "x", "y"]
+
+
+def test_soak_gaps_run_from_the_first_request_to_the_last_healthy_page() -> None:
+    # 0 -> 0.5 -> 1.0 -> 3.5 -> 3.6; the response at 9.0 comes after the
+    # healthy hosts' last page and does not count.
+    assert soak.gaps([0.5, 1.0, 3.5, 3.6, 9.0], until=3.6) == (2.5, 1.0, 1)
+    # Waiting 2 s for the first response is a gap too.
+    assert soak.gaps([2.0, 2.1], until=2.1) == (2.0, 0.0, 1)
+
+
+def test_hanging_hosts_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    def run(round_: int, config: str, mode: str, seconds: float | None) -> hanging_hosts.Crawl:
+        return hanging_hosts.Crawl(
+            round_,
+            config,
+            mode,
+            healthy_time=seconds,
+            healthy_served=60 if seconds is not None else 50,
+            healthy_pages=60,
+            max_in_flight=4,
+        )
+
+    runs = [
+        run(0, "hq-full", "alone", 10.0),
+        run(0, "hq-full", "mixed", 12.0),
+        run(1, "hq-full", "alone", 20.0),
+        run(1, "hq-full", "mixed", 22.0),
+        run(0, "scrapy", "alone", 10.0),
+        run(0, "scrapy", "mixed", None),
+    ]
+    summary = hanging_hosts.summarise(["scrapy", "hq-full"], runs)
+    assert summary["hq-full"]["ratios"] == pytest.approx([1.2, 1.1])
+    assert summary["hq-full"]["ratio"] == pytest.approx(1.15)
+    assert summary["hq-full"]["all_healthy_fetched"] is True
+    # A round whose mixed crawl fell short gives no ratio.
+    assert summary["scrapy"]["ratio"] is None
+    assert summary["scrapy"]["all_healthy_fetched"] is False
+    (target,) = hanging_hosts.target_lines(summary)
+    assert target.endswith("1.15x PASS")
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met within 10 s"
+        time.sleep(0.01)
+
+
+def test_the_hosts_count_the_connections_open_at_once(
+    local_hosts: Callable[..., LocalHosts],
+) -> None:
+    """What the soak's open-sockets figure is built from."""
+    hosts = local_hosts("latency=0")
+    hostname, port = hosts.hostnames[0], hosts.ports[0]
+    clients = [http.client.HTTPConnection(hostname, port, timeout=10) for _ in range(3)]
+    for client in clients:
+        client.request("GET", "/page/0")
+        client.getresponse().read()
+    _wait_for(lambda: hosts.stats(0).open_connections == 3)
+    clients[0].close()
+    _wait_for(lambda: hosts.stats(0).open_connections == 2)
+    stats = hosts.stats(0)
+    assert (stats.connections, stats.max_open_connections) == (3, 3)
+    # A reset keeps the connections still open counted.
+    hosts.reset()
+    stats = hosts.stats(0)
+    assert (stats.connections, stats.open_connections, stats.max_open_connections) == (0, 2, 2)
+    for client in clients[1:]:
+        client.close()
+    _wait_for(lambda: hosts.stats(0).open_connections == 0)
+
+
+@pytest.mark.crawl
+def test_a_crawl_stops_at_the_budget_hosts_last_page(
+    local_hosts: Callable[..., LocalHosts],
+) -> None:
+    """Only the budget hosts' responses count: the crawl ends at their last
+    page while the other host's requests still hang."""
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(fault="hang", links=0)])
+    child = {
+        "settings": {"DOWNLOAD_TIMEOUT": 60},
+        "hosts": [hosts.netloc(0), hosts.netloc(1)],
+        "start_per_host": 5,
+        "budget": 5,
+        "budget_hosts": [hosts.hostnames[0]],
+        "time_limit": 30,
+        "follow": False,
+    }
+    result = run_child(child, timeout=60)
+    assert result["finish_reason"] == "budget", result
+    assert result["budget_pages"] == 5
+    assert result["host_pages"] == {hosts.hostnames[0]: 5}
+    assert 0 < result["time_to_budget"] < 30
+    assert "response_times" not in result
+
+
+@pytest.mark.crawl
+def test_a_crawl_marks_the_budget_and_goes_on_to_the_end(
+    local_hosts: Callable[..., LocalHosts],
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.5, links=0)])
+    child = {
+        "settings": {},
+        "hosts": [hosts.netloc(0), hosts.netloc(1)],
+        "start_per_host": 3,
+        "budget": 3,
+        "budget_hosts": [hosts.hostnames[0]],
+        "stop_at_budget": False,
+        "response_times": True,
+        "time_limit": 30,
+        "follow": False,
+    }
+    result = run_child(child, timeout=60)
+    assert result["finish_reason"] == "finished", result
+    assert result["pages"] == 6
+    assert result["host_pages"] == {hosts.hostnames[0]: 3, hosts.hostnames[1]: 3}
+    times = result["response_times"]
+    assert len(times) == 6
+    assert times == sorted(times)
+    # The budget was the fast host's third page, before the slow host's (0.5 s).
+    assert result["time_to_budget"] == pytest.approx(times[2], abs=1e-3)
+    assert times[2] < 0.5 <= times[3]
+
+
+def run_standalone(module: str, tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """``python -m bench.<module>``: its output and its JSON results."""
+    command = [sys.executable, "-m", f"bench.{module}", *args, "--out", str(tmp_path)]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
+    )
+    (result_file,) = tmp_path.glob(f"{module}-*.json")
+    return done.stdout, json.loads(result_file.read_text())
+
+
+@pytest.mark.crawl
+def test_the_hanging_hosts_bench_compares_mixed_with_alone(tmp_path: Path) -> None:
+    stdout, result = run_standalone(
+        "hanging_hosts",
+        tmp_path,
+        *("--quick", "--healthy", "8", "--hanging", "2", "--timeout", "2", "--rounds", "1"),
+    )
+    for config in ("scrapy", "hq-full"):
+        assert re.search(
+            rf"{config}: mixed / alone [0-9.]+x \(rounds: [0-9.]+\); alone [0-9.]+ s, mixed "
+            rf"[0-9.]+ s; max in flight \d+/4; every healthy page fetched: yes",
+            stdout,
+        ), stdout
+    assert re.search(
+        r"Target: hq-full's .*: [0-9.]+x (PASS|FAIL) \(stock Scrapy: [0-9.]+x\)", stdout
+    )
+    assert result["size"] == {"healthy": 8, "hanging": 2, "pages": 30, "timeout": 2.0}
+    assert [(run["config"], run["mode"]) for run in result["runs"]] == [
+        ("scrapy", "alone"),
+        ("scrapy", "mixed"),
+        ("hq-full", "alone"),
+        ("hq-full", "mixed"),
+    ]
+    for run in result["runs"]:
+        assert run["healthy_time"] > 0, run
+        assert run["healthy_served"] == run["healthy_pages"] == 240
+        # At most once per hanging host (its 20th request), in the mixed crawls only.
+        assert run["hung"] <= (2 if run["mode"] == "mixed" else 0)
+    # Counted by the hosts: the add-on holds the limit of 4.
+    assert result["summary"]["hq-full"]["max_in_flight"] <= 4
+
+
+@pytest.mark.crawl
+def test_the_soak_bench_reports_gaps_pages_and_sockets(tmp_path: Path) -> None:
+    stdout, result = run_standalone("soak", tmp_path, "--quick", "--pages", "21", "--timeout", "1")
+    assert "Targets for hq-full:" in stdout
+    assert re.search(r"connections at most 1.5x stock Scrapy's: \d+, [0-9.]+x (PASS|FAIL)", stdout)
+    assert re.search(r"no gap of 2 s or more .*: longest [0-9.]+ s (PASS|FAIL)", stdout)
+    assert [run["config"] for run in result["runs"]] == ["scrapy", "hq-full"]
+    for run in result["runs"]:
+        assert run["error"] is None, run
+        assert 0 < run["healthy_done"] <= run["last_response"]
+        assert run["longest_gap"] is not None
+        assert run["never_served"]["healthy"] == 0
+        assert 0 < run["open_sockets_peak"] <= run["open_sockets_host_peaks"] <= run["connections"]
+        assert sum(run["connections_by_group"].values()) == run["connections"]
+    summary = result["summary"]
+    assert summary["scrapy"]["connections_x_scrapy"] == pytest.approx(1.0)
+    assert summary["hq-full"]["max_in_flight"] <= 4

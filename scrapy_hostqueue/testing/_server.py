@@ -253,6 +253,8 @@ class HostGroup:
         finally:
             self._tasks.discard(task)
             writer.close()
+            if state is not None:
+                state.connection_closed()
 
     async def _dispatch(
         self,

@@ -46,6 +46,9 @@ class HostStats:
     (``time.monotonic``) arrival times of page requests, ``min_gap`` the smallest
     gap between two consecutive ones. ``in_retry_after_window`` counts page requests
     that arrived while a ``Retry-After`` this host had sent was still running.
+    ``connections`` counts connections accepted, ``open_connections`` those open
+    now (they stay counted through a reset) and ``max_open_connections`` the most
+    open at once.
     """
 
     hostname: str
@@ -62,6 +65,8 @@ class HostStats:
     faults: int = 0
     resets: int = 0
     connections: int = 0
+    open_connections: int = 0
+    max_open_connections: int = 0
 
     def to_dict(self, *, arrivals: bool = True) -> dict[str, Any]:
         """JSON-ready form (status keys become strings, as JSON requires)."""
@@ -128,8 +133,14 @@ class HostState:
         """Zero every counter; requests still in flight stay counted as in flight."""
         with self._lock:
             in_flight = self._stats.in_flight
+            opened = self._stats.open_connections
             self._stats = HostStats(
-                self.hostname, self.port, in_flight=in_flight, max_in_flight=in_flight
+                self.hostname,
+                self.port,
+                in_flight=in_flight,
+                max_in_flight=in_flight,
+                open_connections=opened,
+                max_open_connections=opened,
             )
             self._last_arrival = None
             self._eligible = 0
@@ -137,7 +148,14 @@ class HostState:
 
     def connection_opened(self) -> None:
         with self._lock:
-            self._stats.connections += 1
+            stats = self._stats
+            stats.connections += 1
+            stats.open_connections += 1
+            stats.max_open_connections = max(stats.max_open_connections, stats.open_connections)
+
+    def connection_closed(self) -> None:
+        with self._lock:
+            self._stats.open_connections = max(0, self._stats.open_connections - 1)
 
     def arrive(self, now: float) -> Ticket:
         """Count a page request arriving at monotonic time ``now``; decide its fate."""

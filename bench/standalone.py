@@ -1,0 +1,123 @@
+"""What the standalone scenarios (``bench.hanging_hosts``, ``bench.soak``) share:
+the choice of configurations, the crawl order, the run's description and its
+JSON file."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import scrapy
+
+from bench.runner import ROOT, cpu_model, cpu_probe
+from bench.scenarios import CONFIGS, unavailable_reason
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def configs_argument(value: str) -> list[str]:
+    """``--configs``: comma-separated configuration names, each known."""
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [name for name in names if name not in CONFIGS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown configuration(s) {', '.join(unknown) or '(none given)'}; "
+            f"from {', '.join(CONFIGS)}"
+        )
+    return names
+
+
+def runnable(configs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The configurations that can run here, and why each other one cannot."""
+    unavailable = {
+        name: reason
+        for name in configs
+        if (reason := unavailable_reason(CONFIGS[name])) is not None
+    }
+    return [name for name in configs if name not in unavailable], unavailable
+
+
+def crawl_order(
+    configs: Sequence[str], modes: Sequence[str], rounds: int
+) -> list[tuple[int, str, str]]:
+    """``(round, configuration, mode)`` in crawl order: the configurations
+    rotate from round to round (A B, B A, ...), and each one's modes run back
+    to back, in reverse order every other round, so that the machine's drift
+    favours neither a configuration nor a mode."""
+    order = []
+    for round_ in range(rounds):
+        shift = round_ % len(configs)
+        for config in [*configs[shift:], *configs[:shift]]:
+            for mode in reversed(modes) if round_ % 2 else modes:
+                order.append((round_, config, mode))
+    return order
+
+
+def spread(hosts: Sequence[str], others: Sequence[str]) -> list[str]:
+    """*hosts* with *others* spread evenly among them: the order of the hosts in
+    each round of start URLs."""
+    order: list[str] = []
+    step = len(hosts) / len(others) if others else 0.0
+    left = list(others)
+    for index, host in enumerate(hosts):
+        order.append(host)
+        if left and index + 1 >= step * (len(others) - len(left) + 1):
+            order.append(left.pop(0))
+    return order + left
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() or None
+
+
+def run_meta(prog: str, argv: Sequence[str]) -> dict[str, Any]:
+    """What the run was and where it ran: stored with its results."""
+    return {
+        "timestamp": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "command": " ".join([f"python -m {prog}", *argv]),
+        "commit": _commit(),
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "scrapy": scrapy.__version__,
+            "platform": platform.platform(),
+        },
+        # Other work on the machine skews timings: say how busy it was.
+        "load_average_at_start": os.getloadavg(),
+        "cpu_probe_ms_at_start": cpu_probe(),
+    }
+
+
+def write_results(out: Path, name: str, data: dict[str, Any]) -> Path:
+    """``<out>/<name>-<timestamp>.json``, with the load at the end added."""
+    data["load_average_at_end"] = os.getloadavg()
+    data["cpu_probe_ms_at_end"] = cpu_probe()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{data['timestamp']}.json"
+    path.write_text(json.dumps(data, indent=1))
+    return path
