@@ -499,15 +499,17 @@ def test_fifo_queue_settings_of_the_breadth_first_recipe_are_named_at_info(
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
 @deferred_f_from_coro_f
 async def test_jobdir_stop_and_resume_fetch_every_page_once(
-    local_hosts: HostsFactory, tmp_path: Any
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)] * 3)
     jobdir = str(tmp_path / "job")
     common = {
         "SCHEDULER": SCHEDULER,
         "JOBDIR": jobdir,
+        "HOSTQUEUE_FRONTIER": frontier,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
         "HOSTQUEUE_TIMELINE_FILE": None,
     }
@@ -594,7 +596,11 @@ async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
     job resumes and every page is fetched once."""
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)] * 2)
     urls = [hosts.url(0), hosts.url(1)]
-    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    common = {
+        "SCHEDULER": SCHEDULER,
+        "JOBDIR": str(tmp_path / "job"),
+        "HOSTQUEUE_FRONTIER": "memory",
+    }
     first = await crawl(
         urls, follow=True, spider_cls=_PageCallbackSpider, CLOSESPIDER_PAGECOUNT=20, **common
     )
@@ -626,20 +632,25 @@ async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
 @deferred_f_from_coro_f
 async def test_a_jobdir_state_of_the_first_format_is_resumed(
-    local_hosts: HostsFactory, tmp_path: Any
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
-    """Version 1 of the state file held the requests' dicts, not their pickles."""
+    """Version 1 of the state file held the requests' dicts, not their pickles.
+    The SQLite store takes it over into its file."""
     hosts = local_hosts([HostSpec(latency=0.005, pages=5, links=0)])
     jobdir = tmp_path / "job"
     jobdir.mkdir()
     queued = [Request(url).to_dict() for url in hosts.start_urls(0, 5)[2:]]
     state = {"version": 1, "requests": [(hosts.hostnames[0], d) for d in queued], "blocks": {}}
     (jobdir / STATE_FILE).write_bytes(pickle.dumps(state, protocol=4))
-    resumed = await crawl([], SCHEDULER=SCHEDULER, JOBDIR=str(jobdir))
+    resumed = await crawl([], SCHEDULER=SCHEDULER, JOBDIR=str(jobdir), HOSTQUEUE_FRONTIER=frontier)
     assert isinstance(resumed.spider, PageSpider)
     assert sorted(resumed.spider.seen) == sorted(hosts.start_urls(0, 5)[2:])
+    if frontier == "sqlite":
+        assert not (jobdir / STATE_FILE).exists()
+        assert (jobdir / f"{STATE_FILE}.imported").exists()
 
 
 class _SelectorMetaSpider(PageSpider):
@@ -660,7 +671,11 @@ async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
     local_hosts: HostsFactory, tmp_path: Any
 ) -> None:
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
-    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    common = {
+        "SCHEDULER": SCHEDULER,
+        "JOBDIR": str(tmp_path / "job"),
+        "HOSTQUEUE_FRONTIER": "memory",
+    }
     first = await crawl(
         [hosts.url(0)],
         follow=True,
@@ -701,6 +716,7 @@ async def test_a_jobdir_state_that_cannot_be_written_still_closes_the_dupefilter
             CLOSESPIDER_PAGECOUNT=8,
             SCHEDULER=SCHEDULER,
             JOBDIR=str(jobdir),
+            HOSTQUEUE_FRONTIER="memory",
         )
     assert first.stats is not None
     assert first.stats.get_value("finish_reason") == "closespider_pagecount"
@@ -732,7 +748,10 @@ class _BlockingSpider(_StopAtFirstPageSpider):
 
 @pytest.mark.crawl
 @deferred_f_from_coro_f
-async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path: Any) -> None:
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
+async def test_jobdir_restores_a_host_block(
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
+) -> None:
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
     jobdir = str(tmp_path / "job")
 
@@ -741,13 +760,16 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
         spider_cls=_BlockingSpider,
         SCHEDULER=SCHEDULER,
         JOBDIR=jobdir,
+        HOSTQUEUE_FRONTIER=frontier,
         CONCURRENT_REQUESTS_PER_DOMAIN=1,
     )
     served_first = hosts.stats(0).served
     assert served_first < 5
     hosts.reset()
     resumed_at = time.monotonic()
-    await crawl(hosts.start_urls(0, 5), SCHEDULER=SCHEDULER, JOBDIR=jobdir)
+    await crawl(
+        hosts.start_urls(0, 5), SCHEDULER=SCHEDULER, JOBDIR=jobdir, HOSTQUEUE_FRONTIER=frontier
+    )
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 5 - served_first
     # Half the block at least: part of it ran out while the first crawl closed.
@@ -755,9 +777,10 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
 @deferred_f_from_coro_f
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
-    local_hosts: HostsFactory, tmp_path: Any
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
     """Resumed at once, a host with a 3 s delay does not get its next request
     before 3 s after the last one of the stopped crawl."""
@@ -766,6 +789,7 @@ async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     common = {
         "SCHEDULER": SCHEDULER,
         "JOBDIR": str(tmp_path / "job"),
+        "HOSTQUEUE_FRONTIER": frontier,
         "DOWNLOAD_SLOTS": {hosts.hostnames[0]: {"delay": delay, "jitter": 0}},
     }
     await crawl(hosts.start_urls(0, 5), spider_cls=_StopAtFirstPageSpider, **common)
@@ -1191,7 +1215,12 @@ async def test_close_runs_every_duty_with_a_stats_collector_without_set_stats(
     jobdir = tmp_path / "job"
     crawler = get_crawler(
         PageSpider,
-        settings(SCHEDULER=SCHEDULER, STATS_CLASS=f"{__name__}._NoSetStats", JOBDIR=str(jobdir)),
+        settings(
+            SCHEDULER=SCHEDULER,
+            STATS_CLASS=f"{__name__}._NoSetStats",
+            JOBDIR=str(jobdir),
+            HOSTQUEUE_FRONTIER="memory",
+        ),
     )
     schedulers: list[Any] = []
 
