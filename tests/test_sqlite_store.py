@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scrapy_hostqueue.__main__ import main
 from scrapy_hostqueue.store import HostState, MemoryStore
 from scrapy_hostqueue.store._sqlfile import FORMAT_VERSION, FrontierFile, FrontierFileError
 from scrapy_hostqueue.store.sqlite import WINDOW, SqliteStore
@@ -337,3 +338,37 @@ def test_a_full_disk_fails_the_commit_and_keeps_the_last_one(path: Path) -> None
     again = open_store(path)
     assert next(name for _, name in drain(again)) == "kept"
     again.close()
+
+
+# -- the frontier command --------------------------------------------------------
+
+
+def test_the_frontier_command_reports_what_the_file_holds(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = open_store(path)
+    for n in range(30):
+        store.push("busy.example" if n % 3 else "quiet.example", 0, Item(str(n)))
+    store.pop()
+    store.block_until("quiet.example", store._mem.clock() + 3600, "retry-after")
+    store.set_limit("busy.example", 2)
+    store.commit()
+    # Read while the crawl holds the file.
+    try:
+        assert main(["frontier", str(path), "--top", "5"]) == 0
+    finally:
+        store.close()
+    out = capsys.readouterr().out
+    assert "29 requests queued and 1 leased" in out
+    assert "busy.example" in out and "quiet.example" in out
+    assert "retry-after" in out
+    assert "limit 2" in out
+
+
+def test_the_frontier_command_names_a_file_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"nope" * 1000)
+    assert main(["frontier", f"sqlite://{bad}"]) == 2
+    assert str(bad) in capsys.readouterr().err
