@@ -33,6 +33,9 @@ longer. Times come from ``time.monotonic()`` in this process:
   at the same moment (user + system seconds, ``ru_maxrss``), imports included.
 * ``cpu_window``: CPU seconds of this process between the two marks above.
 * ``host_pages``: responses per hostname up to the ``budget``-th.
+
+A ``"JOBDIR": "@fresh"`` setting gets an empty temporary directory, removed
+when the crawl exits.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ import asyncio
 import json
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -132,6 +137,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "CLOSESPIDER_PAGECOUNT": budget,
         **config["settings"],
     }
+    jobdir = None
+    if settings.get("JOBDIR") == "@fresh":
+        jobdir = settings["JOBDIR"] = tempfile.mkdtemp(prefix="hostqueue-bench-")
     time_limit = float(config.get("time_limit") or 0)
     if time_limit:
         # A backstop: the crawl normally ends at the time limit by exiting.
@@ -172,6 +180,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     def exit_with(finish_reason: str) -> None:
         print(json.dumps(result(finish_reason)), flush=True)
         sys.stderr.flush()
+        if jobdir is not None:
+            shutil.rmtree(jobdir, ignore_errors=True)
         os._exit(0)
 
     def start_the_clock(spider: scrapy.Spider) -> None:
@@ -188,6 +198,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         follow=bool(config.get("follow", True)),
     )
     process.start()
+    if jobdir is not None:
+        shutil.rmtree(jobdir, ignore_errors=True)
     assert crawler.stats is not None
     return result(crawler.stats.get_value("finish_reason"))
 

@@ -41,7 +41,8 @@ _SCHEMA = (
         nrank INTEGER NOT NULL,
         leased INTEGER NOT NULL DEFAULT 0,
         data BLOB NOT NULL)""",
-    "CREATE INDEX requests_order ON requests (host, nrank, id)",
+    # Covers the read of a host's next queued requests (their ids only).
+    "CREATE INDEX requests_order ON requests (host, leased, nrank, id)",
     "CREATE TABLE fingerprints (fp BLOB PRIMARY KEY) WITHOUT ROWID",
     # Times on the wall clock (seconds since the epoch): the monotonic one
     # restarts with the process.
@@ -334,15 +335,26 @@ class FrontierFile:
         except sqlite3.Error as error:
             raise self._error("cannot be read", error) from error
 
-    def head(self, host: str, limit: int) -> list[tuple[int, int, bytes]]:
-        """``(id, rank, data)`` of the first *limit* queued (not leased)
-        requests of *host*, in serving order."""
+    def head(self, host: str, limit: int) -> list[tuple[int, int]]:
+        """``(id, rank)`` of the first *limit* queued (not leased) requests
+        of *host*, in serving order."""
         rows = self._read(
-            "SELECT id, nrank, data FROM requests WHERE host = ? AND leased = 0 "
+            "SELECT id, nrank FROM requests WHERE host = ? AND leased = 0 "
             "ORDER BY nrank, id LIMIT ?",
             (host, limit),
         ).fetchall()
-        return [(rowid, -nrank, data) for rowid, nrank, data in rows]
+        return [(rowid, -nrank) for rowid, nrank in rows]
+
+    def data(self, rowid: int) -> bytes:
+        """The encoded request of row *rowid*."""
+        pending = self._inserts.get(rowid)
+        if pending is not None:
+            data: bytes = pending[3]
+            return data
+        row = self._read("SELECT data FROM requests WHERE id = ?", (rowid,), flush=False).fetchone()
+        if row is None:
+            raise self._fail("lost a request", LookupError(f"no row {rowid}"))
+        return row[0]  # type: ignore[no-any-return]
 
     def queued_per_host(self) -> Iterator[tuple[str, int]]:
         """``(host, queued)`` for every host with queued requests."""

@@ -7,8 +7,10 @@ per-host state are the in-memory store's (:class:`MemoryStore`), which holds,
 per host, only a *window*: the first few requests of its queue. A host's
 requests beyond its window wait in the file, its *backlog*, counted by a
 number; when a host's window runs low, the next requests are read from the
-file. So the memory a crawl needs grows with the hosts it knows, not with the
-requests it queued.
+file. A request in a window is its row's id, and the request itself only for
+hosts with requests in flight (whose next requests are handed out soon); the
+others are read from the file when handed out. So the memory a crawl needs
+grows with the hosts it knows, not with the requests it queued.
 
 Every request in memory comes before every request of the host's backlog in
 serving order (higher rank first, FIFO among equals): a request pushed for a
@@ -41,16 +43,15 @@ REFILL_AT = 1
 
 class _Entry(Generic[T]):
     """A request in memory: its row (0: kept in memory only, its codec could
-    not encode it), its rank, and the item, or its encoded form when read
-    back from the file (decoded when handed out)."""
+    not encode it), its rank, and the item, or None to read it from the file
+    when it is handed out."""
 
-    __slots__ = ("data", "item", "rank", "rowid")
+    __slots__ = ("item", "rank", "rowid")
 
-    def __init__(self, rowid: int, rank: int, item: T | None, data: bytes | None) -> None:
+    def __init__(self, rowid: int, rank: int, item: T | None) -> None:
         self.rowid = rowid
         self.rank = rank
         self.item = item
-        self.data = data
 
 
 class SqliteStore(Generic[T]):
@@ -130,12 +131,14 @@ class SqliteStore(Generic[T]):
             return False
         data = self._encode(item)
         if data is None:
-            return self._mem.push(key, rank, _Entry(0, rank, item, None))
+            return self._mem.push(key, rank, _Entry(0, rank, item))
         rowid = self.file.new_id()
         if self._to_backlog(key, rank):
             self.file.insert(rowid, key, rank, data)
             return True
-        if not self._mem.push(key, rank, _Entry(rowid, rank, item, None)):
+        # Kept whole only for a host being crawled: the others' requests wait.
+        kept = item if self._mem.inflight(key) else None
+        if not self._mem.push(key, rank, _Entry(rowid, rank, kept)):
             return False
         self.file.insert(rowid, key, rank, data)
         self._held.add(rowid)
@@ -187,10 +190,10 @@ class SqliteStore(Generic[T]):
         rows = self.file.head(key, held + want)
         loaded = 0
         last_rank = None
-        for rowid, rank, data in rows:
+        for rowid, rank in rows:
             if rowid in self._held:
                 continue
-            self._mem.push(key, rank, _Entry(rowid, rank, None, data))
+            self._mem.push(key, rank, _Entry(rowid, rank, None))
             self._held.add(rowid)
             last_rank = rank
             loaded += 1
@@ -215,8 +218,7 @@ class SqliteStore(Generic[T]):
         key, entry = popped
         item = entry.item
         if item is None:
-            assert entry.data is not None
-            item = self._decode(entry.data)
+            item = self._decode(self.file.data(entry.rowid))
         if entry.rowid:
             self._held.discard(entry.rowid)
             self.file.set_leased(entry.rowid, True)
@@ -236,7 +238,7 @@ class SqliteStore(Generic[T]):
     def release(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
         if lease is None:
-            self._mem.push(key, rank, _Entry(0, rank, item, None))
+            self._mem.push(key, rank, _Entry(0, rank, item))
             return
         rowid = lease[1]
         self.file.set_leased(rowid, False)
@@ -244,7 +246,7 @@ class SqliteStore(Generic[T]):
             # Back in the file: read again in its turn.
             self._add_backlog(key, 1, rank)
             return
-        if self._mem.push(key, rank, _Entry(rowid, rank, item, None)):
+        if self._mem.push(key, rank, _Entry(rowid, rank, item)):
             self._held.add(rowid)
             self._trim(key)
 
@@ -265,13 +267,15 @@ class SqliteStore(Generic[T]):
         held = {entry.rowid for entry in entries}
         if backlog:
             entries += [
-                _Entry(rowid, rank, None, data)
-                for rowid, _host, rank, data in self.file.rows(key)
+                _Entry(rowid, rank, None)
+                for rowid, _host, rank, _data in self.file.rows(key)
                 if rowid not in held
             ]
         items = []
         for entry in entries:
-            item = entry.item if entry.item is not None else self._decode(entry.data or b"")
+            item = entry.item
+            if item is None:
+                item = self._decode(self.file.data(entry.rowid))
             if entry.rowid:
                 self.file.set_leased(entry.rowid, True)
                 self._leases[id(item)] = (item, entry.rowid, key, entry.rank)
