@@ -16,10 +16,19 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scrapy import Spider
+from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.__main__ import main
+from scrapy_hostqueue._frontier import FrontierDupeFilter
+from scrapy_hostqueue.scheduler import HostQueueScheduler
 from scrapy_hostqueue.store import HostState, MemoryStore
-from scrapy_hostqueue.store._sqlfile import FORMAT_VERSION, FrontierFile, FrontierFileError
+from scrapy_hostqueue.store._sqlfile import (
+    FORMAT_VERSION,
+    FRONTIER_FILE,
+    FrontierFile,
+    FrontierFileError,
+)
 from scrapy_hostqueue.store.sqlite import WINDOW, SqliteStore
 
 
@@ -372,3 +381,31 @@ def test_the_frontier_command_names_a_file_it_cannot_read(
     bad.write_bytes(b"nope" * 1000)
     assert main(["frontier", f"sqlite://{bad}"]) == 2
     assert str(bad) in capsys.readouterr().err
+
+
+# -- the scheduler on a JOBDIR ---------------------------------------------------
+
+
+def _scheduler(jobdir: Path) -> HostQueueScheduler:
+    settings = {"JOBDIR": str(jobdir), "TELNETCONSOLE_ENABLED": False}
+    return HostQueueScheduler.from_crawler(get_crawler(Spider, settings))
+
+
+def test_a_jobdir_another_crawl_holds_is_refused_at_start(tmp_path: Path) -> None:
+    holder = FrontierFile(str(tmp_path / FRONTIER_FILE))
+    try:
+        with pytest.raises(FrontierFileError, match="locked by another running crawl") as info:
+            _scheduler(tmp_path)
+        assert str(tmp_path / FRONTIER_FILE) in str(info.value)
+    finally:
+        holder.close()
+    # Once the other crawl is gone, the job resumes.
+    scheduler = _scheduler(tmp_path)
+    assert isinstance(scheduler.df, FrontierDupeFilter)
+    scheduler.store.close()
+
+
+def test_a_damaged_frontier_in_jobdir_is_refused_at_start(tmp_path: Path) -> None:
+    (tmp_path / FRONTIER_FILE).write_bytes(b"\0garbage" * 512)
+    with pytest.raises(FrontierFileError, match="damaged"):
+        _scheduler(tmp_path)

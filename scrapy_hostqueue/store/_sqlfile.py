@@ -397,6 +397,9 @@ class FrontierFile:
         try:
             if self.failed is None and not self.readonly:
                 self.commit()
+                # The file alone then holds everything (the WAL is emptied).
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.close()
