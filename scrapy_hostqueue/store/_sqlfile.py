@@ -234,17 +234,20 @@ class FrontierFile:
             self._maybe_flush()
 
     def seen(self, fingerprint: bytes) -> bool:
-        """Whether *fingerprint* was seen; notes it if not."""
+        """Whether *fingerprint* was seen; notes it if not. One statement: it
+        goes into the open transaction, committed with the request pushed
+        next."""
         if fingerprint in self._fingerprints:
             return True
-        found = self._read(
-            "SELECT 1 FROM fingerprints WHERE fp = ?", (fingerprint,), flush=False
-        ).fetchone()
-        if found:
-            return True
-        self._fingerprints.add(fingerprint)
-        self._maybe_flush()
-        return False
+        try:
+            if not self.conn.in_transaction:
+                self.conn.execute("BEGIN")
+            cursor = self.conn.execute(
+                "INSERT OR IGNORE INTO fingerprints (fp) VALUES (?)", (fingerprint,)
+            )
+        except sqlite3.Error as error:
+            raise self._fail("cannot be written", error) from error
+        return cursor.rowcount == 0
 
     def put_host(self, row: HostRow) -> None:
         self._hosts[row[0]] = row

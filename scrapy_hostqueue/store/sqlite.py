@@ -10,7 +10,10 @@ number; when a host's window runs low, the next requests are read from the
 file. A request in a window is its row's id, and the request itself only for
 hosts with requests in flight (whose next requests are handed out soon); the
 others are read from the file when handed out. So the memory a crawl needs
-grows with the hosts it knows, not with the requests it queued.
+grows with the hosts it knows, not with the requests it queued. A host with
+requests in flight has a larger window (:data:`ACTIVE_WINDOW`): the requests
+its responses yield stay in memory, as in the in-memory store, until its last
+request in flight finishes.
 
 Every request in memory comes before every request of the host's backlog in
 serving order (higher rank first, FIFO among equals): a request pushed for a
@@ -39,6 +42,11 @@ T = TypeVar("T")
 #: Requests of a host kept in memory, and the count at which more are read.
 WINDOW = 4
 REFILL_AT = 1
+#: The window of a host with requests in flight, which takes the links its
+#: responses lead to without a trip through the file. Only the hosts being
+#: crawled have one (they are as many as the active-host places, about); a
+#: host's window shrinks back when its last request in flight finishes.
+ACTIVE_WINDOW = 64
 
 
 class _Entry(Generic[T]):
@@ -71,6 +79,7 @@ class SqliteStore(Generic[T]):
         decode: Callable[[bytes], T],
         *,
         window: int = WINDOW,
+        active_window: int = ACTIVE_WINDOW,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._mem = memory
@@ -78,6 +87,7 @@ class SqliteStore(Generic[T]):
         self._encode = encode
         self._decode = decode
         self._window = max(2, window)
+        self._active_window = max(self._window, active_window)
         self._wall = wall_clock
         self._backlog: dict[str, int] = {}
         self._bound: dict[str, int] = {}
@@ -165,9 +175,10 @@ class SqliteStore(Generic[T]):
         self._backlog_total += count
 
     def _trim(self, key: str) -> None:
-        if self._mem.queued(key) <= self._window:
+        window = self._active_window if self._mem.inflight(key) else self._window
+        if self._mem.queued(key) <= window:
             return
-        evicted = self._mem.trim(key, self._window)
+        evicted = self._mem.trim(key, window)
         kept: list[_Entry[T]] = []
         for entry in evicted:
             if entry.rowid:
@@ -229,6 +240,8 @@ class SqliteStore(Generic[T]):
 
     def finish(self, key: str) -> None:
         self._mem.finish(key)
+        if not self._mem.inflight(key):
+            self._trim(key)
 
     def ack(self, item: T) -> None:
         lease = self._leases.pop(id(item), None)
