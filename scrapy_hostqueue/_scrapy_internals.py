@@ -386,11 +386,14 @@ def on_request_done(crawler: Crawler, callback: Callable[[Request], None]) -> Ca
 
     The engine keeps such requests in ``engine._slot.inprogress`` from the
     download until then, and removes them there; no signal marks that
-    moment. Returns a function that undoes the hook.
+    moment. Returns a function that undoes the hook. Without an engine slot
+    (a scheduler opened outside a crawl) nothing is hooked: the requests stay
+    leased.
     """
     engine = _engine(crawler)
     slot = getattr(engine, "_slot", None)
-    assert slot is not None
+    if slot is None:
+        return lambda: None
     hooked = _LeaveNotifyingSet(slot.inprogress, callback)
     slot.inprogress = hooked
 
