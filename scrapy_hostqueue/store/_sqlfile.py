@@ -239,6 +239,8 @@ class FrontierFile:
         next."""
         if fingerprint in self._fingerprints:
             return True
+        if self.failed is not None:
+            return False
         try:
             if not self.conn.in_transaction:
                 self.conn.execute("BEGIN")
@@ -266,7 +268,12 @@ class FrontierFile:
             self.flush()
 
     def flush(self) -> None:
-        """Put the pending writes into the open transaction (not committed)."""
+        """Put the pending writes into the open transaction (not committed).
+        After a failed write, nothing more is written: the file keeps its
+        last commit, and :meth:`commit` raises."""
+        if self.failed is not None:
+            self._clear()
+            return
         if not self._pending():
             return
         try:
@@ -300,6 +307,9 @@ class FrontierFile:
                 )
         except sqlite3.Error as error:
             raise self._fail("cannot be written", error) from error
+        self._clear()
+
+    def _clear(self) -> None:
         self._inserts.clear()
         self._leases.clear()
         self._deletes.clear()
