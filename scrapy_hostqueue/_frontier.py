@@ -18,6 +18,8 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.request import request_from_dict
 
 from scrapy_hostqueue._jobdir import load_state, state_path
+from scrapy_hostqueue._recorder import stat_key
+from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE
 from scrapy_hostqueue.store.memory import MemoryStore
 from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 
@@ -44,6 +46,22 @@ def open_frontier(path: str | None) -> FrontierFile | None:
     """The frontier file at *path* (see ``HostQueueConfig.frontier_path``),
     opened and locked; None for the in-memory store."""
     return None if path is None else FrontierFile(path)
+
+
+def memory_job_refusal(jobdir: str | None) -> str | None:
+    """Why the in-memory store refuses *jobdir*: it holds a frontier file,
+    whose requests the in-memory store would not see. None if it does not."""
+    if not jobdir:
+        return None
+    path = os.path.join(jobdir, FRONTIER_FILE)
+    if not os.path.exists(path):
+        return None
+    return (
+        f"JOBDIR {jobdir!r} holds the frontier file {path}, which the in-memory store "
+        "(HOSTQUEUE_FRONTIER = 'memory') does not read: resumed with it, the crawl "
+        "would lose the requests queued there. Finish this job with "
+        "HOSTQUEUE_FRONTIER = 'sqlite' (the default with JOBDIR), or start a new JOBDIR."
+    )
 
 
 class RequestCodec:
@@ -196,7 +214,7 @@ class CommitTimer:
             return
         if self._crawler.stats is not None:
             self._crawler.stats.max_value(
-                "hostqueue/frontier/max_commit_seconds", round(time.monotonic() - started, 4)
+                stat_key("max_frontier_commit_seconds"), round(time.monotonic() - started, 4)
             )
         self.start()
 
@@ -213,6 +231,7 @@ __all__ = [
     "FrontierDupeFilter",
     "RequestCodec",
     "make_store",
+    "memory_job_refusal",
     "open_frontier",
     "take_over_saved_job",
     "uses_scrapy_dupefilter",

@@ -23,6 +23,7 @@ from scrapy_hostqueue._frontier import (
     FrontierDupeFilter,
     RequestCodec,
     make_store,
+    memory_job_refusal,
     open_frontier,
     take_over_saved_job,
     uses_scrapy_dupefilter,
@@ -111,6 +112,9 @@ JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
 #: read (damaged, from another version, or naming a callback the spider no
 #: longer has): it closes before any request, and the file is left as it was.
 JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
+#: The ``finish_reason`` of a crawl with the in-memory store on a JOBDIR that
+#: holds a frontier file: it closes before any request, the file as it was.
+JOBDIR_OF_SQLITE_FRONTIER = "hostqueue_jobdir_of_sqlite_frontier"
 
 
 def _handlers_gate_sends(crawler: Crawler) -> bool:
@@ -242,6 +246,12 @@ class HostQueueScheduler(BaseScheduler):
             logger.error(refusal)
             self._refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
             return None
+        if not isinstance(self._store, SqliteStore):
+            refusal = memory_job_refusal(self.jobdir)
+            if refusal is not None:
+                logger.error(refusal)
+                self._refuse(JOBDIR_OF_SQLITE_FRONTIER)
+                return None
         self._opened = True
         self.gate.register(self.crawler)
         self.recorder.host_view = self

@@ -26,11 +26,13 @@ from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue.scheduler import (
     JOBDIR_OF_SCRAPY_SCHEDULER,
+    JOBDIR_OF_SQLITE_FRONTIER,
     JOBDIR_STATE_UNREADABLE,
     STATE_FILE,
     request_rank,
 )
 from scrapy_hostqueue.store.memory import IDLE
+from scrapy_hostqueue.store.sqlite import FRONTIER_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
     OUR_HANDLER,
@@ -527,6 +529,35 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
     assert len(seen) == len(set(seen)) == 120
     hosts.wait_idle()  # the last answers counted at the hosts
     assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
+
+
+@pytest.mark.crawl
+@deferred_f_from_coro_f
+async def test_the_in_memory_store_refuses_a_jobdir_holding_a_frontier_file(
+    local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job the SQLite store started, stopped with requests queued: resumed
+    with the in-memory store, it would lose them. The crawl closes at once
+    with an ERROR, and the job resumes with the SQLite store."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
+    jobdir = str(tmp_path / "job")
+    common = {"SCHEDULER": SCHEDULER, "JOBDIR": jobdir, "HOSTQUEUE_TIMELINE_FILE": None}
+    first = await crawl([hosts.url(0)], follow=True, CLOSESPIDER_PAGECOUNT=5, **common)
+    assert first.stats is not None
+    assert first.stats.get_value("finish_reason") == "closespider_pagecount"
+    served = hosts.stats(0).served
+    with caplog.at_level(logging.ERROR):
+        refused = await crawl([hosts.url(0)], follow=True, HOSTQUEUE_FRONTIER="memory", **common)
+    assert refused.stats is not None
+    assert refused.stats.get_value("finish_reason") == JOBDIR_OF_SQLITE_FRONTIER
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(FRONTIER_FILE in message for message in errors)
+    assert hosts.stats(0).served == served
+    resumed = await crawl([hosts.url(0)], follow=True, **common)
+    assert isinstance(first.spider, PageSpider)
+    assert isinstance(resumed.spider, PageSpider)
+    seen = first.spider.seen + resumed.spider.seen
+    assert len(seen) == len(set(seen)) == 40
 
 
 @pytest.mark.crawl
