@@ -10,6 +10,10 @@ durable without the requests its callback produced, which were written before.
 
 A lock file next to the file (``fcntl.flock``, which the OS releases when the
 process dies, however it dies) keeps a second crawl out.
+
+Checkpoints (copying the WAL into the file, with an ``fsync``) run in a thread
+of their own on a connection of their own: done inside a commit on the event
+loop they held it for 200 ms at times.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -56,8 +61,12 @@ _SCHEMA = (
         given_up INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID""",
 )
 _TABLES = {"requests", "fingerprints", "hosts"}
-#: Pending writes beyond which they go into the transaction before the commit.
+#: Pending writes beyond which they are committed before the timer's commit:
+#: a commit writes every page its writes touched (one per host, in a broad
+#: crawl), so this bounds how long one holds the event loop.
 _BATCH = 2_000
+#: Seconds between two checkpoints of the WAL (in the checkpoint thread).
+CHECKPOINT_INTERVAL = 1.0
 
 
 class FrontierFileError(Exception):
@@ -94,6 +103,29 @@ def _lock(path: str) -> IO[str]:
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
+
+
+class _Checkpointer(threading.Thread):
+    """Copies the WAL into the frontier file every CHECKPOINT_INTERVAL
+    seconds, beside the writer (a PASSIVE checkpoint waits for no one)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(name=f"frontier checkpoints {path}", daemon=True)
+        self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._halt.wait(CHECKPOINT_INTERVAL):
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error:
+            pass  # the writer checkpoints by itself again (see FrontierFile.commit)
+        finally:
+            self._conn.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
 
 
 class FrontierFile:
@@ -137,6 +169,11 @@ class FrontierFile:
         self._fingerprints: set[bytes] = set()
         self._hosts: dict[str, HostRow] = {}
         self.failed: FrontierFileError | None = None
+        self._checkpointer: _Checkpointer | None = None
+        if not readonly:
+            self.conn.execute("PRAGMA wal_autocheckpoint = 0")
+            self._checkpointer = _Checkpointer(path)
+            self._checkpointer.start()
         row = self.conn.execute("SELECT max(id) FROM requests").fetchone()
         self._next_id = (row[0] or 0) + 1
 
@@ -265,7 +302,10 @@ class FrontierFile:
 
     def _maybe_flush(self) -> None:
         if self._pending() >= _BATCH:
-            self.flush()
+            if self.failed is not None:
+                self._clear()
+            else:
+                self.commit()
 
     def flush(self) -> None:
         """Put the pending writes into the open transaction (not committed).
@@ -321,6 +361,9 @@ class FrontierFile:
         if self.failed is not None:
             raise self.failed
         self.flush()
+        if self._checkpointer is not None and not self._checkpointer.is_alive():
+            self._checkpointer = None
+            self.conn.execute("PRAGMA wal_autocheckpoint = 1000")
         if self.conn.in_transaction:
             try:
                 self.conn.execute("COMMIT")
@@ -408,6 +451,9 @@ class FrontierFile:
     def close(self) -> None:
         """Commit what is pending and release the file and its lock."""
         try:
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+                self._checkpointer = None
             if self.failed is None and not self.readonly:
                 self.commit()
                 # The file alone then holds everything (the WAL is emptied).
