@@ -418,7 +418,13 @@ class SqliteStore(Generic[T]):
         now = self._mem.clock()
         to_monotonic = now - self._wall()
         queued = dict(self.file.queued_per_host())
-        for key, limit, interval, blocked, reason, spaced, given_up in self.file.host_rows():
+        for key, limit, interval, blocked_at, reason, spaced_at, given_up in self.file.host_rows():
+            blocked = blocked_at + to_monotonic if blocked_at is not None else 0.0
+            spaced = spaced_at + to_monotonic if spaced_at is not None else 0.0
+            if not (given_up or interval or blocked > now or spaced > now):
+                # Only a limit learned: the AIMD middleware starts each host
+                # afresh anyway, and a broad crawl's hosts are many.
+                continue
             if given_up and key not in queued:
                 # A host given up with requests queued (they were on their
                 # way to their errbacks) gets another chance instead.
@@ -427,10 +433,10 @@ class SqliteStore(Generic[T]):
                 self._mem.set_limit(key, limit)
             if interval:
                 self._mem.set_interval(key, interval)
-            if blocked is not None and blocked + to_monotonic > now:
-                self._mem.block_until(key, blocked + to_monotonic, reason)
-            if spaced is not None and spaced + to_monotonic > now:
-                self._mem.space_until(key, spaced + to_monotonic)
+            if blocked > now:
+                self._mem.block_until(key, blocked, reason)
+            if spaced > now:
+                self._mem.space_until(key, spaced)
         for key, count in queued.items():
             self._backlog[key] = count
             self._bound[key] = 2**62
