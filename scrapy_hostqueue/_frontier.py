@@ -201,6 +201,11 @@ class CommitTimer:
         if self._call is not None:
             self._call.cancel()
             self._call = None
+        failure = self._store.file.failed
+        if failure is not None and not self.failed:
+            # The crawl ended before the next commit could tell.
+            self.failed = True
+            logger.error("The crawl stops: the frontier file %s", failure)
 
     def _tick(self) -> None:
         self._call = None

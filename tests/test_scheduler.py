@@ -24,6 +24,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._frontier import FRONTIER_WRITE_FAILED
 from scrapy_hostqueue.scheduler import (
     JOBDIR_OF_SCRAPY_SCHEDULER,
     JOBDIR_OF_SQLITE_FRONTIER,
@@ -32,7 +33,7 @@ from scrapy_hostqueue.scheduler import (
     request_rank,
 )
 from scrapy_hostqueue.store.memory import IDLE
-from scrapy_hostqueue.store.sqlite import FRONTIER_FILE
+from scrapy_hostqueue.store.sqlite import FRONTIER_FILE, SqliteStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
     OUR_HANDLER,
@@ -1268,3 +1269,44 @@ async def test_close_runs_every_duty_with_a_stats_collector_without_set_stats(
     # The dupefilter was closed: requests.seen is written and closed.
     assert scheduler.df.file.closed  # type: ignore[attr-defined]
     assert (jobdir / "requests.seen").stat().st_size > 0
+
+
+class _FullDiskSpider(PageSpider):
+    """Lets the frontier file grow no more after its first page: the disk is
+    full from then on."""
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        scheduler = self.crawler.engine.scheduler
+        assert isinstance(scheduler, HostQueueScheduler)
+        store = scheduler.store
+        assert isinstance(store, SqliteStore)
+        if not self.seen:
+            conn = store.file.conn
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {pages}")
+        yield from super().parse(response)
+
+
+@pytest.mark.crawl
+@deferred_f_from_coro_f
+async def test_a_full_disk_stops_the_crawl_and_the_job_resumes_from_the_last_commit(
+    local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.05, pages=200, links=3)])
+    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    with caplog.at_level(logging.ERROR):
+        full = await crawl(
+            [hosts.page_url(0, 0)], follow=True, spider_cls=_FullDiskSpider, **common
+        )
+    assert full.stats is not None
+    assert full.stats.get_value("finish_reason") == FRONTIER_WRITE_FAILED
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert FRONTIER_FILE in errors[0] and "disk is full" in errors[0]
+    resumed = await crawl([hosts.page_url(0, 0)], follow=True, **common)
+    assert resumed.stats is not None
+    assert resumed.stats.get_value("finish_reason") == "finished"
+    assert isinstance(full.spider, PageSpider)
+    assert isinstance(resumed.spider, PageSpider)
+    # Nothing lost: every page, some twice (those after the last commit).
+    assert set(full.spider.seen + resumed.spider.seen) == set(hosts.start_urls(0, 200))

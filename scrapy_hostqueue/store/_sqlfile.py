@@ -285,7 +285,8 @@ class FrontierFile:
                 "INSERT OR IGNORE INTO fingerprints (fp) VALUES (?)", (fingerprint,)
             )
         except sqlite3.Error as error:
-            raise self._fail("cannot be written", error) from error
+            self._fail("cannot be written", error)  # the next commit raises it
+            return False
         return cursor.rowcount == 0
 
     def put_host(self, row: HostRow) -> None:
@@ -304,7 +305,10 @@ class FrontierFile:
         if self._pending() >= _BATCH:
             if self.failed is not None:
                 self._clear()
-            else:
+                return
+            # A failure is kept for the next commit of the timer to raise,
+            # not raised in the middle of a request's way.
+            with contextlib.suppress(FrontierFileError):
                 self.commit()
 
     def flush(self) -> None:
@@ -385,7 +389,8 @@ class FrontierFile:
 
     def _read(self, sql: str, args: tuple[Any, ...] = (), *, flush: bool = True) -> sqlite3.Cursor:
         if flush:
-            self.flush()
+            with contextlib.suppress(FrontierFileError):  # the next commit raises it
+                self.flush()
         try:
             return self.conn.execute(sql, args)
         except sqlite3.Error as error:
