@@ -46,6 +46,9 @@ their pages was answered, whatever the other hosts are doing, and
 ``stop_at_budget`` false the crawl goes on after the budget until the spider
 closes or the time limit. ``response_times`` (when asked for) holds the time of
 every response from the first request, in order, as ``time_to_budget`` counts.
+
+A ``"JOBDIR": "@fresh"`` setting gets an empty temporary directory, removed
+when the crawl exits.
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ import asyncio
 import json
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -168,6 +173,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         # A backstop: the crawl normally ends at the budget by exiting.
         settings["CLOSESPIDER_PAGECOUNT"] = budget
     settings.update(config["settings"])
+    jobdir = None
+    if settings.get("JOBDIR") == "@fresh":
+        jobdir = settings["JOBDIR"] = tempfile.mkdtemp(prefix="hostqueue-bench-")
     time_limit = float(config.get("time_limit") or 0)
     if time_limit:
         # A backstop: the crawl normally ends at the time limit by exiting.
@@ -220,6 +228,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     def exit_with(finish_reason: str) -> None:
         print(json.dumps(result(finish_reason)), flush=True)
         sys.stderr.flush()
+        if jobdir is not None:
+            shutil.rmtree(jobdir, ignore_errors=True)
         os._exit(0)
 
     def start_the_clock(spider: scrapy.Spider) -> None:
@@ -242,6 +252,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         follow=bool(config.get("follow", True)),
     )
     process.start()
+    if jobdir is not None:
+        shutil.rmtree(jobdir, ignore_errors=True)
     assert crawler.stats is not None
     return result(crawler.stats.get_value("finish_reason"))
 

@@ -12,6 +12,9 @@ SCRAPY_AIOHTTP = "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandle
 #: difference between the two is what the GcTuning extension is worth.
 ADDON = "hq-full"
 ADDON_WITHOUT_GC = "hq-full-no-gc"
+#: The add-on with JOBDIR (the SQLite frontier), which a target compares with
+#: the add-on in memory.
+ADDON_JOBDIR = "hq-full-jobdir"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,17 @@ CONFIGS: dict[str, Config] = {
                 "scrapy_hostqueue.AIMDMiddleware",
                 "scrapy_hostqueue.AiohttpDownloadHandler",
                 "scrapy_hostqueue.GcTuning",
+            ),
+        ),
+        Config(
+            ADDON_JOBDIR,
+            "scrapy_hostqueue.Addon with JOBDIR: the frontier in an SQLite file",
+            {"ADDONS": {"scrapy_hostqueue.Addon": 0}, "JOBDIR": "@fresh"},
+            (
+                "scrapy_hostqueue.Addon",
+                "scrapy_hostqueue.HostQueueScheduler",
+                "scrapy_hostqueue.AIMDMiddleware",
+                "scrapy_hostqueue.AiohttpDownloadHandler",
             ),
         ),
         Config(

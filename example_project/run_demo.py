@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -140,6 +141,18 @@ def build_parser() -> _Parser:
         default=120.0,
         help="stop the crawl after this many seconds (default 120)",
     )
+    parser.add_argument(
+        "--jobdir",
+        type=Path,
+        help="crawl with JOBDIR: the frontier in a crash-safe SQLite file there",
+    )
+    parser.add_argument(
+        "--kill-after",
+        type=_positive,
+        metavar="N",
+        help="with --jobdir: kill the crawl (SIGKILL) once the hosts served N pages, "
+        "then start it again on the same JOBDIR",
+    )
     return parser
 
 
@@ -188,13 +201,33 @@ def crawl_command(start_urls: list[str], args: argparse.Namespace, output_dir: P
             "-s",
             "HOSTQUEUE_TIMELINE_INTERVAL=0.25",
         ]
+    if args.jobdir is not None:
+        command += ["-s", f"JOBDIR={args.jobdir.resolve()}"]
     for setting in args.settings:
         command += ["-s", setting]
     return command
 
 
-def run_crawl(command: list[str], log_path: Path, timeout: float) -> CrawlResult:
-    """Run the crawl with its output in ``log_path``; stop it after ``timeout``."""
+def kill_when(process: subprocess.Popen[bytes], condition: Callable[[], bool]) -> bool:
+    """Kill *process* with SIGKILL once *condition* holds; False if it ended
+    first."""
+    while process.poll() is None:
+        if condition():
+            process.kill()
+            process.wait()
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def run_crawl(
+    command: list[str],
+    log_path: Path,
+    timeout: float,
+    kill: Callable[[subprocess.Popen[bytes]], object] | None = None,
+) -> CrawlResult:
+    """Run the crawl with its output in ``log_path``; stop it after ``timeout``.
+    *kill*, if given, is called with the process once it runs (and may kill it)."""
     env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
     # The crawl imports scrapy_hostqueue from the checkout this project
     # lives in when the package is not installed.
@@ -207,6 +240,8 @@ def run_crawl(command: list[str], log_path: Path, timeout: float) -> CrawlResult
             command, cwd=PROJECT_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
         )
         try:
+            if kill is not None:
+                kill(process)
             returncode = process.wait(timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -279,6 +314,8 @@ def host_table(labels: list[str], all_stats: list[HostStats]) -> str:
 
 
 def _host_set(args: argparse.Namespace, parser: _Parser) -> list[tuple[str, HostSpec]]:
+    if args.kill_after is not None and args.jobdir is None:
+        parser.error("--kill-after needs --jobdir")
     if args.hosts is None:
         return DEMO_HOSTS
     try:
@@ -381,6 +418,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         command = crawl_command(start_urls, args, output_dir)
         try:
+            if args.kill_after is not None:
+                limit = args.kill_after
+                served = lambda: sum(s.served for s in hosts.all_stats(arrivals=False))  # noqa: E731
+                first = run_crawl(
+                    command,
+                    output_dir / "crawl-killed.log",
+                    args.timeout,
+                    lambda process: kill_when(process, lambda: served() >= limit),
+                )
+                if first.returncode == -signal.SIGKILL:
+                    print(
+                        f"killed the crawl with SIGKILL after {served()} pages; starting it "
+                        f"again on JOBDIR {args.jobdir} (python -m scrapy_hostqueue frontier "
+                        f"{args.jobdir} shows what it holds) ...",
+                        flush=True,
+                    )
             result = run_crawl(command, log_path, args.timeout)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)

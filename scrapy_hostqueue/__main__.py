@@ -2,6 +2,7 @@
 
 ``plot FILE -o OUT.png|OUT.html`` draws a host timeline
 (``HOSTQUEUE_TIMELINE_FILE``); the chart itself is :mod:`scrapy_hostqueue.plot`.
+``frontier PATH`` prints what a frontier file (``HOSTQUEUE_FRONTIER``) holds.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from scrapy_hostqueue._frontier_report import report
 from scrapy_hostqueue.plot import PlotError, plot
+from scrapy_hostqueue.store._sqlfile import FrontierFileError
 from scrapy_hostqueue.timeline import TimelineError
 
 if TYPE_CHECKING:
@@ -41,7 +44,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=10,
         help="hosts drawn with their own line (default 10, the rest add up)",
     )
+    frontier_parser = commands.add_parser(
+        "frontier",
+        help="print what a frontier file holds",
+        description="Queued and leased requests per host, blocked hosts and until when, "
+        "learned limits: what a frontier file (HOSTQUEUE_FRONTIER) holds. Also while a "
+        "crawl runs on it.",
+    )
+    frontier_parser.add_argument(
+        "path", help="the frontier file, its JOBDIR, or sqlite:///path/to/frontier.db"
+    )
+    frontier_parser.add_argument(
+        "--top", type=int, default=10, help="hosts listed per section (default 10)"
+    )
     args = parser.parse_args(argv)
+    if args.command == "frontier":
+        if args.top < 1:
+            parser.error("--top must be >= 1")
+        try:
+            print(report(args.path, top=args.top))
+        except FrontierFileError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return 0
     if args.hosts < 1:
         parser.error("--hosts must be >= 1")
     try:

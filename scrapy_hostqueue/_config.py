@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE
+
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
@@ -217,6 +219,39 @@ def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -
     return frozenset(codes)
 
 
+def _frontier_path(settings: BaseSettings) -> str | None:
+    """Where the frontier lives: None for memory, else the SQLite file."""
+    value = _raw(settings, "HOSTQUEUE_FRONTIER")
+    jobdir = settings.get("JOBDIR") or None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if value is None or value == "":
+        return os.path.join(jobdir, FRONTIER_FILE) if jobdir else None
+    if not isinstance(value, str):
+        raise HostQueueSettingsError(
+            f"HOSTQUEUE_FRONTIER must be 'memory', 'sqlite' or 'sqlite:///path', got {value!r}"
+        )
+    if value == "memory":
+        return None
+    if value == "sqlite":
+        if not jobdir:
+            raise HostQueueSettingsError(
+                "HOSTQUEUE_FRONTIER = 'sqlite' keeps the frontier in JOBDIR, which is not "
+                "set: set JOBDIR, or name a file with 'sqlite:///path/to/frontier.db'"
+            )
+        return os.path.join(jobdir, FRONTIER_FILE)
+    if value.startswith(("redis://", "rediss://", "unix://")):
+        raise HostQueueSettingsError(
+            f"HOSTQUEUE_FRONTIER = {value!r}: this version of scrapy-hostqueue has no "
+            "Redis store; use 'memory', 'sqlite' or 'sqlite:///path'"
+        )
+    if value.startswith("sqlite://") and len(value) > len("sqlite://"):
+        return value[len("sqlite://") :]
+    raise HostQueueSettingsError(
+        f"HOSTQUEUE_FRONTIER must be 'memory', 'sqlite' or 'sqlite:///path', got {value!r}"
+    )
+
+
 @dataclass(frozen=True)
 class HostQueueConfig:
     """The effective configuration of every component, validated."""
@@ -227,6 +262,7 @@ class HostQueueConfig:
     idle_grace: float  # seconds a host with nothing left to do keeps its place
     prefetch: int  # requests per host handed out beyond the limit (own handler only)
     remember_hosts: int
+    frontier_path: str | None  # None: the in-memory store; else the SQLite file
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
     max_overdue: int  # overdue requests kept out of CONCURRENT_REQUESTS, 0 = none
@@ -313,6 +349,7 @@ class HostQueueConfig:
             idle_grace=idle_grace,
             prefetch=_integer(settings, "HOSTQUEUE_PREFETCH", 1, minimum=0),
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
+            frontier_path=_frontier_path(settings),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
             max_overdue=_integer(

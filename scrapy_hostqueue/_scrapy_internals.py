@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypeVar
 
 import aiohttp
 import scrapy
+from scrapy.core import engine as _scrapy_engine
 from scrapy.core.engine import ExecutionEngine
 from scrapy.http import Headers
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue._config import HostQueueSettingsError
+from scrapy_hostqueue.store._sqlfile import FrontierFileError
 
 if TYPE_CHECKING:
     from aiohttp.client_proto import ResponseHandler
@@ -101,6 +103,9 @@ def _missing_names(*, handler: bool) -> list[str]:
     missing = []
     if not _assigned_in_init(ExecutionEngine, "_slot"):
         missing.append("scrapy.core.engine.ExecutionEngine._slot")
+    engine_slot = getattr(_scrapy_engine, "_Slot", None)
+    if engine_slot is None or not _assigned_in_init(engine_slot, "inprogress"):
+        missing.append("scrapy.core.engine._Slot.inprogress")
     if not handler:
         return missing
     if _SCRAPY_IMPORT_ERROR is not None:
@@ -148,7 +153,7 @@ def check_compatible(*, handler: bool = False) -> None:
 # -- refusing to start ---------------------------------------------------------
 
 #: The errors a component refuses to start with, reported as one line.
-_REFUSALS = (HostQueueSettingsError, UnsupportedDependencyError)
+_REFUSALS = (HostQueueSettingsError, UnsupportedDependencyError, FrontierFileError)
 
 
 def refuses_at_start_up(func: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -375,6 +380,33 @@ def on_request_leaving_downloader(
     def undo() -> None:
         if downloader.active is hooked:
             downloader.active = set(hooked)
+
+    return undo
+
+
+def on_request_done(crawler: Crawler, callback: Callable[[Request], None]) -> Callable[[], None]:
+    """Call *callback* when the engine is done with a request it downloaded:
+    its callback or errback has run and what it produced has been taken over
+    (the requests it yielded are in the scheduler, its items went through
+    the item pipelines), or the downloader answered it with a new request
+    (a redirect, a retry), now in the scheduler.
+
+    The engine keeps such requests in ``engine._slot.inprogress`` from the
+    download until then, and removes them there; no signal marks that
+    moment. Returns a function that undoes the hook. Without an engine slot
+    (a scheduler opened outside a crawl) nothing is hooked: the requests stay
+    leased.
+    """
+    engine = _engine(crawler)
+    slot = getattr(engine, "_slot", None)
+    if slot is None:
+        return lambda: None
+    hooked = _LeaveNotifyingSet(slot.inprogress, callback, None)
+    slot.inprogress = hooked
+
+    def undo() -> None:
+        if slot.inprogress is hooked:
+            slot.inprogress = set(hooked)
 
     return undo
 

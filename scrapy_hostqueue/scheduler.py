@@ -19,6 +19,16 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._frontier import (
+    CommitTimer,
+    FrontierDupeFilter,
+    RequestCodec,
+    make_store,
+    memory_job_refusal,
+    open_frontier,
+    take_over_saved_job,
+    uses_scrapy_dupefilter,
+)
 from scrapy_hostqueue._jobdir import (
     STATE_FILE,
     load_state,
@@ -31,7 +41,8 @@ from scrapy_hostqueue._recorder import get_recorder
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestRecord, RequestTable
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
 from scrapy_hostqueue.sendgate import SendGate, UsesSendGate, gate_opens_at
-from scrapy_hostqueue.store import HostState, MemoryStore, RequestStore
+from scrapy_hostqueue.store import HostState, RequestStore
+from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -103,6 +114,9 @@ JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
 #: read (damaged, from another version, or naming a callback the spider no
 #: longer has): it closes before any request, and the file is left as it was.
 JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
+#: The ``finish_reason`` of a crawl with the in-memory store on a JOBDIR that
+#: holds a frontier file: it closes before any request, the file as it was.
+JOBDIR_OF_SQLITE_FRONTIER = "hostqueue_jobdir_of_sqlite_frontier"
 
 
 def _handlers_gate_sends(crawler: Crawler) -> bool:
@@ -148,6 +162,7 @@ class HostQueueScheduler(BaseScheduler):
         dupefilter: BaseDupeFilter,
         config: HostQueueConfig,
         jobdir: str | None = None,
+        frontier: FrontierFile | None = None,
     ) -> None:
         self.crawler = crawler
         self.df = dupefilter
@@ -166,7 +181,12 @@ class HostQueueScheduler(BaseScheduler):
         # internals.hold_slot_concurrency). Not with the AIMD middleware (see
         # attach_policy).
         self._slot_prefetch = 0 if gate else config.prefetch
-        self._store: RequestStore[Request] = MemoryStore(
+        # With a frontier file (JOBDIR, HOSTQUEUE_FRONTIER), the SQLite store.
+        self._codec = RequestCodec(self.stats, self.debug) if frontier is not None else None
+        self._queue_stat = "memory" if frontier is None else "disk"
+        self._store: RequestStore[Request] = make_store(
+            frontier,
+            self._codec,
             self._new_state,
             max_active=config.max_active_hosts,
             turn=config.turn_requests,
@@ -204,6 +224,8 @@ class HostQueueScheduler(BaseScheduler):
         self._wakeup: CallLaterResult | None = None
         self._wakeup_at = 0.0
         self._undo_hook: Any = None
+        self._undo_done: Any = None
+        self._commits: CommitTimer | None = None
         # The finish reason when the crawl must close before its first
         # request (a JOBDIR this scheduler cannot resume), else None.
         self._refusal: str | None = None
@@ -214,13 +236,16 @@ class HostQueueScheduler(BaseScheduler):
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
         _warn_unused_queue_settings(crawler.settings)
-        dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
-        return cls(
-            crawler,
-            build_from_crawler(dupefilter_cls, crawler),
-            config,
-            job_dir(crawler.settings),
-        )
+        frontier = open_frontier(config.frontier_path)
+        dupefilter: BaseDupeFilter
+        if frontier is not None and uses_scrapy_dupefilter(crawler):
+            # The seen fingerprints live in the frontier file, committed with
+            # their requests, instead of in JOBDIR/requests.seen.
+            dupefilter = FrontierDupeFilter(crawler, frontier.seen)
+        else:
+            dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
+            dupefilter = build_from_crawler(dupefilter_cls, crawler)
+        return cls(crawler, dupefilter, config, job_dir(crawler.settings), frontier)
 
     # -- Scrapy scheduler interface ------------------------------------------
 
@@ -231,6 +256,12 @@ class HostQueueScheduler(BaseScheduler):
             logger.error(refusal)
             self._refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
             return None
+        if not isinstance(self._store, SqliteStore):
+            refusal = memory_job_refusal(self.jobdir)
+            if refusal is not None:
+                logger.error(refusal)
+                self._refuse(JOBDIR_OF_SQLITE_FRONTIER)
+                return None
         self._opened = True
         self.gate.register(self.crawler)
         self.recorder.host_view = self
@@ -239,6 +270,8 @@ class HostQueueScheduler(BaseScheduler):
             self._request_left,
             self._overdue.excused if self.config.max_overdue else None,
         )
+        # A handed-out request is acknowledged once the engine is done with it.
+        self._undo_done = internals.on_request_done(self.crawler, self._store.ack)
         self.crawler.signals.connect(
             self._reached_downloader, signal=signals.request_reached_downloader
         )
@@ -253,7 +286,9 @@ class HostQueueScheduler(BaseScheduler):
             )
         cfg = self.config
         resumed = blocks = 0
-        if self.jobdir:
+        if isinstance(self._store, SqliteStore):
+            resumed = self._open_frontier(spider)
+        elif self.jobdir:
             path = state_path(self.jobdir)
             try:
                 saved = load_state(path, spider)
@@ -307,6 +342,47 @@ class HostQueueScheduler(BaseScheduler):
         )
         return self.df.open()
 
+    def _open_frontier(self, spider: Spider) -> int:
+        """Start the frontier file's commits; take over a JOBDIR the in-memory
+        store saved. Returns the requests resumed."""
+        store = self._store
+        assert isinstance(store, SqliteStore) and self._codec is not None
+        self._codec.spider = spider
+        resumed = store.resumed
+        if self.jobdir:
+            try:
+                taken = take_over_saved_job(self.jobdir, store, self._push, spider)
+            except Exception as error:
+                logger.error(
+                    "Cannot take over the job in JOBDIR %r: %s cannot be read (%s: %s). "
+                    "The crawl closes before any request and leaves the file as it is. "
+                    "Finish that job with HOSTQUEUE_FRONTIER = 'memory' (the store that "
+                    "saved it), or delete %s to go on without its queued requests.",
+                    self.jobdir,
+                    state_path(self.jobdir),
+                    type(error).__name__,
+                    error,
+                    state_path(self.jobdir),
+                )
+                self._refuse(JOBDIR_STATE_UNREADABLE)
+                return resumed
+            if taken is not None:
+                logger.info(
+                    "Took over %d queued requests saved in %s into the frontier file %s",
+                    taken,
+                    state_path(self.jobdir),
+                    store.file.path,
+                )
+                resumed += taken
+        self._commits = CommitTimer(self.crawler, store)
+        self._commits.start()
+        logger.info(
+            "HostQueueScheduler: frontier file %s (%s queued requests in it)",
+            store.file.path,
+            f"{len(store):,}",
+        )
+        return resumed
+
     def _refuse(self, reason: str) -> None:
         """Close the crawl with *reason* once every component is open (the
         engine's way for a spider_opened handler that raises CloseSpider),
@@ -342,11 +418,16 @@ class HostQueueScheduler(BaseScheduler):
         self.gate.unregister(self.crawler)
         if self._overdue_loop is not None and self._overdue_loop.running:
             self._overdue_loop.stop()
-        if self._undo_hook is not None:
-            self._undo_hook()
-            self._undo_hook = None
+        if self._commits is not None:
+            self._commits.stop()
+        for undo in (self._undo_hook, self._undo_done):
+            if undo is not None:
+                undo()
+        self._undo_hook = self._undo_done = None
 
     def _save_job(self) -> None:
+        if isinstance(self._store, SqliteStore):
+            return  # every change is in the frontier file already
         if not (self.jobdir and self._opened and self._refusal is None):
             return
         path = state_path(self.jobdir)
@@ -382,7 +463,7 @@ class HostQueueScheduler(BaseScheduler):
             # No host limit: the AIMD middleware fails them at once.
             host, request = self._refused.popleft()
             self._records.refuse(request, host)
-            self.stats.inc_value("scheduler/dequeued/memory")
+            self.stats.inc_value(f"scheduler/dequeued/{self._queue_stat}")
             self.stats.inc_value("scheduler/dequeued")
             return request
         store = self._store
@@ -402,7 +483,7 @@ class HostQueueScheduler(BaseScheduler):
             # The key the downloader would write there itself, marked so that
             # a request built from this one's meta does not inherit it.
             meta[_DOWNLOAD_SLOT] = AutoSlot(host)
-        self.stats.inc_value("scheduler/dequeued/memory")
+        self.stats.inc_value(f"scheduler/dequeued/{self._queue_stat}")
         self.stats.inc_value("scheduler/dequeued")
         if self.debug:
             logger.debug(
@@ -703,7 +784,7 @@ class HostQueueScheduler(BaseScheduler):
             if self.debug:
                 logger.debug("Refusing %s: host %s was given up", request, host)
             self._refused.append((host, request))
-        self.stats.inc_value("scheduler/enqueued/memory")
+        self.stats.inc_value(f"scheduler/enqueued/{self._queue_stat}")
         self.stats.inc_value("scheduler/enqueued")
         return True
 
@@ -738,7 +819,6 @@ class HostQueueScheduler(BaseScheduler):
         self._records.leave(request)
         self._store.finish(host, record.overdue)
         self._overdue.left(record)
-        self._store.ack(request)
         if self._room_waiters:
             self._wake_room_waiters(host)
 

@@ -240,3 +240,35 @@ def test_a_timeline_file_may_be_a_pathlib_path(tmp_path: Path) -> None:
     path = tmp_path / "timeline.jsonl"
     assert config(HOSTQUEUE_TIMELINE_FILE=path).timeline_file == str(path)
     refused("HOSTQUEUE_TIMELINE_FILE", 3)
+
+
+@pytest.mark.parametrize(
+    ("values", "path"),
+    [
+        ({}, None),
+        ({"JOBDIR": "job"}, "job/hostqueue.frontier.db"),
+        ({"JOBDIR": "job", "HOSTQUEUE_FRONTIER": "memory"}, None),
+        ({"JOBDIR": "job", "HOSTQUEUE_FRONTIER": "sqlite"}, "job/hostqueue.frontier.db"),
+        ({"HOSTQUEUE_FRONTIER": "sqlite:///var/crawl/f.db"}, "/var/crawl/f.db"),
+        ({"HOSTQUEUE_FRONTIER": "sqlite://rel/f.db", "JOBDIR": "job"}, "rel/f.db"),
+    ],
+)
+def test_the_frontier_is_in_jobdir_unless_told_otherwise(
+    values: dict[str, Any], path: str | None
+) -> None:
+    assert config(**values).frontier_path == path
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("sqlite", "JOBDIR, which is not set"),
+        ("redis://localhost:6379/0", "no Redis store"),
+        ("rediss://example:6380", "no Redis store"),
+        ("postgres://x", "must be 'memory', 'sqlite'"),
+        ("sqlite://", "must be 'memory', 'sqlite'"),
+        (3, "must be 'memory', 'sqlite'"),
+    ],
+)
+def test_a_frontier_this_version_cannot_use_is_refused(value: Any, words: str) -> None:
+    assert words in refused("HOSTQUEUE_FRONTIER", value)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import pickle
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import ExitStack
@@ -24,8 +23,9 @@ from twisted.python.failure import Failure
 
 from scrapy_hostqueue import middleware as middleware_module
 from scrapy_hostqueue.middleware import CONNECTION_ERRORS
-from scrapy_hostqueue.scheduler import STATE_FILE, HostBlocked, HostGivenUp
+from scrapy_hostqueue.scheduler import HostBlocked, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
+from scrapy_hostqueue.store.sqlite import FRONTIER_FILE, FrontierFile
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import (
     MIDDLEWARE,
@@ -794,9 +794,10 @@ async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blo
     assert server.statuses[429] >= 1
     assert server.in_retry_after_window == 0
     # Nothing lost: what was not answered 200 is in JOBDIR for the next run.
-    with open(jobdir / STATE_FILE, "rb") as f:
-        saved = pickle.load(f)["requests"]
-    assert len(saved) + server.statuses[200] == 10
+    frontier = FrontierFile(str(jobdir / FRONTIER_FILE), readonly=True)
+    saved = sum(count for _, count in frontier.queued_per_host())
+    frontier.close()
+    assert saved + server.statuses[200] == 10
 
 
 @deferred_f_from_coro_f

@@ -24,13 +24,16 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._frontier import FRONTIER_WRITE_FAILED
 from scrapy_hostqueue.scheduler import (
     JOBDIR_OF_SCRAPY_SCHEDULER,
+    JOBDIR_OF_SQLITE_FRONTIER,
     JOBDIR_STATE_UNREADABLE,
     STATE_FILE,
     request_rank,
 )
 from scrapy_hostqueue.store.memory import IDLE
+from scrapy_hostqueue.store.sqlite import FRONTIER_FILE, SqliteStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
     OUR_HANDLER,
@@ -499,15 +502,17 @@ def test_fifo_queue_settings_of_the_breadth_first_recipe_are_named_at_info(
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
 @deferred_f_from_coro_f
 async def test_jobdir_stop_and_resume_fetch_every_page_once(
-    local_hosts: HostsFactory, tmp_path: Any
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)] * 3)
     jobdir = str(tmp_path / "job")
     common = {
         "SCHEDULER": SCHEDULER,
         "JOBDIR": jobdir,
+        "HOSTQUEUE_FRONTIER": frontier,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
         "HOSTQUEUE_TIMELINE_FILE": None,
     }
@@ -525,6 +530,35 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
     assert len(seen) == len(set(seen)) == 120
     hosts.wait_idle()  # the last answers counted at the hosts
     assert sum(host.served for host in hosts.all_stats(arrivals=False)) == 120
+
+
+@pytest.mark.crawl
+@deferred_f_from_coro_f
+async def test_the_in_memory_store_refuses_a_jobdir_holding_a_frontier_file(
+    local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job the SQLite store started, stopped with requests queued: resumed
+    with the in-memory store, it would lose them. The crawl closes at once
+    with an ERROR, and the job resumes with the SQLite store."""
+    hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
+    jobdir = str(tmp_path / "job")
+    common = {"SCHEDULER": SCHEDULER, "JOBDIR": jobdir, "HOSTQUEUE_TIMELINE_FILE": None}
+    first = await crawl([hosts.url(0)], follow=True, CLOSESPIDER_PAGECOUNT=5, **common)
+    assert first.stats is not None
+    assert first.stats.get_value("finish_reason") == "closespider_pagecount"
+    served = hosts.stats(0).served
+    with caplog.at_level(logging.ERROR):
+        refused = await crawl([hosts.url(0)], follow=True, HOSTQUEUE_FRONTIER="memory", **common)
+    assert refused.stats is not None
+    assert refused.stats.get_value("finish_reason") == JOBDIR_OF_SQLITE_FRONTIER
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(FRONTIER_FILE in message for message in errors)
+    assert hosts.stats(0).served == served
+    resumed = await crawl([hosts.url(0)], follow=True, **common)
+    assert isinstance(first.spider, PageSpider)
+    assert isinstance(resumed.spider, PageSpider)
+    seen = first.spider.seen + resumed.spider.seen
+    assert len(seen) == len(set(seen)) == 40
 
 
 @pytest.mark.crawl
@@ -594,7 +628,11 @@ async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
     job resumes and every page is fetched once."""
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)] * 2)
     urls = [hosts.url(0), hosts.url(1)]
-    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    common = {
+        "SCHEDULER": SCHEDULER,
+        "JOBDIR": str(tmp_path / "job"),
+        "HOSTQUEUE_FRONTIER": "memory",
+    }
     first = await crawl(
         urls, follow=True, spider_cls=_PageCallbackSpider, CLOSESPIDER_PAGECOUNT=20, **common
     )
@@ -626,20 +664,25 @@ async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
 @deferred_f_from_coro_f
 async def test_a_jobdir_state_of_the_first_format_is_resumed(
-    local_hosts: HostsFactory, tmp_path: Any
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
-    """Version 1 of the state file held the requests' dicts, not their pickles."""
+    """Version 1 of the state file held the requests' dicts, not their pickles.
+    The SQLite store takes it over into its file."""
     hosts = local_hosts([HostSpec(latency=0.005, pages=5, links=0)])
     jobdir = tmp_path / "job"
     jobdir.mkdir()
     queued = [Request(url).to_dict() for url in hosts.start_urls(0, 5)[2:]]
     state = {"version": 1, "requests": [(hosts.hostnames[0], d) for d in queued], "blocks": {}}
     (jobdir / STATE_FILE).write_bytes(pickle.dumps(state, protocol=4))
-    resumed = await crawl([], SCHEDULER=SCHEDULER, JOBDIR=str(jobdir))
+    resumed = await crawl([], SCHEDULER=SCHEDULER, JOBDIR=str(jobdir), HOSTQUEUE_FRONTIER=frontier)
     assert isinstance(resumed.spider, PageSpider)
     assert sorted(resumed.spider.seen) == sorted(hosts.start_urls(0, 5)[2:])
+    if frontier == "sqlite":
+        assert not (jobdir / STATE_FILE).exists()
+        assert (jobdir / f"{STATE_FILE}.imported").exists()
 
 
 class _SelectorMetaSpider(PageSpider):
@@ -660,7 +703,11 @@ async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
     local_hosts: HostsFactory, tmp_path: Any
 ) -> None:
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
-    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    common = {
+        "SCHEDULER": SCHEDULER,
+        "JOBDIR": str(tmp_path / "job"),
+        "HOSTQUEUE_FRONTIER": "memory",
+    }
     first = await crawl(
         [hosts.url(0)],
         follow=True,
@@ -701,6 +748,7 @@ async def test_a_jobdir_state_that_cannot_be_written_still_closes_the_dupefilter
             CLOSESPIDER_PAGECOUNT=8,
             SCHEDULER=SCHEDULER,
             JOBDIR=str(jobdir),
+            HOSTQUEUE_FRONTIER="memory",
         )
     assert first.stats is not None
     assert first.stats.get_value("finish_reason") == "closespider_pagecount"
@@ -732,7 +780,10 @@ class _BlockingSpider(_StopAtFirstPageSpider):
 
 @pytest.mark.crawl
 @deferred_f_from_coro_f
-async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path: Any) -> None:
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
+async def test_jobdir_restores_a_host_block(
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
+) -> None:
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
     jobdir = str(tmp_path / "job")
 
@@ -741,13 +792,16 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
         spider_cls=_BlockingSpider,
         SCHEDULER=SCHEDULER,
         JOBDIR=jobdir,
+        HOSTQUEUE_FRONTIER=frontier,
         CONCURRENT_REQUESTS_PER_DOMAIN=1,
     )
     served_first = hosts.stats(0).served
     assert served_first < 5
     hosts.reset()
     resumed_at = time.monotonic()
-    await crawl(hosts.start_urls(0, 5), SCHEDULER=SCHEDULER, JOBDIR=jobdir)
+    await crawl(
+        hosts.start_urls(0, 5), SCHEDULER=SCHEDULER, JOBDIR=jobdir, HOSTQUEUE_FRONTIER=frontier
+    )
     arrivals = hosts.stats(0).arrivals
     assert len(arrivals) == 5 - served_first
     # Half the block at least: part of it ran out while the first crawl closed.
@@ -755,9 +809,10 @@ async def test_jobdir_restores_a_host_block(local_hosts: HostsFactory, tmp_path:
 
 
 @pytest.mark.crawl
+@pytest.mark.parametrize("frontier", ["memory", "sqlite"])
 @deferred_f_from_coro_f
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
-    local_hosts: HostsFactory, tmp_path: Any
+    local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
     """Resumed at once, a host with a 3 s delay does not get its next request
     before 3 s after the last one of the stopped crawl."""
@@ -766,6 +821,7 @@ async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     common = {
         "SCHEDULER": SCHEDULER,
         "JOBDIR": str(tmp_path / "job"),
+        "HOSTQUEUE_FRONTIER": frontier,
         "DOWNLOAD_SLOTS": {hosts.hostnames[0]: {"delay": delay, "jitter": 0}},
     }
     await crawl(hosts.start_urls(0, 5), spider_cls=_StopAtFirstPageSpider, **common)
@@ -1191,7 +1247,12 @@ async def test_close_runs_every_duty_with_a_stats_collector_without_set_stats(
     jobdir = tmp_path / "job"
     crawler = get_crawler(
         PageSpider,
-        settings(SCHEDULER=SCHEDULER, STATS_CLASS=f"{__name__}._NoSetStats", JOBDIR=str(jobdir)),
+        settings(
+            SCHEDULER=SCHEDULER,
+            STATS_CLASS=f"{__name__}._NoSetStats",
+            JOBDIR=str(jobdir),
+            HOSTQUEUE_FRONTIER="memory",
+        ),
     )
     schedulers: list[Any] = []
 
@@ -1208,3 +1269,44 @@ async def test_close_runs_every_duty_with_a_stats_collector_without_set_stats(
     # The dupefilter was closed: requests.seen is written and closed.
     assert scheduler.df.file.closed  # type: ignore[attr-defined]
     assert (jobdir / "requests.seen").stat().st_size > 0
+
+
+class _FullDiskSpider(PageSpider):
+    """Lets the frontier file grow no more after its first page: the disk is
+    full from then on."""
+
+    def parse(self, response: Response) -> Iterable[Any]:
+        scheduler = self.crawler.engine.scheduler
+        assert isinstance(scheduler, HostQueueScheduler)
+        store = scheduler.store
+        assert isinstance(store, SqliteStore)
+        if not self.seen:
+            conn = store.file.conn
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {pages}")
+        yield from super().parse(response)
+
+
+@pytest.mark.crawl
+@deferred_f_from_coro_f
+async def test_a_full_disk_stops_the_crawl_and_the_job_resumes_from_the_last_commit(
+    local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    hosts = local_hosts([HostSpec(latency=0.05, pages=200, links=3)])
+    common = {"SCHEDULER": SCHEDULER, "JOBDIR": str(tmp_path / "job")}
+    with caplog.at_level(logging.ERROR):
+        full = await crawl(
+            [hosts.page_url(0, 0)], follow=True, spider_cls=_FullDiskSpider, **common
+        )
+    assert full.stats is not None
+    assert full.stats.get_value("finish_reason") == FRONTIER_WRITE_FAILED
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert FRONTIER_FILE in errors[0] and "disk is full" in errors[0]
+    resumed = await crawl([hosts.page_url(0, 0)], follow=True, **common)
+    assert resumed.stats is not None
+    assert resumed.stats.get_value("finish_reason") == "finished"
+    assert isinstance(full.spider, PageSpider)
+    assert isinstance(resumed.spider, PageSpider)
+    # Nothing lost: every page, some twice (those after the last commit).
+    assert set(full.spider.seen + resumed.spider.seen) == set(hosts.start_urls(0, 200))

@@ -1,5 +1,6 @@
-"""``scrapy crawl`` with JOBDIR, stopped by one SIGINT (Ctrl-C) and started again:
-every page of a finite site is fetched exactly once across the two runs.
+"""``scrapy crawl`` with JOBDIR (the SQLite frontier), stopped by one SIGINT
+(Ctrl-C) and started again: every page of a finite site is fetched exactly once
+across the two runs.
 
 The crawl runs as a user runs it, in a subprocess in ``example_project`` with the
 add-on; the test hosts run in this process and count what they serve.
@@ -20,7 +21,7 @@ import pytest
 
 from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
-from scrapy_hostqueue.scheduler import STATE_FILE
+from scrapy_hostqueue.store.sqlite import FRONTIER_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 
 pytestmark = pytest.mark.crawl
@@ -90,7 +91,7 @@ def test_sigint_then_resume_fetches_every_page_once(tmp_path: Path) -> None:
         _wait(first, tmp_path / "first.log", 60)
         log = (tmp_path / "first.log").read_text()
         assert "'finish_reason': 'shutdown'" in log
-        assert (jobdir / STATE_FILE).exists()
+        assert (jobdir / FRONTIER_FILE).exists()
         stopped_at = served()
         assert stopped_at < HOSTS * PAGES
 

@@ -33,6 +33,10 @@ REMOTE_CONTROL_ENABLED = False
 LOG_LEVEL = "INFO"
 FEED_EXPORT_ENCODING = "utf-8"
 
+# Items as JSON lines, each written as it comes (survives kill -9); unset = off.
+DEMO_ITEMS_FILE = None
+ITEM_PIPELINES = {"hostqueue_demo.pipelines.ItemsFilePipeline": 300}
+
 # Where the spider writes Scrapy's final stats as JSON when it closes (the demo
 # runner sets it); unset = nowhere.
 DEMO_STATS_FILE = None

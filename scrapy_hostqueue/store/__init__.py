@@ -2,9 +2,9 @@
 
 The scheduler talks to its store only through :class:`RequestStore`, so the
 store can be swapped without touching the scheduler: the in-memory store
-(:mod:`scrapy_hostqueue.store.memory`, the default) keeps everything in this
-process; a store that survives the process keeps the same contract on disk or
-on a server.
+(:mod:`scrapy_hostqueue.store.memory`) keeps everything in this process; the
+SQLite store (:mod:`scrapy_hostqueue.store.sqlite`, the default with
+``JOBDIR``) keeps the same contract in a file that survives the process.
 
 The contract is at-least-once. A request handed out by :meth:`RequestStore.pop`
 stays the store's, leased, until the scheduler acknowledges it

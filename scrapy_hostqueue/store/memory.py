@@ -601,6 +601,31 @@ class MemoryStore(Generic[T]):
         self._place(host, self.clock())
         return dropped
 
+    def trim(self, key: str, keep: int) -> list[T]:
+        """Take out the queued items of *key* after its first *keep* (in
+        serving order) and return them in that order. The host's head, and so
+        its place, stays as it was (``keep`` >= 1)."""
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep!r}")
+        host = self._hosts.get(key)
+        if host is None or host.queued <= keep:
+            return []
+        excess = host.queued - keep
+        taken: list[T] = []
+        for rank in sorted(host.queues):  # the lowest rank is served last
+            queue = host.queues[rank]
+            while excess and len(queue):
+                taken.append(queue.slots.pop())  # type: ignore[arg-type]
+                excess -= 1
+            if not len(queue):
+                del host.queues[rank]
+            if not excess:
+                break
+        host.queued -= len(taken)
+        self._queued -= len(taken)
+        taken.reverse()
+        return taken
+
     # -- policy changes --------------------------------------------------
 
     def set_limit(self, key: str, limit: int) -> None:

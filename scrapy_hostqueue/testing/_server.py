@@ -334,7 +334,7 @@ class HostGroup:
         try:
             keep_alive, status = await self._page_response(state, ticket, request, reader, writer)
         finally:
-            state.finish(status)
+            state.finish(status, request.path)
         return keep_alive
 
     async def _page_response(

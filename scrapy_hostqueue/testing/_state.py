@@ -16,6 +16,8 @@ from scrapy_hostqueue.testing._spec import HostSpec
 # Arrival timestamps kept per host; past this the list stops growing (min_gap,
 # counts and everything else stay exact) so a long benchmark cannot eat memory.
 MAX_ARRIVALS = 200_000
+# Distinct page paths counted in ``HostStats.pages``, for the same reason.
+MAX_PAGES = 100_000
 
 
 def host_address(index: int) -> str:
@@ -49,6 +51,8 @@ class HostStats:
     ``connections`` counts connections accepted, ``open_connections`` those open
     now (they stay counted through a reset) and ``max_open_connections`` the most
     open at once.
+    ``pages`` counts, per path, the page requests answered completely (``served``
+    per page: a page fetched twice counts 2).
     """
 
     hostname: str
@@ -67,6 +71,7 @@ class HostStats:
     connections: int = 0
     open_connections: int = 0
     max_open_connections: int = 0
+    pages: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self, *, arrivals: bool = True) -> dict[str, Any]:
         """JSON-ready form (status keys become strings, as JSON requires)."""
@@ -126,6 +131,7 @@ class HostState:
                 self._stats,
                 port=self.port,
                 statuses=dict(self._stats.statuses),
+                pages=dict(self._stats.pages),
                 arrivals=list(self._stats.arrivals) if arrivals else [],
             )
 
@@ -183,8 +189,9 @@ class HostState:
                     stats.faults += 1
         return Ticket(spec, now, throttled, faulted)
 
-    def finish(self, status: int | None) -> None:
-        """A page request left: answered with ``status``, or dropped when None."""
+    def finish(self, status: int | None, path: str | None = None) -> None:
+        """A page request (for ``path``) left: answered with ``status``, or
+        dropped when None."""
         with self._lock:
             stats = self._stats
             stats.in_flight = max(0, stats.in_flight - 1)
@@ -193,6 +200,8 @@ class HostState:
             else:
                 stats.served += 1
                 stats.statuses[status] = stats.statuses.get(status, 0) + 1
+                if path is not None and (path in stats.pages or len(stats.pages) < MAX_PAGES):
+                    stats.pages[path] = stats.pages.get(path, 0) + 1
 
     def robots_served(self) -> None:
         with self._lock:

@@ -1,0 +1,243 @@
+"""Scrapy glue of the SQLite store: which store a crawl gets, how a request
+becomes bytes, the dupefilter on the frontier file, the group-commit timer,
+and taking over a ``JOBDIR`` saved by the in-memory store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy.dupefilters import BaseDupeFilter, RFPDupeFilter
+from scrapy.utils.asyncio import call_later
+from scrapy.utils.misc import load_object
+from scrapy.utils.request import request_from_dict
+
+from scrapy_hostqueue._jobdir import load_state, state_path
+from scrapy_hostqueue._recorder import stat_key
+from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE
+from scrapy_hostqueue.store.memory import MemoryStore
+from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+    from scrapy.utils.asyncio import CallLaterResult
+
+    from scrapy_hostqueue.store import HostState, RequestStore
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two commits of the frontier file (group commit): after a
+#: ``kill -9``, requests acknowledged in the last such window are fetched again.
+COMMIT_INTERVAL = 0.5
+#: The ``finish_reason`` of a crawl whose frontier file could not be written.
+FRONTIER_WRITE_FAILED = "hostqueue_frontier_write_failed"
+
+
+def open_frontier(path: str | None) -> FrontierFile | None:
+    """The frontier file at *path* (see ``HostQueueConfig.frontier_path``),
+    opened and locked; None for the in-memory store."""
+    return None if path is None else FrontierFile(path)
+
+
+def memory_job_refusal(jobdir: str | None) -> str | None:
+    """Why the in-memory store refuses *jobdir*: it holds a frontier file,
+    whose requests the in-memory store would not see. None if it does not."""
+    if not jobdir:
+        return None
+    path = os.path.join(jobdir, FRONTIER_FILE)
+    if not os.path.exists(path):
+        return None
+    return (
+        f"JOBDIR {jobdir!r} holds the frontier file {path}, which the in-memory store "
+        "(HOSTQUEUE_FRONTIER = 'memory') does not read: resumed with it, the crawl "
+        "would lose the requests queued there. Finish this job with "
+        "HOSTQUEUE_FRONTIER = 'sqlite' (the default with JOBDIR), or start a new JOBDIR."
+    )
+
+
+class RequestCodec:
+    """Requests to bytes and back (``Request.to_dict``, pickled), as Scrapy's
+    disk queues store them. A request that cannot be pickled (a ``meta``
+    holding a response, a selector) stays in memory only, counted in
+    ``scheduler/unserializable``, as with Scrapy's own scheduler."""
+
+    def __init__(self, stats: StatsCollector, debug: bool) -> None:
+        self.spider: Spider | None = None
+        self._stats = stats
+        self._debug = debug
+        self._warned = False
+
+    def encode(self, request: Request) -> bytes | None:
+        try:
+            return pickle.dumps(request.to_dict(spider=self.spider), protocol=4)
+        except Exception:
+            self._stats.inc_value("scheduler/unserializable")
+            if self._debug or not self._warned:
+                self._warned = True
+                logger.warning(
+                    "Unable to serialize request %s: it is kept in memory only, and "
+                    "lost if the crawl dies (this warning is shown once; "
+                    "SCHEDULER_DEBUG=True shows all)",
+                    request,
+                )
+            return None
+
+    def decode(self, data: bytes) -> Request:
+        return request_from_dict(pickle.loads(data), spider=self.spider)  # our own file
+
+
+def make_store(
+    frontier: FrontierFile | None,
+    codec: RequestCodec | None,
+    policy_factory: Callable[[str], HostState],
+    **kwargs: Any,
+) -> RequestStore[Request]:
+    """The in-memory store, or with *frontier*, the SQLite store on it."""
+    if frontier is None or codec is None:
+        return MemoryStore(policy_factory, **kwargs)
+    return SqliteStore(MemoryStore(policy_factory, **kwargs), frontier, codec.encode, codec.decode)
+
+
+def uses_scrapy_dupefilter(crawler: Crawler) -> bool:
+    """Whether the crawl uses Scrapy's own dupefilter (whose ``requests.seen``
+    the frontier file replaces)."""
+    return load_object(crawler.settings["DUPEFILTER_CLASS"]) is RFPDupeFilter
+
+
+class FrontierDupeFilter(BaseDupeFilter):
+    """Scrapy's ``RFPDupeFilter`` on the frontier file instead of
+    ``requests.seen``: a fingerprint becomes durable in the same commit as
+    its request, and the seen set stays on disk."""
+
+    def __init__(self, crawler: Crawler, seen: Callable[[bytes], bool]) -> None:
+        assert crawler.request_fingerprinter is not None
+        self._fingerprinter = crawler.request_fingerprinter
+        self._seen = seen
+        self._stats = crawler.stats
+        self.debug = crawler.settings.getbool("DUPEFILTER_DEBUG")
+        self._logdupes = True
+
+    def request_seen(self, request: Request) -> bool:
+        return self._seen(self._fingerprinter.fingerprint(request))
+
+    def log(self, request: Request, spider: Spider) -> None:
+        if self.debug or self._logdupes:
+            logger.debug(
+                "Filtered duplicate request: %s%s",
+                request,
+                ""
+                if self.debug
+                else " - no more duplicates will be shown "
+                "(see DUPEFILTER_DEBUG to show all duplicates)",
+            )
+            self._logdupes = False
+        if self._stats is not None:
+            self._stats.inc_value("dupefilter/filtered")
+
+
+def _read_seen(path: str) -> list[bytes]:
+    """The fingerprints in Scrapy's ``requests.seen`` (each a 2-byte
+    big-endian length, then the fingerprint)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    out, pos = [], 0
+    while pos + 2 <= len(data):
+        size = int.from_bytes(data[pos : pos + 2], "big")
+        out.append(data[pos + 2 : pos + 2 + size])
+        pos += 2 + size
+    return out
+
+
+def take_over_saved_job(
+    jobdir: str, store: SqliteStore[Request], push: Callable[[Request], bool], spider: Spider
+) -> int | None:
+    """Move a job the in-memory store saved in *jobdir* (``hostqueue.state``
+    and ``requests.seen``) into the frontier file, then rename the state file
+    ``hostqueue.state.imported``. Returns how many requests it took over,
+    None if there was none; raises if the state file cannot be read."""
+    path = state_path(jobdir)
+    saved = load_state(path, spider)
+    if saved is None:
+        return None
+    store.file.add_fingerprints(_read_seen(os.path.join(jobdir, "requests.seen")))
+    for request in saved.requests:
+        push(request)
+    for host, until, reason in saved.blocks:
+        store.block_until(host, until, reason)
+    for host, when in saved.spacing:
+        store.space_until(host, when)
+    store.commit()
+    os.replace(path, f"{path}.imported")
+    return len(saved.requests)
+
+
+class CommitTimer:
+    """Commits the frontier file every :data:`COMMIT_INTERVAL` seconds; if a
+    commit fails (a full disk), logs one ERROR line and closes the crawl:
+    the file keeps its last commit, from which the crawl resumes."""
+
+    def __init__(self, crawler: Crawler, store: SqliteStore[Request]) -> None:
+        self._crawler = crawler
+        self._store = store
+        self._call: CallLaterResult | None = None
+        self.failed = False
+
+    def start(self) -> None:
+        self._call = call_later(COMMIT_INTERVAL, self._tick)
+
+    def stop(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+        failure = self._store.file.failed
+        if failure is not None and not self.failed:
+            # The crawl ended before the next commit could tell.
+            self.failed = True
+            logger.error("The crawl stops: the frontier file %s", failure)
+
+    def _tick(self) -> None:
+        self._call = None
+        started = time.monotonic()
+        try:
+            self._store.commit()
+        except Exception as error:
+            self.failed = True
+            logger.error("The crawl stops: the frontier file %s", error)
+            self._close_crawl()
+            return
+        if self._crawler.stats is not None:
+            self._crawler.stats.max_value(
+                stat_key("max_frontier_commit_seconds"), round(time.monotonic() - started, 4)
+            )
+        self.start()
+
+    def _close_crawl(self) -> None:
+        engine = self._crawler.engine
+        task = asyncio.ensure_future(engine.close_spider_async(reason=FRONTIER_WRITE_FAILED))
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+
+__all__ = [
+    "COMMIT_INTERVAL",
+    "FRONTIER_WRITE_FAILED",
+    "CommitTimer",
+    "FrontierDupeFilter",
+    "RequestCodec",
+    "make_store",
+    "memory_job_refusal",
+    "open_frontier",
+    "take_over_saved_job",
+    "uses_scrapy_dupefilter",
+]

@@ -1,0 +1,458 @@
+"""The SQLite store: the frontier in one file, crash-safe, memory bounded by hosts.
+
+Pure logic: no Scrapy or Twisted import; items are encoded by the caller's
+codec. Every queued request is a row of the frontier file
+(:mod:`scrapy_hostqueue.store._sqlfile`). The ring of ready hosts and the
+per-host state are the in-memory store's (:class:`MemoryStore`), which holds,
+per host, only a *window*: the first few requests of its queue. A host's
+requests beyond its window wait in the file, its *backlog*, counted by a
+number; when a host's window runs low, the next requests are read from the
+file. A request in a window is its row's id, and the request itself only for
+hosts with requests in flight (whose next requests are handed out soon); the
+others are read from the file when handed out. So the memory a crawl needs
+grows with the hosts it knows, not with the requests it queued. A host with
+requests in flight has a larger window (:data:`ACTIVE_WINDOW`): the requests
+its responses yield stay in memory, as in the in-memory store, until its last
+request in flight finishes.
+
+Every request in memory comes before every request of the host's backlog in
+serving order (higher rank first, FIFO among equals): a request pushed for a
+host with a backlog goes to the backlog unless its rank is above every rank
+there (``_bound``, an upper bound of them); a window grown past its size
+hands its last requests back to the backlog.
+
+At-least-once: a handed-out request stays in the file, marked leased, until
+:meth:`SqliteStore.ack`; a file opened again gives leased requests back to
+their queues (see :class:`FrontierFile`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE, FrontierFile, FrontierFileError
+from scrapy_hostqueue.store.memory import HostState, MemoryStore
+
+__all__ = ["FRONTIER_FILE", "FrontierFile", "FrontierFileError", "SqliteStore"]
+
+T = TypeVar("T")
+
+#: Requests of a host kept in memory, and the count at which more are read.
+WINDOW = 4
+REFILL_AT = 1
+#: The window of a host with requests in flight, which takes the links its
+#: responses lead to without a trip through the file. Only the hosts being
+#: crawled have one (they are as many as the active-host places, about); a
+#: host's window shrinks back when its last request in flight finishes.
+ACTIVE_WINDOW = 64
+
+
+class _Entry(Generic[T]):
+    """A request in memory: its row (0: kept in memory only, its codec could
+    not encode it), its rank, and the item, or None to read it from the file
+    when it is handed out."""
+
+    __slots__ = ("item", "rank", "rowid")
+
+    def __init__(self, rowid: int, rank: int, item: T | None) -> None:
+        self.rowid = rowid
+        self.rank = rank
+        self.item = item
+
+
+class SqliteStore(Generic[T]):
+    """A :class:`~scrapy_hostqueue.store.RequestStore` on a frontier file.
+
+    *memory* is the in-memory store that keeps the ring and the host states
+    (its items are this store's entries); *encode* turns an item into bytes,
+    or None when it cannot (such an item is kept in memory only and is lost
+    with the process); *decode* turns bytes back into an item.
+    """
+
+    def __init__(
+        self,
+        memory: MemoryStore[_Entry[T]],
+        file: FrontierFile,
+        encode: Callable[[T], bytes | None],
+        decode: Callable[[bytes], T],
+        *,
+        window: int = WINDOW,
+        active_window: int = ACTIVE_WINDOW,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._mem = memory
+        self.file = file
+        self._encode = encode
+        self._decode = decode
+        self._window = max(2, window)
+        self._active_window = max(self._window, active_window)
+        self._wall = wall_clock
+        self._backlog: dict[str, int] = {}
+        self._bound: dict[str, int] = {}
+        self._backlog_total = 0
+        # Rows held in the memory store's queues.
+        self._held: set[int] = set()
+        # Handed-out items by identity: (item, row, host, rank).
+        self._leases: dict[int, tuple[T, int, str, int]] = {}
+        self._dirty_hosts: set[str] = set()
+        #: Requests found queued in the file when it was opened.
+        self.resumed = self._resume()
+
+    # -- the RequestStore attributes, the memory store's -----------------------
+
+    @property
+    def prefetch(self) -> int:
+        return self._mem.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._mem.prefetch = value
+
+    @property
+    def silent_limit(self) -> int:
+        return self._mem.silent_limit
+
+    @silent_limit.setter
+    def silent_limit(self, value: int) -> None:
+        self._mem.silent_limit = value
+
+    @property
+    def on_forget(self) -> Callable[[str], None] | None:
+        return self._mem.on_forget
+
+    @on_forget.setter
+    def on_forget(self, value: Callable[[str], None] | None) -> None:
+        self._mem.on_forget = value
+
+    @property
+    def active(self) -> int:
+        return self._mem.active
+
+    def __len__(self) -> int:
+        return len(self._mem) + self._backlog_total
+
+    # -- requests ----------------------------------------------------------------
+
+    def push(self, key: str, rank: int, item: T) -> bool:
+        policy = self._mem.known_policy(key)
+        if policy is not None and policy.given_up:
+            return False
+        data = self._encode(item)
+        if data is None:
+            return self._mem.push(key, rank, _Entry(0, rank, item))
+        rowid = self.file.new_id()
+        if self._to_backlog(key, rank):
+            self.file.insert(rowid, key, rank, data)
+            return True
+        # Kept whole only for a host being crawled: the others' requests wait.
+        kept = item if self._mem.inflight(key) else None
+        if not self._mem.push(key, rank, _Entry(rowid, rank, kept)):
+            return False
+        self.file.insert(rowid, key, rank, data)
+        self._held.add(rowid)
+        self._trim(key)
+        return True
+
+    def _to_backlog(self, key: str, rank: int) -> bool:
+        """Whether a request of *rank* for *key* waits in the file (and is
+        counted there): behind requests of its host already waiting there."""
+        backlog = self._backlog.get(key, 0)
+        if not backlog or rank > self._bound[key]:
+            return False
+        self._backlog[key] = backlog + 1
+        self._backlog_total += 1
+        return True
+
+    def _add_backlog(self, key: str, count: int, rank: int) -> None:
+        if key in self._backlog:
+            self._backlog[key] += count
+            self._bound[key] = max(self._bound[key], rank)
+        else:
+            self._backlog[key] = count
+            self._bound[key] = rank
+        self._backlog_total += count
+
+    def _trim(self, key: str) -> None:
+        window = self._active_window if self._mem.inflight(key) else self._window
+        if self._mem.queued(key) <= window:
+            return
+        evicted = self._mem.trim(key, window)
+        kept: list[_Entry[T]] = []
+        for entry in evicted:
+            if entry.rowid:
+                self._held.discard(entry.rowid)
+                self._add_backlog(key, 1, entry.rank)
+            else:
+                kept.append(entry)  # nowhere else to keep it
+        for entry in kept:
+            self._mem.push(key, entry.rank, entry)
+
+    def _refill(self, key: str) -> None:
+        """Read the next requests of *key*'s backlog into memory."""
+        backlog = self._backlog.get(key, 0)
+        if not backlog:
+            return
+        held = self._mem.queued(key)
+        want = self._window - held
+        if want <= 0:
+            return
+        rows = self.file.head(key, held + want)
+        loaded = 0
+        last_rank = None
+        for rowid, rank in rows:
+            if rowid in self._held:
+                continue
+            self._mem.push(key, rank, _Entry(rowid, rank, None))
+            self._held.add(rowid)
+            last_rank = rank
+            loaded += 1
+            if loaded == want:
+                break
+        if len(rows) < held + want or loaded >= backlog:
+            # The file holds no more (the count is corrected from the file).
+            self._backlog_total -= backlog
+            del self._backlog[key]
+            del self._bound[key]
+            return
+        self._backlog[key] = backlog - loaded
+        self._backlog_total -= loaded
+        if last_rank is not None:
+            # What is left comes after the last request read.
+            self._bound[key] = min(self._bound[key], last_rank)
+
+    def pop(self, now: float | None = None) -> tuple[str, T] | None:
+        popped = self._mem.pop(now)
+        if popped is None:
+            return None
+        key, entry = popped
+        item = entry.item
+        if item is None:
+            item = self._decode(self.file.data(entry.rowid))
+        if entry.rowid:
+            self._held.discard(entry.rowid)
+            self.file.set_leased(entry.rowid, True)
+            self._leases[id(item)] = (item, entry.rowid, key, entry.rank)
+        if key in self._backlog and self._mem.queued(key) <= REFILL_AT:
+            self._refill(key)
+        return key, item
+
+    def finish(self, key: str, overdue: bool = False) -> None:
+        self._mem.finish(key, overdue)
+        if not self._mem.inflight(key):
+            self._trim(key)
+
+    def set_overdue(self, key: str) -> None:
+        self._mem.set_overdue(key)
+
+    def overdue(self, key: str) -> int:
+        return self._mem.overdue(key)
+
+    def ack(self, item: T) -> None:
+        lease = self._leases.pop(id(item), None)
+        if lease is not None:
+            self.file.delete(lease[1])
+
+    def release(self, key: str, rank: int, item: T) -> None:
+        lease = self._leases.pop(id(item), None)
+        if lease is None:
+            self._mem.push(key, rank, _Entry(0, rank, item))
+            return
+        rowid = lease[1]
+        self.file.set_leased(rowid, False)
+        if key in self._backlog:
+            # Back in the file: read again in its turn.
+            self._add_backlog(key, 1, rank)
+            return
+        if self._mem.push(key, rank, _Entry(rowid, rank, item)):
+            self._held.add(rowid)
+            self._trim(key)
+
+    def adopt(self, key: str, now: float) -> None:
+        self._mem.adopt(key, now)
+
+    def give_up(self, key: str) -> list[T]:
+        """Refuse *key* from now on; returns its queued requests, from memory
+        and from the file, each leased until acknowledged (they go to their
+        errbacks)."""
+        self._dirty_hosts.add(key)
+        entries = self._mem.give_up(key)
+        backlog = self._backlog.pop(key, 0)
+        self._bound.pop(key, None)
+        self._backlog_total -= backlog
+        for entry in entries:
+            self._held.discard(entry.rowid)
+        held = {entry.rowid for entry in entries}
+        if backlog:
+            entries += [
+                _Entry(rowid, rank, None)
+                for rowid, _host, rank, _data in self.file.rows(key)
+                if rowid not in held
+            ]
+        items = []
+        for entry in entries:
+            item = entry.item
+            if item is None:
+                item = self._decode(self.file.data(entry.rowid))
+            if entry.rowid:
+                self.file.set_leased(entry.rowid, True)
+                self._leases[id(item)] = (item, entry.rowid, key, entry.rank)
+            items.append(item)
+        return items
+
+    def items(self) -> Iterator[tuple[str, int, T]]:
+        """``(key, rank, item)`` of every queued request, from the file and
+        memory (O(requests), decoding each)."""
+        for key, rank, entry in self._mem.items():
+            if not entry.rowid:
+                assert entry.item is not None
+                yield key, rank, entry.item
+        for _rowid, key, rank, data in self.file.rows():
+            yield key, rank, self._decode(data)
+
+    def seen(self, fingerprint: bytes) -> bool:
+        """The dupefilter's question, answered from the file: whether
+        *fingerprint* was seen; notes it if not (in the same commit as the
+        request pushed next)."""
+        return self.file.seen(fingerprint)
+
+    # -- hosts -----------------------------------------------------------------
+
+    def policy(self, key: str) -> HostState:
+        return self._mem.policy(key)
+
+    def known_policy(self, key: str) -> HostState | None:
+        return self._mem.known_policy(key)
+
+    def queued(self, key: str) -> int:
+        return self._mem.queued(key) + self._backlog.get(key, 0)
+
+    def inflight(self, key: str) -> int:
+        return self._mem.inflight(key)
+
+    def in_flight_cap(self, policy: HostState) -> int:
+        return self._mem.in_flight_cap(policy)
+
+    def limit_filled(self, key: str) -> bool:
+        return self._mem.limit_filled(key)
+
+    def note_full(self, key: str, now: float) -> None:
+        self._mem.note_full(key, now)
+
+    def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
+        for key, queued, inflight, policy in self._mem.hosts():
+            yield key, queued + self._backlog.get(key, 0), inflight, policy
+
+    def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
+        return self._mem.blocked(now)
+
+    def spaced(self, now: float) -> Iterator[tuple[str, float]]:
+        return self._mem.spaced(now)
+
+    def next_wakeup(self) -> float | None:
+        return self._mem.next_wakeup()
+
+    def set_limit(self, key: str, limit: int) -> None:
+        self._mem.set_limit(key, limit)
+        self._dirty_hosts.add(key)
+
+    def set_answering(self, key: str, answering: bool) -> None:
+        self._mem.set_answering(key, answering)
+
+    def block_until(self, key: str, when: float, reason: str | None = None) -> None:
+        self._mem.block_until(key, when, reason)
+        self._dirty_hosts.add(key)
+
+    def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
+        self._mem.set_interval(key, interval, jitter)
+        self._dirty_hosts.add(key)
+
+    def space_until(self, key: str, when: float) -> None:
+        self._mem.space_until(key, when)
+
+    def started(self, key: str, started_at: float, now: float) -> None:
+        self._mem.started(key, started_at, now)
+
+    def unstart(self, key: str, started_at: float) -> None:
+        self._mem.unstart(key, started_at)
+
+    # -- the file ----------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Make every change so far durable (the caller's group-commit timer)."""
+        if self._dirty_hosts:
+            self._save_hosts(spacing=False)
+        self.file.commit()
+
+    def close(self) -> None:
+        try:
+            if self.file.failed is None:
+                self._save_hosts(spacing=True)
+        finally:
+            self.file.close()
+
+    def _save_hosts(self, *, spacing: bool) -> None:
+        now = self._mem.clock()
+        to_wall = self._wall() - now
+        dirty, self._dirty_hosts = self._dirty_hosts, set()
+        if self.file.failed is not None:
+            return
+        # At a close, the spacing of every host too (the next start it allows).
+        spaced = dict(self._mem.spaced(now)) if spacing else {}
+        for key in dirty | spaced.keys():
+            policy = self._mem.known_policy(key)
+            if policy is None:
+                continue
+            blocked = policy.blocked_until > now
+            when = spaced.get(key)
+            self.file.put_host(
+                (
+                    key,
+                    policy.limit,
+                    policy.interval,
+                    policy.blocked_until + to_wall if blocked else None,
+                    policy.block_reason if blocked else None,
+                    when + to_wall if when is not None else None,
+                    int(policy.given_up),
+                )
+            )
+
+    def _resume(self) -> int:
+        """Take over what the file holds: host state, then a window of every
+        host's queue."""
+        now = self._mem.clock()
+        to_monotonic = now - self._wall()
+        queued = dict(self.file.queued_per_host())
+        for key, limit, interval, blocked_at, reason, spaced_at, given_up in self.file.host_rows():
+            blocked = blocked_at + to_monotonic if blocked_at is not None else 0.0
+            spaced = spaced_at + to_monotonic if spaced_at is not None else 0.0
+            if not (given_up or interval or blocked > now or spaced > now):
+                # Only a limit learned: the AIMD middleware starts each host
+                # afresh anyway, and a broad crawl's hosts are many.
+                continue
+            if given_up and key not in queued:
+                # A host given up with requests queued (they were on their
+                # way to their errbacks) gets another chance instead.
+                self._mem.give_up(key)
+            if limit:
+                self._mem.set_limit(key, limit)
+            if interval:
+                self._mem.set_interval(key, interval)
+            if blocked > now:
+                self._mem.block_until(key, blocked, reason)
+            if spaced > now:
+                self._mem.space_until(key, spaced)
+        for key, count in queued.items():
+            self._backlog[key] = count
+            self._bound[key] = 2**62
+            self._backlog_total += count
+            self._refill(key)
+        return sum(queued.values())
+
+
+def open_error(error: BaseException) -> FrontierFileError:
+    """*error* as a :class:`FrontierFileError` (for callers that open a file)."""
+    if isinstance(error, FrontierFileError):
+        return error
+    return FrontierFileError(str(error))

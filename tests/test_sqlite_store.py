@@ -1,0 +1,411 @@
+"""Tests of the SQLite store and its file: serving order, bounded windows,
+leases across a reopen, group commit, and the files it refuses.
+
+A fake clock for the ring; no crawl, no sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scrapy import Spider
+from scrapy.utils.test import get_crawler
+
+from scrapy_hostqueue.__main__ import main
+from scrapy_hostqueue._frontier import FrontierDupeFilter
+from scrapy_hostqueue.scheduler import HostQueueScheduler
+from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store._sqlfile import (
+    FORMAT_VERSION,
+    FRONTIER_FILE,
+    FrontierFile,
+    FrontierFileError,
+)
+from scrapy_hostqueue.store.sqlite import WINDOW, SqliteStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Item:
+    """A request stand-in: a name, encoded as bytes (``unencodable`` ones
+    cannot be)."""
+
+    def __init__(self, name: str, *, unencodable: bool = False) -> None:
+        self.name = name
+        self.unencodable = unencodable
+
+    def __repr__(self) -> str:
+        return f"Item({self.name!r})"
+
+
+def encode(item: Item) -> bytes | None:
+    return None if item.unencodable else item.name.encode()
+
+
+def decode(data: bytes) -> Item:
+    return Item(data.decode())
+
+
+def open_store(path: Path, *, limit: int = 100, window: int = WINDOW) -> SqliteStore[Item]:
+    memory: MemoryStore = MemoryStore(lambda key: HostState(limit), clock=Clock())
+    return SqliteStore(memory, FrontierFile(str(path)), encode, decode, window=window)
+
+
+def drain(store: SqliteStore[Item], *, ack: bool = True) -> list[tuple[str, str]]:
+    out = []
+    while (popped := store.pop()) is not None:
+        key, item = popped
+        out.append((key, item.name))
+        store.finish(key)
+        if ack:
+            store.ack(item)
+    return out
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "frontier.db"
+
+
+def test_serving_order_matches_the_memory_store(path: Path) -> None:
+    rng = random.Random(7)
+    ranks = [0, 0, 0, 1, -1, 2]
+    pushes = [(f"h{rng.randrange(5)}", rng.choice(ranks), f"r{n}") for n in range(400)]
+    store = open_store(path, window=3)
+    memory: MemoryStore[str] = MemoryStore(lambda key: HostState(100), clock=Clock())
+    for key, rank, name in pushes:
+        assert store.push(key, rank, Item(name))
+        memory.push(key, rank, name)
+    assert len(store) == len(memory) == 400
+    expected = []
+    while (popped := memory.pop()) is not None:
+        expected.append(popped)
+        memory.finish(popped[0])
+    assert drain(store) == expected
+    assert len(store) == 0
+    store.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(-2, 2), st.booleans()),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_interleaved_pushes_and_pops_keep_each_hosts_order(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int, bool]]
+) -> None:
+    """Within a host, requests come out by rank, FIFO among equals, whatever
+    part of the queue waits in the file."""
+    path = tmp_path_factory.mktemp("prop") / "f.db"
+    store = open_store(path, window=2)
+    queued: dict[str, list[tuple[int, int]]] = {}
+    for n, (key, rank, pop_first) in enumerate(steps):
+        if pop_first and (popped := store.pop()) is not None:
+            host, item = popped
+            store.finish(host)
+            store.ack(item)
+            best = min(queued[host], key=lambda e: (-e[0], e[1]))
+            assert int(item.name) == best[1]
+            queued[host].remove(best)
+        store.push(key, rank, Item(str(n)))
+        queued.setdefault(key, []).append((rank, n))
+    rest = drain(store)
+    assert sorted(int(name) for _, name in rest) == sorted(
+        n for entries in queued.values() for _, n in entries
+    )
+    store.close()
+
+
+def test_memory_holds_a_window_per_host(path: Path) -> None:
+    store = open_store(path)
+    for n in range(1000):
+        store.push(f"h{n % 10}", 0, Item(str(n)))
+    assert len(store) == 1000
+    assert len(store._mem) <= 10 * WINDOW
+    assert all(store.queued(f"h{h}") == 100 for h in range(10))
+    assert len(drain(store)) == 1000
+    store.close()
+
+
+def test_a_higher_priority_request_passes_the_backlog(path: Path) -> None:
+    store = open_store(path, window=2)
+    for n in range(10):
+        store.push("h", 0, Item(f"low{n}"))
+    store.push("h", 5, Item("high"))
+    assert drain(store)[0] == ("h", "high")
+    store.close()
+
+
+def test_unacknowledged_requests_come_back_after_a_crash(path: Path) -> None:
+    store = open_store(path)
+    for n in range(20):
+        store.push(f"h{n % 2}", 0, Item(str(n)))
+    store.commit()
+    handed = [store.pop() for _ in range(6)]
+    for popped in handed[:3]:
+        assert popped is not None
+        store.finish(popped[0])
+        store.ack(popped[1])
+    store.commit()
+    # The process dies: nothing closes the file.
+    store.file._lock.close()  # type: ignore[union-attr]
+    again = open_store(path)
+    assert again.resumed == 17
+    names = {name for _, name in drain(again)}
+    assert {p[1].name for p in handed[3:] if p} <= names
+    assert not names & {p[1].name for p in handed[:3] if p}
+    again.close()
+
+
+def test_what_was_not_committed_is_lost_only_with_its_acknowledgement(path: Path) -> None:
+    """A commit holds every write made before it: children pushed before
+    their parent's acknowledgement are durable when it is."""
+    store = open_store(path)
+    store.push("h", 0, Item("parent"))
+    store.commit()
+    popped = store.pop()
+    assert popped is not None
+    store.push("h", 0, Item("child"))
+    store.finish("h")
+    store.ack(popped[1])
+    store.file.flush()  # in the transaction, not committed
+    store.file._lock.close()  # type: ignore[union-attr]
+    store.file.conn.close()  # killed before the commit
+    again = open_store(path)
+    assert [name for _, name in drain(again)] == ["parent"]
+    again.close()
+
+
+def test_graceful_close_and_reopen_is_exactly_once(path: Path) -> None:
+    store = open_store(path)
+    for n in range(50):
+        store.push(f"h{n % 5}", 0, Item(str(n)))
+    first: list[tuple[str, str]] = []
+    for _ in range(20):
+        popped = store.pop()
+        assert popped is not None
+        store.finish(popped[0])
+        store.ack(popped[1])
+        first.append((popped[0], popped[1].name))
+    store.close()
+    again = open_store(path)
+    rest = drain(again)
+    again.close()
+    assert sorted(int(n) for _, n in first + rest) == list(range(50))
+
+
+def test_fingerprints_are_kept(path: Path) -> None:
+    store = open_store(path)
+    assert not store.seen(b"a" * 20)
+    assert store.seen(b"a" * 20)
+    store.close()
+    again = open_store(path)
+    assert again.seen(b"a" * 20)
+    assert not again.seen(b"b" * 20)
+    again.close()
+
+
+def test_host_state_survives(path: Path) -> None:
+    store = open_store(path)
+    store.push("h", 0, Item("x"))
+    store.set_limit("h", 3)
+    store.block_until("h", store._mem.clock() + 60, "retry-after")
+    store.set_interval("g", 2.0)
+    store.close()
+    again = open_store(path)
+    assert again.policy("h").limit == 3
+    assert again.policy("h").block_reason == "retry-after"
+    assert again.policy("h").blocked_until > again._mem.clock() + 50
+    assert again.policy("g").interval == 2.0
+    again.close()
+
+
+def test_released_requests_are_served_again(path: Path) -> None:
+    store = open_store(path, window=2)
+    for n in range(6):
+        store.push("h", 0, Item(str(n)))
+    popped = store.pop()
+    assert popped is not None
+    store.finish("h")
+    store.release("h", 0, popped[1])
+    assert sorted(int(n) for _, n in drain(store)) == list(range(6))
+    store.close()
+
+
+def test_given_up_hosts_hand_back_their_whole_queue(path: Path) -> None:
+    store = open_store(path, window=2)
+    for n in range(7):
+        store.push("h", 0, Item(str(n)))
+    dropped = store.give_up("h")
+    assert sorted(int(i.name) for i in dropped) == list(range(7))
+    assert len(store) == 0
+    assert not store.push("h", 0, Item("late"))
+    for item in dropped:
+        store.ack(item)
+    store.close()
+    again = open_store(path)
+    assert again.resumed == 0
+    assert not again.push("h", 0, Item("later"))
+    again.close()
+
+
+def test_unencodable_items_stay_in_memory(path: Path) -> None:
+    store = open_store(path, window=2)
+    for n in range(5):
+        store.push("h", 0, Item(str(n)))
+    store.push("h", 0, Item("odd", unencodable=True))
+    assert sorted(name for _, name in drain(store)) == sorted([*map(str, range(5)), "odd"])
+    store.close()
+
+
+# -- files it refuses ----------------------------------------------------------
+
+
+def test_a_corrupt_file_is_refused_and_left_as_it_was(path: Path) -> None:
+    path.write_bytes(b"this is not a database" * 100)
+    before = path.read_bytes()
+    with pytest.raises(FrontierFileError, match=str(path)) as info:
+        FrontierFile(str(path))
+    assert "\n" not in str(info.value)
+    assert path.read_bytes() == before
+
+
+def test_a_foreign_sqlite_file_is_refused(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(FrontierFileError, match="not a scrapy-hostqueue frontier file"):
+        FrontierFile(str(path))
+
+
+def test_a_file_of_another_format_is_refused(path: Path) -> None:
+    FrontierFile(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {FORMAT_VERSION + 1}")
+    conn.close()
+    with pytest.raises(FrontierFileError, match=f"format {FORMAT_VERSION + 1}"):
+        FrontierFile(str(path))
+
+
+def test_a_file_in_use_is_refused(path: Path) -> None:
+    first = FrontierFile(str(path))
+    with pytest.raises(FrontierFileError, match="locked by another running crawl"):
+        FrontierFile(str(path))
+    first.close()
+    FrontierFile(str(path)).close()
+
+
+@pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0, reason="root writes anyway")
+def test_an_unwritable_directory_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    directory.chmod(0o500)
+    try:
+        with pytest.raises(FrontierFileError, match="writable"):
+            FrontierFile(str(directory / "frontier.db"))
+    finally:
+        directory.chmod(0o700)
+
+
+def test_an_unwritable_path_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(FrontierFileError, match="choose another JOBDIR"):
+        FrontierFile(str(blocker / "sub" / "frontier.db"))
+
+
+def test_a_full_disk_fails_the_commit_and_keeps_the_last_one(path: Path) -> None:
+    store = open_store(path)
+    store.push("h", 0, Item("kept"))
+    store.commit()
+    pages = store.file.conn.execute("PRAGMA page_count").fetchone()[0]
+    store.file.conn.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(FrontierFileError, match="disk is full"):
+        for n in range(2000):
+            store.push("h", 0, Item("x" * 1000 + str(n)))
+        store.commit()
+    assert store.file.failed is not None
+    store.close()
+    again = open_store(path)
+    assert next(name for _, name in drain(again)) == "kept"
+    again.close()
+
+
+# -- the frontier command --------------------------------------------------------
+
+
+def test_the_frontier_command_reports_what_the_file_holds(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = open_store(path)
+    for n in range(30):
+        store.push("busy.example" if n % 3 else "quiet.example", 0, Item(str(n)))
+    store.pop()
+    store.block_until("quiet.example", store._mem.clock() + 3600, "retry-after")
+    store.set_limit("busy.example", 2)
+    store.commit()
+    # Read while the crawl holds the file.
+    try:
+        assert main(["frontier", str(path), "--top", "5"]) == 0
+    finally:
+        store.close()
+    out = capsys.readouterr().out
+    assert "29 requests queued and 1 leased" in out
+    assert "busy.example" in out and "quiet.example" in out
+    assert "retry-after" in out
+    assert "limit 2" in out
+
+
+def test_the_frontier_command_names_a_file_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"nope" * 1000)
+    assert main(["frontier", f"sqlite://{bad}"]) == 2
+    assert str(bad) in capsys.readouterr().err
+
+
+# -- the scheduler on a JOBDIR ---------------------------------------------------
+
+
+def _scheduler(jobdir: Path) -> HostQueueScheduler:
+    settings = {"JOBDIR": str(jobdir), "TELNETCONSOLE_ENABLED": False}
+    return HostQueueScheduler.from_crawler(get_crawler(Spider, settings))
+
+
+def test_a_jobdir_another_crawl_holds_is_refused_at_start(tmp_path: Path) -> None:
+    holder = FrontierFile(str(tmp_path / FRONTIER_FILE))
+    try:
+        with pytest.raises(FrontierFileError, match="locked by another running crawl") as info:
+            _scheduler(tmp_path)
+        assert str(tmp_path / FRONTIER_FILE) in str(info.value)
+    finally:
+        holder.close()
+    # Once the other crawl is gone, the job resumes.
+    scheduler = _scheduler(tmp_path)
+    assert isinstance(scheduler.df, FrontierDupeFilter)
+    scheduler.store.close()
+
+
+def test_a_damaged_frontier_in_jobdir_is_refused_at_start(tmp_path: Path) -> None:
+    (tmp_path / FRONTIER_FILE).write_bytes(b"\0garbage" * 512)
+    with pytest.raises(FrontierFileError, match="damaged"):
+        _scheduler(tmp_path)
