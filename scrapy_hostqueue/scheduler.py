@@ -200,6 +200,7 @@ class HostQueueScheduler(BaseScheduler):
             ring_granularity=2,
         )
         self._records = RequestTable()
+        self._budget = max(0, config.global_concurrency)
         self.gate = SendGate(
             self._store,
             self._records,
@@ -552,6 +553,8 @@ class HostQueueScheduler(BaseScheduler):
         at a time they would keep the crawl going long after the rest."""
         self._policy_hook = hook
         self._store.silent_limit = 1
+        # A host's share of the budget among the active hosts caps it too.
+        self._store.budget = self._budget
         # A request waiting in Scrapy's downloader slot is past the
         # middleware that holds a blocked host's requests back (a Retry-After
         # that comes in meanwhile): only the send gate can send it back.

@@ -2105,3 +2105,30 @@ def test_marking_more_overdue_than_in_flight_is_refused() -> None:
     frontier.set_overdue("h")
     with pytest.raises(KeyError):
         frontier.set_overdue("h")
+
+
+# -- a host's share of the budget --------------------------------------------
+
+
+def test_with_a_budget_each_active_host_gets_its_share() -> None:
+    frontier, _clock = make(limit=4)
+    frontier.budget = 4
+    for key in ("a", "b"):
+        for page in range(8):
+            frontier.push(key, 0, f"{key}{page}")
+    handed = [frontier.pop() for _ in range(8)]
+    served = [popped for popped in handed if popped is not None]
+    # Two active hosts share a budget of 4: two each, not their limit of 4.
+    assert sorted(key for key, _ in served) == ["a", "a", "b", "b"]
+    assert frontier.in_flight_cap(frontier.policy("a")) == 2
+
+
+def test_a_host_alone_gets_its_whole_limit_within_the_budget() -> None:
+    frontier, _clock = make(limit=4)
+    frontier.budget = 16
+    for page in range(8):
+        frontier.push("a", 0, f"a{page}")
+    served = [frontier.pop() for _ in range(6)]
+    assert [popped for popped in served if popped is not None] == [
+        ("a", f"a{page}") for page in range(4)
+    ]

@@ -78,6 +78,7 @@ class StandInScheduler(HostQueueScheduler):
         self._records = RequestTable()
         self._room_waiters: dict[str, Any] = {}
         self.prefetch = 0
+        self._budget = 0  # no share: these tests look at one host's limit
         # Closed (no prefetch): these tests hold no request at a send gate.
         self.gate = SendGate(
             self.frontier,

@@ -42,6 +42,9 @@ class RequestStore(Protocol[T]):
     prefetch: int
     #: At most this many requests in flight for a silent host (0: its limit).
     silent_limit: int
+    #: The crawl's global budget; a host gets at most its share of it among
+    #: the active hosts (0: no share).
+    budget: int
     #: Called with a host's key when the store forgets the host for good.
     on_forget: Callable[[str], None] | None
 

@@ -308,6 +308,10 @@ class MemoryStore(Generic[T]):
         #: Requests a host may have handed out beyond its limit; they wait
         #: for a send slot downstream (see HostQueueScheduler.acquire_send_slot).
         self.prefetch = prefetch
+        #: The crawl's global budget (``CONCURRENT_REQUESTS``; 0: none): a
+        #: host may have at most its share of it among the active hosts in
+        #: flight (see :meth:`in_flight_cap`).
+        self.budget = 0
         #: At most this many requests in flight for a silent host, and no
         #: prefetch (0: its limit, as for any host).
         self.silent_limit = silent_limit
@@ -388,10 +392,27 @@ class MemoryStore(Generic[T]):
 
     def in_flight_cap(self, policy: HostState) -> int:
         """How many requests a host with *policy* may have in flight now: its
-        limit, or ``silent_limit`` if that is lower and the host is silent."""
+        limit, or ``silent_limit`` if that is lower and the host is silent,
+        and at most its share of ``budget``: what the active silent hosts do
+        not take, divided by the other active hosts, rounded up."""
+        cap = policy.limit
         if self.silent_limit and not policy.answering:
-            return min(policy.limit, self.silent_limit)
-        return policy.limit
+            cap = min(cap, self.silent_limit)
+        if not self.budget:
+            return cap
+        # Silent hosts hold silent_limit each; the others share the rest.
+        active, budget = self.active, self.budget
+        if self.silent_limit:
+            active -= self._active_silent
+            budget -= self._active_silent * self.silent_limit
+        if active > 1:
+            # When the crawl's budget binds, a host with more in flight than
+            # its share only takes budget from another host: the same
+            # requests over more connections.
+            share = max(1, -(-budget // active))
+            if share < cap:
+                return share
+        return cap
 
     def known_policy(self, key: str) -> HostState | None:
         """The policy of *key* if the frontier knows the host, without creating one."""
@@ -792,9 +813,10 @@ class MemoryStore(Generic[T]):
         requests (its next one would wait for them to time out, holding
         download budget)."""
         policy = host.policy
+        cap = self.in_flight_cap(policy)
         if policy.interval or host.overdue or (self.silent_limit and not policy.answering):
-            return self.in_flight_cap(policy)
-        return policy.limit + self.prefetch
+            return cap
+        return cap + self.prefetch
 
     def _draw_gap(self, policy: HostState, now: float) -> None:
         """A request started at *now*: draw the gap before the next may."""

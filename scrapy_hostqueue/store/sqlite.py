@@ -111,6 +111,14 @@ class SqliteStore(Generic[T]):
         self._mem.prefetch = value
 
     @property
+    def budget(self) -> int:
+        return self._mem.budget
+
+    @budget.setter
+    def budget(self, value: int) -> None:
+        self._mem.budget = value
+
+    @property
     def silent_limit(self) -> int:
         return self._mem.silent_limit
 
