@@ -39,7 +39,11 @@ from typing import Any
 from bench.runner import run_child
 from bench.scenarios import ADDON, CONFIGS
 from bench.standalone import (
+    HANG_RATE,
+    LATENCY,
+    PER_HOST_LIMIT,
     RESULTS,
+    SETTINGS,
     configs_argument,
     crawl_order,
     median,
@@ -52,13 +56,6 @@ from scrapy_hostqueue.testing import HostSpec, LocalHosts
 
 logger = logging.getLogger(__name__)
 
-LATENCY = 0.02
-HANG_RATE = 0.05
-PER_HOST_LIMIT = 4
-SETTINGS: dict[str, Any] = {
-    "CONCURRENT_REQUESTS": 16,
-    "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST_LIMIT,
-}
 TARGET = 1.3
 ALONE, MIXED = "alone", "mixed"
 MODES = (ALONE, MIXED)

@@ -51,7 +51,11 @@ from typing import Any
 from bench.runner import run_child
 from bench.scenarios import ADDON, CONFIGS
 from bench.standalone import (
+    HANG_RATE,
+    LATENCY,
+    PER_HOST_LIMIT,
     RESULTS,
+    SETTINGS,
     configs_argument,
     crawl_order,
     median,
@@ -64,14 +68,7 @@ from scrapy_hostqueue.testing import ControlError, HostSpec, LocalHosts
 
 logger = logging.getLogger(__name__)
 
-LATENCY = 0.02
-HANG_RATE = 0.05
 THROTTLE_ABOVE = 2
-PER_HOST_LIMIT = 4
-SETTINGS: dict[str, Any] = {
-    "CONCURRENT_REQUESTS": 16,
-    "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST_LIMIT,
-}
 GROUPS = ("healthy", "slow", "throttling", "hanging")
 GAP_TARGET = 2.0
 CONNECTIONS_TARGET = 1.5

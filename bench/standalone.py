@@ -23,6 +23,17 @@ from bench.scenarios import CONFIGS, unavailable_reason
 RESULTS = ROOT / "bench" / "results"
 
 
+#: The crawl both scenarios run: healthy hosts answer in LATENCY seconds,
+#: hanging ones never answer one page request in 1 / HANG_RATE.
+LATENCY = 0.02
+HANG_RATE = 0.05
+PER_HOST_LIMIT = 4
+SETTINGS: dict[str, Any] = {
+    "CONCURRENT_REQUESTS": 16,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST_LIMIT,
+}
+
+
 def configs_argument(value: str) -> list[str]:
     """``--configs``: comma-separated configuration names, each known."""
     names = [part.strip() for part in value.split(",") if part.strip()]
