@@ -11,7 +11,7 @@ stamp="$venv/.hostqueue-installed"
 want=$(cat "$root/setup.cfg" "$root/pyproject.toml" | cksum)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test,plot,docs]"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root[test,plot,docs,redis]"
     echo "$want" > "$stamp"
 fi
 PY="$venv/bin/python"
