@@ -11,6 +11,14 @@ crawl's whole output), ``scrapy-stats.json`` (Scrapy's final stats),
 ``hosts.json`` (host specs and server-side stats), ``timeline.jsonl``
 (``HOSTQUEUE_TIMELINE_FILE``, unless ``--no-timeline``) and its chart
 (``timeline.html``, and ``timeline.png`` when matplotlib is installed).
+
+``--workers N`` runs one crawl on N ``scrapy crawl`` processes that share a
+frontier on a local Redis server it starts (``HOSTQUEUE_FRONTIER`` on that
+server, one ``HOSTQUEUE_CRAWL_ID``): the hosts' table then shows whether the
+per-host limits held across the processes and which pages were fetched more
+than once. ``--independent`` runs the N processes each on its own, to compare.
+Each process writes ``crawl-K.log``, ``scrapy-stats-K.json`` and
+``timeline-K.jsonl``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -29,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from scrapy_hostqueue._redis_server import RedisServer, RedisServerError, shared_frontier_refusal
 from scrapy_hostqueue.testing import (
     PROXY_VARIABLES,
     HostSpec,
@@ -44,6 +55,11 @@ PROG = "python example_project/run_demo.py"
 PROJECT_DIR = Path(__file__).resolve().parent
 SPIDER = "pages"
 OK_FINISH_REASONS = ("finished", "closespider_pagecount")
+#: The crawl id of the shared mode's crawl (HOSTQUEUE_CRAWL_ID).
+CRAWL_ID = "demo"
+#: Answers that ask the client to come back later: fetching the page again
+#: after one is no duplicate.
+THROTTLE_STATUSES = (429, 503)
 
 #: The default host set: (label, spec).
 DEMO_HOSTS: list[tuple[str, HostSpec]] = [
@@ -153,6 +169,20 @@ def build_parser() -> _Parser:
         help="with --jobdir: kill the crawl (SIGKILL) once the hosts served N pages, "
         "then start it again on the same JOBDIR",
     )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run the crawl on N scrapy crawl processes sharing one frontier on a local "
+        "Redis server (the --pages budget split among them)",
+    )
+    parser.add_argument(
+        "--independent",
+        action="store_true",
+        help="with --workers: no shared frontier, each process crawls on its own "
+        "(to compare: each host then gets up to N times its limit)",
+    )
     return parser
 
 
@@ -173,8 +203,20 @@ class CrawlResult:
         )
 
 
-def crawl_command(start_urls: list[str], args: argparse.Namespace, output_dir: Path) -> list[str]:
-    """The ``scrapy crawl`` command line (run with cwd :data:`PROJECT_DIR`)."""
+def crawl_command(
+    start_urls: list[str],
+    args: argparse.Namespace,
+    output_dir: Path,
+    *,
+    worker: int | None = None,
+    frontier: str | None = None,
+) -> list[str]:
+    """The ``scrapy crawl`` command line (run with cwd :data:`PROJECT_DIR`).
+    *worker* numbers one of several processes (its files get ``-K``, its
+    budget is its share of ``--pages``); *frontier* is the shared frontier's
+    URL."""
+    suffix = "" if worker is None else f"-{worker}"
+    pages = args.pages if worker is None else math.ceil(args.pages / args.workers)
     command = [
         sys.executable,
         "-m",
@@ -184,9 +226,9 @@ def crawl_command(start_urls: list[str], args: argparse.Namespace, output_dir: P
         "-a",
         "start_urls=" + ",".join(start_urls),
         "-s",
-        f"CLOSESPIDER_PAGECOUNT={args.pages}",
+        f"CLOSESPIDER_PAGECOUNT={pages}",
         "-s",
-        f"DEMO_STATS_FILE={output_dir / 'scrapy-stats.json'}",
+        f"DEMO_STATS_FILE={output_dir / f'scrapy-stats{suffix}.json'}",
     ]
     if args.stock:
         command += ["-s", "ADDONS={}"]
@@ -197,12 +239,14 @@ def crawl_command(start_urls: list[str], args: argparse.Namespace, output_dir: P
     if args.timeline:
         command += [
             "-s",
-            f"HOSTQUEUE_TIMELINE_FILE={output_dir / 'timeline.jsonl'}",
+            f"HOSTQUEUE_TIMELINE_FILE={output_dir / f'timeline{suffix}.jsonl'}",
             "-s",
             "HOSTQUEUE_TIMELINE_INTERVAL=0.25",
         ]
     if args.jobdir is not None:
         command += ["-s", f"JOBDIR={args.jobdir.resolve()}"]
+    if frontier is not None:
+        command += ["-s", f"HOSTQUEUE_FRONTIER={frontier}", "-s", f"HOSTQUEUE_CRAWL_ID={CRAWL_ID}"]
     for setting in args.settings:
         command += ["-s", setting]
     return command
@@ -228,17 +272,10 @@ def run_crawl(
 ) -> CrawlResult:
     """Run the crawl with its output in ``log_path``; stop it after ``timeout``.
     *kill*, if given, is called with the process once it runs (and may kill it)."""
-    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
-    # The crawl imports scrapy_hostqueue from the checkout this project
-    # lives in when the package is not installed.
-    root = str(PROJECT_DIR.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     started = time.monotonic()
     timed_out = False
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, cwd=PROJECT_DIR, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
+        process = _start(command, log)
         try:
             if kill is not None:
                 kill(process)
@@ -250,6 +287,44 @@ def run_crawl(
             _stop(process)
             raise
     return CrawlResult(returncode, time.monotonic() - started, timed_out=timed_out)
+
+
+def _start(command: list[str], log: Any) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
+    # The crawl imports scrapy_hostqueue from the checkout this project
+    # lives in when the package is not installed.
+    root = str(PROJECT_DIR.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.Popen(command, cwd=PROJECT_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_crawls(
+    commands: list[list[str]], log_paths: list[Path], timeout: float
+) -> list[CrawlResult]:
+    """Run the crawls at once, each with its output in its log; stop those
+    still running ``timeout`` seconds after the start."""
+    started = time.monotonic()
+    results: list[CrawlResult] = []
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(path.open("wb")) for path in log_paths]
+        processes = [_start(command, log) for command, log in zip(commands, logs, strict=True)]
+        try:
+            for process in processes:
+                left = max(0.0, started + timeout - time.monotonic())
+                try:
+                    returncode = process.wait(left)
+                    timed_out = False
+                except subprocess.TimeoutExpired:
+                    returncode, timed_out = _stop(process), True
+                results.append(
+                    CrawlResult(returncode, time.monotonic() - started, timed_out=timed_out)
+                )
+        except KeyboardInterrupt:
+            for process in processes:
+                if process.poll() is None:
+                    _stop(process)
+            raise
+    return results
 
 
 def _stop(process: subprocess.Popen[bytes]) -> int:
@@ -275,8 +350,16 @@ def _statuses(stats: HostStats) -> str:
     return " ".join(f"{code}:{count}" for code, count in sorted(stats.statuses.items()))
 
 
-def host_table(labels: list[str], all_stats: list[HostStats]) -> str:
-    """The per-host summary, one row per host, as aligned text."""
+def fetched_again(stats: HostStats) -> int:
+    """Page fetches beyond each page's first, a fetch after a 429 or 503
+    answer not counted (the host asked for it)."""
+    throttled = sum(stats.statuses.get(code, 0) for code in THROTTLE_STATUSES)
+    return max(0, stats.served - len(stats.pages) - throttled)
+
+
+def host_table(labels: list[str], all_stats: list[HostStats], limit: int | None = None) -> str:
+    """The per-host summary, one row per host, as aligned text; *limit* is
+    the per-host limit the crawl was given (CONCURRENT_REQUESTS_PER_DOMAIN)."""
     header = (
         "host",
         "behaviour",
@@ -284,6 +367,7 @@ def host_table(labels: list[str], all_stats: list[HostStats]) -> str:
         "max in flight",
         "statuses",
         "in Retry-After",
+        "fetched again",
         "min gap",
     )
     rows = [header]
@@ -294,14 +378,15 @@ def host_table(labels: list[str], all_stats: list[HostStats]) -> str:
                 stats.hostname,
                 label,
                 str(stats.served),
-                str(stats.max_in_flight),
+                f"{stats.max_in_flight}" + ("" if limit is None else f" / {limit}"),
                 _statuses(stats) or "-",
                 str(stats.in_retry_after_window),
+                str(fetched_again(stats)),
                 gap,
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    numeric = {2, 3, 5, 6}
+    numeric = {2, 3, 5, 6, 7}
     lines = []
     for row in rows:
         cells = [
@@ -316,6 +401,10 @@ def host_table(labels: list[str], all_stats: list[HostStats]) -> str:
 def _host_set(args: argparse.Namespace, parser: _Parser) -> list[tuple[str, HostSpec]]:
     if args.kill_after is not None and args.jobdir is None:
         parser.error("--kill-after needs --jobdir")
+    if args.workers > 1 and args.jobdir is not None:
+        parser.error("--workers runs a shared frontier on Redis, not in a JOBDIR")
+    if args.independent and args.workers == 1:
+        parser.error("--independent needs --workers N (N > 1)")
     if args.hosts is None:
         return DEMO_HOSTS
     try:
@@ -393,6 +482,157 @@ def _draw_timeline(timeline: Path, output_dir: Path) -> None:
             print(f"chart: {out}")
 
 
+def per_host_limit(args: argparse.Namespace) -> int | None:
+    """The crawl's per-host limit: ``CONCURRENT_REQUESTS_PER_DOMAIN`` from
+    ``-s``, else from the example project's settings."""
+    for setting in reversed(args.settings):
+        name, _, value = setting.partition("=")
+        if name.strip() == "CONCURRENT_REQUESTS_PER_DOMAIN":
+            return int(value) if value.strip().isdigit() else None
+    project = runpy.run_path(str(PROJECT_DIR / "hostqueue_demo" / "settings.py"))
+    value = project.get("CONCURRENT_REQUESTS_PER_DOMAIN")
+    return value if isinstance(value, int) else None
+
+
+def _crawl_failed(result: CrawlResult, log_path: Path, timeout: float) -> None:
+    problem = (
+        f"timed out after {timeout:g} s"
+        if result.timed_out
+        else f"exit code {result.returncode}, finish reason {result.finish_reason}"
+    )
+    print(f"{PROG}: the crawl failed ({problem}); end of {log_path}:", file=sys.stderr)
+    try:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+    except OSError:
+        tail = []
+    for line in tail:
+        print(f"  {line}", file=sys.stderr)
+
+
+def run_workers(
+    args: argparse.Namespace, host_set: list[tuple[str, HostSpec]], output_dir: Path
+) -> int:
+    """``--workers N``: N crawl processes on one shared frontier (or each on
+    its own with ``--independent`` or ``--stock``), then the hosts' table."""
+    workers = args.workers
+    labels = [label for label, _ in host_set]
+    limit = per_host_limit(args)
+    with contextlib.ExitStack() as stack:
+        frontier = None
+        if not (args.independent or args.stock):
+            try:
+                server = stack.enter_context(RedisServer())
+            except RedisServerError as error:
+                print(f"{PROG}: {error}", file=sys.stderr)
+                return 2
+            refusal = shared_frontier_refusal(server.url)
+            if refusal is None:
+                frontier = server.url
+                print(f"Redis: {server.url} (crawl id {CRAWL_ID!r})")
+            else:
+                print(
+                    f"the shared frontier is refused: {refusal}; the {workers} processes "
+                    "crawl each on its own instead (as with --independent)",
+                    flush=True,
+                )
+                server.stop()
+        hosts = stack.enter_context(LocalHosts([spec for _, spec in host_set], process=True))
+        start_urls = [hosts.page_url(i, 0) for i in range(len(hosts))]
+        for i, label in enumerate(labels):
+            print(f"  {hosts.url(i):<28} {label}")
+        how = "one shared frontier" if frontier else "each on its own"
+        print(
+            f"crawling up to {args.pages} pages with {workers} scrapy crawl processes, "
+            f"{how} (logs: {output_dir}/crawl-K.log) ...",
+            flush=True,
+        )
+        numbers = range(1, workers + 1)
+        commands = [
+            crawl_command(start_urls, args, output_dir, worker=k, frontier=frontier)
+            for k in numbers
+        ]
+        logs = [output_dir / f"crawl-{k}.log" for k in numbers]
+        stats_paths = [output_dir / f"scrapy-stats-{k}.json" for k in numbers]
+        for path in stats_paths:
+            path.unlink(missing_ok=True)
+        try:
+            results = run_crawls(commands, logs, args.timeout)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        with contextlib.suppress(TimeoutError):
+            hosts.wait_idle(timeout=5)
+        all_stats = hosts.all_stats()
+        redis_calls = None
+        if frontier is not None:
+            redis_calls = sum(
+                stat.calls
+                for name, stat in server.commandstats().items()
+                if name.split("|")[0] not in ("info", "config")
+            )
+    for result, path in zip(results, stats_paths, strict=True):
+        _read_scrapy_stats(result, path)
+    report = {
+        "mode": "shared" if frontier else "independent",
+        "workers": workers,
+        "pages": args.pages,
+        "limit": limit,
+        "crawls": [
+            {
+                "returncode": result.returncode,
+                "seconds": round(result.seconds, 3),
+                "finish_reason": result.finish_reason,
+                "timed_out": result.timed_out,
+                "responses": result.scrapy_stats.get("response_received_count"),
+            }
+            for result in results
+        ],
+        "redis_commands": redis_calls,
+        "hosts": [
+            {"label": label, "spec": spec.to_dict(), "stats": stats.to_dict()}
+            for (label, spec), stats in zip(host_set, all_stats, strict=True)
+        ],
+    }
+    (output_dir / "hosts.json").write_text(json.dumps(report, indent=2))
+
+    print()
+    print(host_table(labels, all_stats, limit))
+    print()
+    for k, result in zip(numbers, results, strict=True):
+        responses = result.scrapy_stats.get("response_received_count", "?")
+        print(
+            f"process {k}: {responses} responses in {result.seconds:.1f} s; "
+            f"finish reason {result.finish_reason or '?'}"
+        )
+    served = sum(stats.served for stats in all_stats)
+    worst = max(stats.max_in_flight for stats in all_stats)
+    over = sum(limit is not None and stats.max_in_flight > limit for stats in all_stats)
+    print(
+        f"hosts: {served} page requests answered; most in flight at one host {worst}"
+        + ("" if limit is None else f" (limit {limit}, {over} host(s) over it)")
+    )
+    print(
+        "requests sent inside Retry-After windows: "
+        f"{sum(stats.in_retry_after_window for stats in all_stats)}; pages fetched again: "
+        f"{sum(fetched_again(stats) for stats in all_stats)}"
+    )
+    if redis_calls is not None:
+        per_page = redis_calls / served if served else 0.0
+        print(f"Redis: {redis_calls} commands, {per_page:.1f} per page")
+    print(f"details: {output_dir / 'hosts.json'}, {output_dir}/scrapy-stats-K.json, crawl-K.log")
+    if args.timeline:
+        print(
+            f"timelines: {output_dir}/timeline-K.jsonl "
+            "(python -m scrapy_hostqueue plot FILE -o FILE.html draws one)"
+        )
+    failed = [(result, log) for result, log in zip(results, logs, strict=True) if not result.ok]
+    for result, log in failed:
+        _crawl_failed(result, log, args.timeout)
+    if failed or not served:
+        return next((result.returncode for result, _ in failed if result.returncode), 1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -402,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         parser.error(f"--output-dir: {error}")
+    if args.workers > 1:
+        return run_workers(args, host_set, output_dir)
     labels = [label for label, _ in host_set]
     log_path = output_dir / "crawl.log"
     stats_path = output_dir / "scrapy-stats.json"
@@ -461,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     (output_dir / "hosts.json").write_text(json.dumps(report, indent=2))
 
     print()
-    print(host_table(labels, all_stats))
+    print(host_table(labels, all_stats, per_host_limit(args)))
     print()
     served = sum(stats.served for stats in all_stats)
     responses = result.scrapy_stats.get("response_received_count", "?")
@@ -482,18 +724,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if result.ok and served:
         return 0
-    problem = (
-        f"timed out after {args.timeout:g} s"
-        if result.timed_out
-        else f"exit code {result.returncode}, finish reason {result.finish_reason}"
-    )
-    print(f"{PROG}: the crawl failed ({problem}); end of {log_path}:", file=sys.stderr)
-    try:
-        tail = log_path.read_text(errors="replace").splitlines()[-15:]
-    except OSError:
-        tail = []
-    for line in tail:
-        print(f"  {line}", file=sys.stderr)
+    _crawl_failed(result, log_path, args.timeout)
     return result.returncode or 1
 
 

@@ -13,7 +13,8 @@ and runs in a temporary directory removed when it stops::
 
 Talking to the server needs no client library: the few commands used here
 (``PING``, ``INFO``, ``CONFIG RESETSTAT``, ``FLUSHALL``) go over a plain
-socket as Redis inline commands. Scrapy is not imported here.
+socket as Redis inline commands. Scrapy is imported only by
+:func:`shared_frontier_refusal`.
 """
 
 from __future__ import annotations
@@ -301,3 +302,20 @@ def redis_server(
     """A started :class:`RedisServer`, stopped on exit."""
     with RedisServer(binary, start_timeout=start_timeout, stop_timeout=stop_timeout) as server:
         yield server
+
+
+def shared_frontier_refusal(url: str) -> str | None:
+    """Why this version of the package refuses ``HOSTQUEUE_FRONTIER = url``
+    (its settings error), or None when it accepts the URL."""
+    from scrapy.settings import Settings  # noqa: PLC0415 - the rest needs no Scrapy
+
+    from scrapy_hostqueue._config import (  # noqa: PLC0415
+        HostQueueConfig,
+        HostQueueSettingsError,
+    )
+
+    try:
+        HostQueueConfig.from_settings(Settings({"HOSTQUEUE_FRONTIER": url}))
+    except HostQueueSettingsError as error:
+        return str(error)
+    return None

@@ -20,6 +20,7 @@ from scrapy_hostqueue._redis_server import (
     find_redis_server,
     parse_commandstats,
     redis_server,
+    shared_frontier_refusal,
 )
 
 
@@ -153,3 +154,20 @@ def test_each_test_gets_an_empty_redis(
     assert redis_server.command("DBSIZE") == 0
     redis_server.command(f"SET turn {turn}")
     assert redis_server.command("DBSIZE") == 1
+
+
+def test_the_refusal_of_a_redis_frontier_is_the_settings_error() -> None:
+    # Whichever this version does, the answer matches what the settings say.
+    from scrapy.settings import Settings
+
+    from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+
+    url = "redis://127.0.0.1:6379/0"
+    try:
+        HostQueueConfig.from_settings(Settings({"HOSTQUEUE_FRONTIER": url}))
+    except HostQueueSettingsError as error:
+        assert shared_frontier_refusal(url) == str(error)
+    else:
+        assert shared_frontier_refusal(url) is None
+    assert shared_frontier_refusal("memory") is None
+    assert "HOSTQUEUE_FRONTIER" in (shared_frontier_refusal("nonsense://x") or "")
