@@ -246,7 +246,7 @@ def run_scenarios(
         order = crawl_order(scenarios, runnable, repeats=repeats, extra_repeats=extra_repeats)
         for repeat, name, index in order:
             scenario = scenarios[index]
-            run = _crawl(
+            run = crawl_scenario(
                 scenario,
                 name,
                 repeat,
@@ -259,7 +259,7 @@ def run_scenarios(
     return runs, unavailable
 
 
-def _crawl(
+def crawl_scenario(
     scenario: Scenario,
     name: str,
     repeat: int,
@@ -267,11 +267,13 @@ def _crawl(
     *,
     budget: int,
     time_limit: float,
+    settings: dict[str, Any] | None = None,
 ) -> Run:
-    """One crawl of configuration *name* in *scenario*, measured on both sides."""
+    """One crawl of configuration *name* in *scenario*, measured on both sides;
+    *settings* go on top of the configuration's."""
     hosts.reset()
     child = {
-        "settings": {**scenario.settings(), **CONFIGS[name].settings},
+        "settings": {**scenario.settings(), **CONFIGS[name].settings, **(settings or {})},
         "hosts": [hosts.netloc(index) for index in range(len(hosts))],
         "start_per_host": scenario.start_per_host,
         "budget": budget,

