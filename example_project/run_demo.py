@@ -626,8 +626,11 @@ def run_workers(
             "(python -m scrapy_hostqueue plot FILE -o FILE.html draws one)"
         )
     failed = [(result, log) for result, log in zip(results, logs, strict=True) if not result.ok]
-    for result, log in failed:
-        _crawl_failed(result, log, args.timeout)
+    if failed:
+        # The first failure's log; the others fail the same way, most often.
+        _crawl_failed(*failed[0], args.timeout)
+        for _, log in failed[1:]:
+            print(f"{PROG}: that crawl failed too: {log}", file=sys.stderr)
     if failed or not served:
         return next((result.returncode for result, _ in failed if result.returncode), 1)
     return 0
