@@ -81,8 +81,9 @@ class ScaleRun:
     round: int
     error: str | None = None
     pages_per_second: float | None = None
-    #: Responses the crawl processes received, all of them.
+    #: Responses the crawl processes received, all of them, and each one's.
     pages: int = 0
+    process_pages: list[int] = field(default_factory=list)
     cpu_ms_per_page: float | None = None
     max_in_flight: int = 0
     redis_commands: int | None = None
@@ -223,7 +224,8 @@ def scale_crawl(
     if errors:
         run.error = errors[0]
         return run
-    run.pages = sum(int(result["pages"]) for result in results)
+    run.process_pages = [int(result["pages"]) for result in results]
+    run.pages = sum(run.process_pages)
     cpu = sum(float(result["cpu"]) for result in results)
     run.cpu_ms_per_page = 1000 * cpu / run.pages if run.pages else None
     run.pages_per_second = window_rate([moment for host in stats for moment in host.arrivals])
@@ -235,7 +237,8 @@ def describe_scale(run: ScaleRun) -> str:
     if run.error:
         return head + f"FAILED: {run.error}"
     line = (
-        f"{run.pages_per_second or 0:6.0f} pages/s  {run.pages:>6} pages  "
+        f"{run.pages_per_second or 0:6.0f} pages/s  {run.pages:>6} pages "
+        f"({'+'.join(map(str, run.process_pages))})  "
         f"cpu {run.cpu_ms_per_page or 0:.1f} ms/page  max in flight {run.max_in_flight}"
     )
     if run.commands_per_page is not None:
