@@ -22,8 +22,9 @@ and local hosts, and runs each crawl in fresh processes
     median of the rounds' ratios). Target: within 15 %.
 (c) **Redis commands per crawled page** in every Redis crawl: ``FLUSHALL`` and
     ``CONFIG RESETSTAT`` before it, ``INFO commandstats`` after it (the
-    benchmark's own ``INFO`` and ``CONFIG`` left out), over the responses the
-    crawl processes received.
+    benchmark's own ``INFO`` and ``CONFIG`` left out; commands that scripts
+    call count too), over the responses the crawl processes received; in (a)
+    also the Redis server's CPU time per page (``INFO cpu``).
 
 A version of scrapy-hostqueue that refuses ``HOSTQUEUE_FRONTIER = "redis://..."``
 runs the memory parts only, prints the refusal where the Redis figures would
@@ -88,12 +89,20 @@ class ScaleRun:
     max_in_flight: int = 0
     redis_commands: int | None = None
     commands: dict[str, int] = field(default_factory=dict)
+    #: CPU seconds the Redis server used during the crawl.
+    redis_cpu: float | None = None
 
     @property
     def commands_per_page(self) -> float | None:
         if self.redis_commands is None or not self.pages:
             return None
         return self.redis_commands / self.pages
+
+    @property
+    def redis_cpu_ms_per_page(self) -> float | None:
+        if self.redis_cpu is None or not self.pages:
+            return None
+        return 1000 * self.redis_cpu / self.pages
 
 
 @dataclass
@@ -213,12 +222,14 @@ def scale_crawl(
         "time_limit": seconds,
         "follow": True,
     }
+    cpu_before = server.cpu_seconds() if store == "redis" and server is not None else 0.0
     results = run_children([child] * processes, seconds + GRACE)
     run = ScaleRun(store, processes, round_)
     errors = [str(result["error"]) for result in results if "error" in result]
     if store == "redis" and server is not None:
         run.commands = own_commands_left_out(server.commandstats())
         run.redis_commands = sum(run.commands.values())
+        run.redis_cpu = server.cpu_seconds() - cpu_before
     stats: list[HostStats] = hosts.all_stats()
     run.max_in_flight = max(host.max_in_flight for host in stats)
     if errors:
@@ -242,7 +253,10 @@ def describe_scale(run: ScaleRun) -> str:
         f"cpu {run.cpu_ms_per_page or 0:.1f} ms/page  max in flight {run.max_in_flight}"
     )
     if run.commands_per_page is not None:
-        line += f"  Redis {run.commands_per_page:.1f} commands/page"
+        line += (
+            f"  Redis {run.commands_per_page:.1f} commands/page, "
+            f"cpu {run.redis_cpu_ms_per_page or 0:.2f} ms/page"
+        )
     return head + line
 
 
@@ -300,6 +314,7 @@ def summarise(
                 "max_in_flight": max(r.max_in_flight for r in mine),
                 "failed": sum(r.error is not None for r in mine),
                 "commands_per_page": median([r.commands_per_page for r in mine]),
+                "redis_cpu_ms_per_page": median([r.redis_cpu_ms_per_page for r in mine]),
             }
     for store in ("redis", "memory"):
         one = summary["scale"].get(f"{store}x1", {}).get("pages_per_second")
@@ -400,6 +415,13 @@ def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
     )
     if total:
         lines.append(f"    most called: {top}")
+    cpu = [
+        f"x{key[-1]} {_num(value['redis_cpu_ms_per_page'], '.2f')} ms"
+        for key, value in scale.items()
+        if isinstance(value, dict) and key.startswith("redis")
+    ]
+    if cpu and not refusal:
+        lines.append(f"    Redis server CPU per page in (a): {', '.join(cpu)}")
     return lines
 
 
@@ -504,7 +526,12 @@ def main(argv: list[str]) -> int:
             "scale_settings": SCALE_SETTINGS,
             "budget": args.budget,
             "scale_runs": [
-                {**asdict(run), "commands_per_page": run.commands_per_page} for run in scale
+                {
+                    **asdict(run),
+                    "commands_per_page": run.commands_per_page,
+                    "redis_cpu_ms_per_page": run.redis_cpu_ms_per_page,
+                }
+                for run in scale
             ],
             "overhead_runs": [
                 {

@@ -283,6 +283,16 @@ class RedisServer:
         """Calls and time per command since start or :meth:`reset_stats`."""
         return parse_commandstats(str(self.command("INFO commandstats")))
 
+    def cpu_seconds(self) -> float:
+        """CPU time the server has used since it started (user + system, from
+        ``INFO cpu``)."""
+        fields = dict(
+            line.strip().split(":", 1)
+            for line in str(self.command("INFO cpu")).splitlines()
+            if ":" in line
+        )
+        return float(fields.get("used_cpu_user", 0)) + float(fields.get("used_cpu_sys", 0))
+
     def reset_stats(self) -> None:
         """``CONFIG RESETSTAT``: the command counts start again from zero."""
         self.command("CONFIG RESETSTAT")

@@ -48,7 +48,9 @@ def _overhead(scenario: str, store: str, round_: int, seconds: float) -> Overhea
 
 def test_ratios_and_targets_from_the_runs() -> None:
     scale = [
-        ScaleRun("redis", 1, 0, pages_per_second=400.0, pages=4000, redis_commands=12000),
+        ScaleRun(
+            "redis", 1, 0, pages_per_second=400.0, pages=4000, redis_commands=12000, redis_cpu=0.4
+        ),
         ScaleRun("redis", 2, 0, pages_per_second=680.0, pages=6800, redis_commands=20400),
         ScaleRun("memory", 1, 0, pages_per_second=420.0, pages=4200),
         ScaleRun("memory", 2, 0, pages_per_second=714.0, pages=7140),
@@ -72,6 +74,7 @@ def test_ratios_and_targets_from_the_runs() -> None:
     assert re.search(r"S2: .*\n.*<= 1.15x: 1.20x \(rounds: 1.20\) FAIL", text)
     assert "(c) Redis commands per crawled page: (a) x1 3.0, (a) x2 3.0, (b) S1 2.5" in text
     assert "most called: evalsha 80 %, get 20 %" in text
+    assert "Redis server CPU per page in (a): x1 0.10 ms, x2 -" in text
 
 
 def test_a_refused_redis_frontier_is_said_and_measures_nothing() -> None:

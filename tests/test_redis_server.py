@@ -100,6 +100,10 @@ def test_the_server_answers_counts_commands_and_stops() -> None:
         assert calls["incr"].calls == 1
         server.reset_stats()
         assert "set" not in server.commandstats()
+        before = server.cpu_seconds()
+        for _ in range(200):
+            server.command("PING")
+        assert server.cpu_seconds() >= before >= 0
         # No persistence: no snapshot, no append-only file.
         assert server.command("CONFIG GET save") == ["save", ""]
         assert server.command("CONFIG GET appendonly") == ["appendonly", "no"]
