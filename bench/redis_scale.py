@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.runner import ROOT, Run, child_environment, crawl_scenario, describe
+from bench.runner import ROOT, Run, child_environment, cpu_probe, crawl_scenario, describe
 from bench.scenarios import ADDON, CONFIGS, DEFAULT_BUDGET, SCENARIOS
 from bench.standalone import RESULTS, median, run_meta, write_results
 from scrapy_hostqueue._redis_server import RedisServer, shared_frontier_refusal
@@ -91,6 +91,8 @@ class ScaleRun:
     commands: dict[str, int] = field(default_factory=dict)
     #: CPU seconds the Redis server used during the crawl.
     redis_cpu: float | None = None
+    #: The machine's speed before the crawl (``bench.runner.cpu_probe``).
+    probe_ms: float | None = None
 
     @property
     def commands_per_page(self) -> float | None:
@@ -114,6 +116,7 @@ class OverheadRun:
     run: Run
     redis_commands: int | None = None
     commands: dict[str, int] = field(default_factory=dict)
+    probe_ms: float | None = None
 
     @property
     def commands_per_page(self) -> float | None:
@@ -208,6 +211,7 @@ def scale_crawl(
     """One (a) crawl of *processes* processes on *store* (``redis``: one
     shared crawl on *server*; ``memory``: each process on its own)."""
     hosts.reset()
+    probe = cpu_probe()
     settings = dict(SCALE_SETTINGS)
     if store == "redis":
         assert server is not None
@@ -224,7 +228,7 @@ def scale_crawl(
     }
     cpu_before = server.cpu_seconds() if store == "redis" and server is not None else 0.0
     results = run_children([child] * processes, seconds + GRACE)
-    run = ScaleRun(store, processes, round_)
+    run = ScaleRun(store, processes, round_, probe_ms=probe)
     errors = [str(result["error"]) for result in results if "error" in result]
     if store == "redis" and server is not None:
         run.commands = own_commands_left_out(server.commandstats())
@@ -271,6 +275,7 @@ def overhead_crawl(
 ) -> OverheadRun:
     """One (b) crawl: the add-on in *scenario_name* on *store*."""
     scenario = SCENARIOS[scenario_name]
+    probe = cpu_probe()
     settings: dict[str, Any] = {}
     if store == "redis":
         assert server is not None
@@ -287,7 +292,7 @@ def overhead_crawl(
         settings=settings,
     )
     run.config = f"{ADDON}/{store}"
-    result = OverheadRun(scenario_name, store, run)
+    result = OverheadRun(scenario_name, store, run, probe_ms=probe)
     if store == "redis" and server is not None:
         result.commands = own_commands_left_out(server.commandstats())
         result.redis_commands = sum(result.commands.values())
@@ -513,6 +518,26 @@ def main(argv: list[str]) -> int:
                             print(line, flush=True)
     summary = summarise(scale, overhead, refusal)
     lines = report_lines(summary, args.parts)
+    probes = [
+        (f"(a) {run.store} x{run.processes}", run.probe_ms)
+        for run in scale
+        if run.probe_ms is not None
+    ] + [
+        (f"(b) {item.scenario} {item.store}", item.probe_ms)
+        for item in overhead
+        if item.probe_ms is not None
+    ]
+    if probes:
+        times = [ms for _, ms in probes]
+        lines.append(
+            "CPU probe before each crawl (ms for a fixed piece of interpreter work): "
+            + ", ".join(f"{label} {ms:.1f}" for label, ms in probes)
+        )
+        if max(times) > 1.2 * min(times):
+            lines.append(
+                f"  The machine's speed changed by up to {max(times) / min(times):.2f}x during "
+                "the run: the ratios between crawls moved with it."
+            )
     print("\n" + "\n".join(lines))
     path = write_results(
         args.out,
@@ -540,6 +565,7 @@ def main(argv: list[str]) -> int:
                     "run": asdict(item.run),
                     "commands": item.commands,
                     "commands_per_page": item.commands_per_page,
+                    "probe_ms": item.probe_ms,
                 }
                 for item in overhead
             ],
