@@ -259,6 +259,7 @@ class HostQueueConfig:
     # Scheduler
     max_active_hosts: int  # 0 = no cap
     turn_requests: int  # requests a host is handed in one turn at an active-host place
+    turn_seconds: float  # how long a turn lasts at most, 0 = no bound
     idle_grace: float  # seconds a host with nothing left to do keeps its place
     prefetch: int  # requests per host handed out beyond the limit (own handler only)
     remember_hosts: int
@@ -346,6 +347,7 @@ class HostQueueConfig:
         return cls(
             max_active_hosts=max_active,
             turn_requests=_integer(settings, "HOSTQUEUE_TURN_REQUESTS", 100, minimum=1),
+            turn_seconds=_number(settings, "HOSTQUEUE_TURN_SECONDS", 10.0, maximum=_MAX_WAIT),
             idle_grace=idle_grace,
             prefetch=_integer(settings, "HOSTQUEUE_PREFETCH", 1, minimum=0),
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),

@@ -190,6 +190,7 @@ class HostQueueScheduler(BaseScheduler):
             self._new_state,
             max_active=config.max_active_hosts,
             turn=config.turn_requests,
+            turn_seconds=config.turn_seconds,
             grace=config.idle_grace,
             prefetch=self.prefetch or self._slot_prefetch,
             # Without the send gate nothing downstream spaces the starts.

@@ -19,6 +19,7 @@ from tests.crawling import PageSpider
 
 DURATIONS = [
     "HOSTQUEUE_IDLE_GRACE",
+    "HOSTQUEUE_TURN_SECONDS",
     "HOSTQUEUE_AIMD_FAST_LATENCY",
     "HOSTQUEUE_AIMD_SLOW_LATENCY",
     "HOSTQUEUE_RETRY_AFTER_MAX",
@@ -79,6 +80,7 @@ def test_a_duration_must_be_a_finite_number(name: str, value: Any) -> None:
         ("HOSTQUEUE_CRAWL_DELAY_MAX", 90_000),
         ("HOSTQUEUE_IDLE_GRACE", 1e12),
         ("HOSTQUEUE_CONNECT_TIMEOUT", 1e6),
+        ("HOSTQUEUE_TURN_SECONDS", 1e6),
     ],
 )
 def test_waits_beyond_their_bound_are_refused(name: str, value: float) -> None:
@@ -90,6 +92,13 @@ def test_connect_timeout_defaults_to_10_s_and_0_turns_it_off() -> None:
     assert config(HOSTQUEUE_CONNECT_TIMEOUT="2.5").connect_timeout == 2.5
     assert config(HOSTQUEUE_CONNECT_TIMEOUT=0).connect_timeout == 0.0
     assert ">= 0" in refused("HOSTQUEUE_CONNECT_TIMEOUT", -1)
+
+
+def test_turn_seconds_defaults_to_10_s_and_0_turns_it_off() -> None:
+    assert config().turn_seconds == 10.0
+    assert config(HOSTQUEUE_TURN_SECONDS="2.5").turn_seconds == 2.5
+    assert config(HOSTQUEUE_TURN_SECONDS=0).turn_seconds == 0.0
+    assert ">= 0" in refused("HOSTQUEUE_TURN_SECONDS", -1)
 
 
 @pytest.mark.parametrize("name", ["HOSTQUEUE_LOG_INTERVAL", "HOSTQUEUE_TIMELINE_INTERVAL"])

@@ -2132,3 +2132,81 @@ def test_a_host_alone_gets_its_whole_limit_within_the_budget() -> None:
     assert [popped for popped in served if popped is not None] == [
         ("a", f"a{page}") for page in range(4)
     ]
+
+
+def test_while_hosts_wait_for_a_place_each_place_gets_an_equal_part_of_the_budget() -> None:
+    # Two places, a budget of 2. "a" leaves its place with two hosts waiting:
+    # "c" is let in (not served yet) and "d" still waits. Counted among the
+    # active hosts, "b" alone would have its whole limit; with hosts waiting
+    # for a place it has its place's part of the budget: one request.
+    frontier, _clock = make(limit=4, max_active=2, turn=100)
+    frontier.budget = 2
+    frontier.push("a", 0, "a0")
+    for key in ("b", "c", "d"):
+        for page in range(8):
+            frontier.push(key, 0, f"{key}{page}")
+    frontier.set_answering("a", True)
+    frontier.set_answering("b", True)
+    assert frontier.pop() == ("a", "a0")
+    assert frontier.pop() == ("b", "b0")
+    assert frontier.pop() is None  # c and d wait for a place; b has its share
+    frontier.finish("a")
+    assert frontier.active == 1
+    assert frontier.state("c") == READY
+    assert frontier.state("d") == CAPPED
+    assert frontier.in_flight_cap(frontier.policy("b")) == 1
+    assert frontier.pop() == ("c", "c0")
+    assert frontier.pop() is None
+    assert (frontier.inflight("b"), frontier.inflight("c")) == (1, 1)
+
+
+def test_the_part_of_each_place_is_rounded_up_so_the_budget_is_used() -> None:
+    frontier, _clock = make(limit=4, max_active=2, turn=100)
+    frontier.budget = 3
+    for key in ("a", "b", "c"):
+        for page in range(8):
+            frontier.push(key, 0, f"{key}{page}")
+    served = [frontier.pop() for _ in range(6)]
+    # "c" waits for a place; the two places share 3 requests, 2 each at most.
+    assert frontier.state("c") == CAPPED
+    assert Counter(key for key, _ in filter(None, served)) == {"a": 2, "b": 2}
+
+
+def test_a_host_at_its_share_gets_its_prefetch_only_when_no_host_can_send() -> None:
+    frontier, _clock = make(limit=4)
+    frontier.budget = 2
+    frontier.prefetch = 1
+    for key in ("a", "b"):
+        for page in range(4):
+            frontier.push(key, 0, f"{key}{page}")
+    assert [frontier.pop(), frontier.pop()] == [("a", "a0"), ("b", "b0")]
+    # Each has its share (1 of 2) in flight, below its limit: one more each
+    # would wait downstream, so a host that can send at once goes first.
+    frontier.push("c", 0, "c0")
+    assert frontier.pop() == ("c", "c0")
+    assert (frontier.state("a"), frontier.state("b")) == (PREFETCH, PREFETCH)
+    assert frontier.pop() in {("a", "a1"), ("b", "b1")}
+
+
+@pytest.mark.parametrize("turn_seconds", [0.0, 5.0])
+def test_a_turn_also_ends_after_turn_seconds_while_hosts_wait(turn_seconds: float) -> None:
+    # One place, turns of 100 requests: "a" answers a request per 2 s. With
+    # turn_seconds it lets "b" in once its turn has lasted that long.
+    frontier, clock = make(max_active=1, turn=100)
+    frontier.turn_seconds = turn_seconds
+    for key in ("a", "b"):
+        for page in range(10):
+            frontier.push(key, 0, f"{key}{page}")
+    served = []
+    for _ in range(6):
+        popped = frontier.pop()
+        assert popped is not None
+        served.append(popped[0])
+        assert frontier.pop() is None  # one request at a time (limit 1)
+        clock.advance(2.0)
+        frontier.finish(popped[0])
+    if turn_seconds:
+        # Served at 0, 2 and 4 s; at its third answer (6 s) its turn is over.
+        assert served == ["a", "a", "a", "b", "b", "b"]
+    else:
+        assert served == ["a"] * 6

@@ -326,6 +326,35 @@ async def test_a_broad_crawl_keeps_the_connections_of_the_hosts_it_works_on(
     assert connections[1, None] >= 240, connections
 
 
+@pytest.mark.crawl
+@deferred_f_from_coro_f
+async def test_while_hosts_wait_for_a_place_the_budget_goes_to_more_hosts(
+    local_hosts: HostsFactory,
+) -> None:
+    # 24 sites of 12 start pages, interleaved; 6 places and a budget of 6, a
+    # limit of 4. While sites wait for a place, each place gets one request
+    # of the budget: a site has one request in flight, on one connection,
+    # instead of taking the budget of a waiting site on more connections.
+    # Counted by the hosts.
+    hosts = local_hosts([HostSpec(latency=0.02, links=0)] * 24)
+    await crawl(
+        interleave(*(hosts.start_urls(i, 12) for i in range(24))),
+        ADDONS={"scrapy_hostqueue.Addon": 0},
+        DOWNLOAD_HANDLERS={},
+        CONCURRENT_REQUESTS=6,
+        CONCURRENT_REQUESTS_PER_DOMAIN=4,
+        HOSTQUEUE_TIMELINE_FILE=None,
+    )
+    hosts.wait_idle()
+    stats = hosts.all_stats(arrivals=False)
+    assert [host.served for host in stats] == [12] * 24
+    assert max(host.max_in_flight for host in stats) <= 4
+    # The last sites, with nobody waiting behind them, may have more; the
+    # first ones (18 of them, 3 rounds of places) never do.
+    assert [host.max_in_flight for host in stats[:18]] == [1] * 18
+    assert sum(host.connections for host in stats) <= 24 + 6 * 3
+
+
 class _ShortCircuit:
     """Answers some requests itself and refuses others, as a cache or a
     robots.txt middleware would."""

@@ -36,13 +36,21 @@ exactly one state:
 
 A host takes an active place when it is first served and keeps it, across
 moments with nothing in flight, while it has work it may start at once, for
-a turn of ``turn`` requests: with nothing in flight it gives the place up when
+a turn of ``turn`` requests or ``turn_seconds``, whichever ends first: with
+nothing in flight it gives the place up when
 it has nothing queued (after the ``grace``, IDLE), must wait for a time
 (BLOCKED), or has had its turn (then it goes to the back of the CAPPED FIFO).
 A host whose turn is over while hosts wait in the CAPPED FIFO gets no new
 request (ENDING), so a host that always has requests in flight does not keep
-its place for ever. Kept places let the hosts being crawled keep their
-keep-alive connections.
+its place for ever, and a slow host, whose turn lasts long, lets the hosts
+waiting behind it take their turns. Kept places let the hosts being crawled
+keep their keep-alive connections.
+
+With a ``budget`` (the crawl's global concurrency), a host has at most its
+share of it in flight (:meth:`MemoryStore.in_flight_cap`): while hosts wait
+for a place, an equal part per place (one request at the defaults), so the
+budget goes to more hosts, each on one connection, rather than to more
+connections on fewer hosts.
 
 Hosts that answered their last request (``HostState.answering``) go before
 silent ones (not heard from yet, or whose last request failed to connect or
@@ -206,6 +214,7 @@ class _Host(Generic[T]):
         "inflight",
         "key",
         "leased",
+        "leased_at",
         "overdue",
         "pending_start",
         "policy",
@@ -227,9 +236,10 @@ class _Host(Generic[T]):
         #: Of ``inflight``, the requests in flight far longer than the host
         #: usually takes (see :meth:`MemoryStore.set_overdue`).
         self.overdue = 0
-        #: Whether the host holds one of the active-host places, and how many
-        #: requests it was handed since it took it.
+        #: Whether the host holds one of the active-host places, since when,
+        #: and how many requests it was handed since it took it.
         self.leased = False
+        self.leased_at = 0.0
         self.served = 0
         #: With ``await_start``: when the hand-out whose start the host waits
         #: for was handed out (its ``last_start`` then), else None.
@@ -268,7 +278,8 @@ class MemoryStore(Generic[T]):
 
     *policy_factory* makes the policy of a host seen for the first time.
     *max_active* caps the hosts holding an active place (0: no cap); *turn*
-    is how many requests a host is handed in one turn at a place; *grace* is
+    is how many requests a host is handed in one turn at a place, and
+    *turn_seconds* (0: no bound) how long a turn lasts at most; *grace* is
     how long (seconds) a host with nothing left to do keeps its place.
     *remember* bounds the policies kept for hosts that went idle, so that a
     crawl meeting a million hosts does not keep a million idle entries.
@@ -283,6 +294,7 @@ class MemoryStore(Generic[T]):
         *,
         max_active: int = 0,
         turn: int = 1,
+        turn_seconds: float = 0.0,
         grace: float = 0.0,
         prefetch: int = 0,
         silent_limit: int = 0,
@@ -296,6 +308,8 @@ class MemoryStore(Generic[T]):
             raise ValueError(f"ring_granularity must be >= 1, got {ring_granularity!r}")
         if turn < 1:
             raise ValueError(f"turn must be >= 1, got {turn!r}")
+        if not turn_seconds >= 0:
+            raise ValueError(f"turn_seconds must be >= 0, got {turn_seconds!r}")
         if silent_limit < 0:
             raise ValueError(f"silent_limit must be >= 0, got {silent_limit!r}")
         if not grace >= 0:
@@ -303,6 +317,7 @@ class MemoryStore(Generic[T]):
         self.grace = grace
         self._ring_granularity = ring_granularity
         self.turn = turn
+        self.turn_seconds = turn_seconds
         self._policy_factory = policy_factory
         self.max_active = max_active
         #: Requests a host may have handed out beyond its limit; they wait
@@ -393,13 +408,21 @@ class MemoryStore(Generic[T]):
     def in_flight_cap(self, policy: HostState) -> int:
         """How many requests a host with *policy* may have in flight now: its
         limit, or ``silent_limit`` if that is lower and the host is silent,
-        and at most its share of ``budget``: what the active silent hosts do
+        and at most its share of ``budget``. While hosts wait for a place,
+        every place gets an equal part of the budget (``budget /
+        max_active``, rounded up); otherwise what the active silent hosts do
         not take, divided by the other active hosts, rounded up."""
         cap = policy.limit
         if self.silent_limit and not policy.answering:
             cap = min(cap, self.silent_limit)
         if not self.budget:
             return cap
+        if self._waiting and self.max_active > 0:
+            # The places are all taken and the budget binds: a second
+            # request in flight on one host would take the budget a waiting
+            # host could use, and open a second connection to the host for
+            # the same pages per second crawl-wide.
+            return min(cap, max(1, -(-self.budget // self.max_active)))
         # Silent hosts hold silent_limit each; the others share the rest.
         active, budget = self.active, self.budget
         if self.silent_limit:
@@ -531,6 +554,12 @@ class MemoryStore(Generic[T]):
             token, host = bucket.popleft()
             self._ring_entries -= 1
             if host.token == token:
+                if host.inflight and host.inflight >= self.in_flight_cap(host.policy):
+                    # Its share fell since it was placed (hosts came to wait
+                    # for a place): placed again, behind the hosts that may
+                    # send at once.
+                    self._place(host, now)
+                    continue
                 served = self._serve_in_turn(host, now)
                 if served is not None:
                     return served
@@ -556,7 +585,7 @@ class MemoryStore(Generic[T]):
         if not host.leased and 0 < self.max_active <= self.active:
             self._set_capped(host)
             return None
-        if self._turn_over(host):
+        if self._turn_over(host, now):
             self._place(host, now)  # ENDING
             return None
         return self._serve(host, now)
@@ -788,6 +817,7 @@ class MemoryStore(Generic[T]):
         self._note_full(host, now)
         if not host.leased:
             host.leased = True
+            host.leased_at = now
             host.served = 0
             self.active += 1
             if not host.policy.answering:
@@ -855,10 +885,10 @@ class MemoryStore(Generic[T]):
             self._push_timer(host, ready_at)
             if not working:
                 self._leave(host, now)
-        elif host.leased and host.served >= self.turn and not working:
+        elif host.leased and self._turn_done(host, now) and not working:
             # Its turn is over: behind the hosts waiting for a place.
             self._leave(host, now, requeue=True)
-        elif self._turn_over(host):
+        elif self._turn_over(host, now):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
             host.state = ENDING
@@ -870,7 +900,9 @@ class MemoryStore(Generic[T]):
         elif not host.leased and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).
             self._set_capped(host)
-        elif host.inflight >= policy.limit:
+        elif host.inflight >= self.in_flight_cap(policy):
+            # What it gets beyond its cap waits downstream, holding budget:
+            # only when no host can send at once.
             host.state = PREFETCH
             self._seq += 1
             rank = self._ring_rank(host)
@@ -895,11 +927,18 @@ class MemoryStore(Generic[T]):
         if self._crowded(len(self._timers)):
             self._compact()
 
-    def _turn_over(self, host: _Host[T]) -> bool:
+    def _turn_done(self, host: _Host[T], now: float) -> bool:
+        """Whether *host* has had ``turn`` requests, or ``turn_seconds``, at
+        its place."""
+        if host.served >= self.turn:
+            return True
+        return 0 < self.turn_seconds <= now - host.leased_at
+
+    def _turn_over(self, host: _Host[T], now: float) -> bool:
         """Whether *host* has had its turn at its place while hosts wait for
         one: for an answering host, answering hosts, or silent hosts holding
         fewer than their share of the places."""
-        if not (self._waiting and host.leased and host.served >= self.turn):
+        if not (self._waiting and host.leased and self._turn_done(host, now)):
             return False
         if not host.policy.answering or self._waiting > self._waiting_silent:
             return True
