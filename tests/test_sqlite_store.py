@@ -7,6 +7,7 @@ A fake clock for the ring; no crawl, no sleep.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import sqlite3
 import sys
@@ -16,11 +17,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scrapy import Spider
+from scrapy import FormRequest, Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.__main__ import main
-from scrapy_hostqueue._frontier import FrontierDupeFilter
+from scrapy_hostqueue._frontier import FrontierDupeFilter, RequestCodec
 from scrapy_hostqueue.scheduler import HostQueueScheduler
 from scrapy_hostqueue.store import HostState, MemoryStore
 from scrapy_hostqueue.store._sqlfile import (
@@ -515,3 +516,57 @@ def test_a_damaged_frontier_in_jobdir_is_refused_at_start(tmp_path: Path) -> Non
     (tmp_path / FRONTIER_FILE).write_bytes(b"\0garbage" * 512)
     with pytest.raises(FrontierFileError, match="damaged"):
         _scheduler(tmp_path)
+
+
+# -- the request codec -------------------------------------------------------------
+
+
+class CodecSpider(Spider):
+    name = "codec"
+
+    def parse(self, response: object) -> None:
+        pass
+
+    def parse_item(self, response: object) -> None:
+        pass
+
+    def failed(self, failure: object) -> None:
+        pass
+
+
+def test_the_codec_writes_what_request_to_dict_gives() -> None:
+    crawler = get_crawler(CodecSpider, {"TELNETCONSOLE_ENABLED": False})
+    spider = CodecSpider()
+    codec = RequestCodec(crawler.stats, debug=False)
+    codec.spider = spider
+    other = CodecSpider()
+    requests = [
+        Request("http://a.example/1"),
+        Request("http://a.example/2", callback=spider.parse, errback=spider.failed),
+        Request("http://a.example/3", callback=spider.parse_item, priority=3, meta={"k": 1}),
+        Request("http://a.example/4", callback=other.parse_item, cb_kwargs={"n": 2}),
+        Request("http://a.example/5", headers={"X-A": "b"}, cookies={"c": "d"}),
+        FormRequest("http://a.example/6", formdata={"q": "x"}, callback=spider.parse),
+    ]
+    # Twice: the second time the callbacks' names are remembered.
+    for _ in range(2):
+        for request in requests:
+            data = codec.encode(request)
+            assert data is not None
+            assert pickle.loads(data) == request.to_dict(spider=spider)
+            again = codec.decode(data)
+            assert type(again) is type(request)
+            assert again.to_dict(spider=spider) == request.to_dict(spider=spider)
+    # A callback that is not one of the spider's methods cannot be written,
+    # as with Request.to_dict.
+    assert codec.encode(Request("http://a.example/7", callback=lambda r: None)) is None
+    assert crawler.stats.get_value("scheduler/unserializable") == 1
+    # A method the spider no longer has under its remembered name is looked
+    # up again (and not found, as Request.to_dict would not find it).
+    method = spider.parse_item
+    spider.parse_item = spider.failed  # type: ignore[method-assign]
+    request = Request("http://a.example/8", callback=method)
+    with pytest.raises(ValueError, match="not an instance method"):
+        request.to_dict(spider=spider)
+    assert codec.encode(request) is None
+    assert crawler.stats.get_value("scheduler/unserializable") == 2

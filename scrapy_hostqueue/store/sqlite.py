@@ -225,12 +225,16 @@ class SqliteStore(Generic[T]):
             self._mem.push(key, entry.rank, entry)
 
     def _refill(self, key: str) -> None:
-        """Read the next requests of *key*'s backlog into memory."""
+        """Read the next requests of *key*'s backlog into memory: up to its
+        window, the larger one for a host with requests in flight (their row
+        ids only: a read, and the flush of the pending writes before it, per
+        few requests handed out cost more than the memory)."""
         backlog = self._backlog.get(key, 0)
         if not backlog:
             return
         held = self._mem.queued(key)
-        want = self._window - held
+        window = self._active_window if self._mem.inflight(key) else self._window
+        want = window - held
         if want <= 0:
             return
         rows = self.file.head(key, held + want)
