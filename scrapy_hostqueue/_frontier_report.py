@@ -34,7 +34,7 @@ def report(path: str, *, top: int = 10) -> str:
     try:
         queued = dict(frontier.queued_per_host())
         leased = dict(frontier.leased_per_host())
-        hosts = frontier.host_rows()
+        hosts = list(frontier.host_rows())
         fingerprints = frontier.fingerprint_count()
     finally:
         frontier.close()

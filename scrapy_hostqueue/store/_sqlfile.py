@@ -448,12 +448,13 @@ class FrontierFile:
             "SELECT host, count(*) FROM requests WHERE leased = 1 GROUP BY host"
         ).fetchall()
 
-    def host_rows(self) -> list[HostRow]:
+    def host_rows(self) -> Iterator[HostRow]:
+        """Every host row, read as iterated (a broad crawl has many)."""
         learned = "learned" if self._learned_column else "NULL"
-        return self._read(
+        yield from self._read(
             "SELECT host, host_limit, interval, blocked_until, block_reason, spaced_until, "
             f"given_up, {learned} FROM hosts"
-        ).fetchall()
+        )
 
     def rows(self, host: str | None = None) -> Iterator[tuple[int, str, int, bytes]]:
         """``(id, host, rank, data)`` of queued requests (O(requests))."""
