@@ -46,10 +46,18 @@ The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
   ever longer. A response that is not a back-off status resets the count of
   failures in a row and the cool-downs. Failures of requests that started
   before the host was parked do not count toward the next budget.
+
+What the rule learned about a host outlives the process with a frontier file:
+:meth:`AimdTable.export` gives it as a small dict of numbers (the limit, the
+smoothed latency, the error budget spent, the probe level), and
+:meth:`AimdTable.restore` takes it back in a resumed crawl. Times (the last
+decrease, the last park) are not kept: every request of the resumed crawl
+starts after them.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import OrderedDict
@@ -239,6 +247,50 @@ class AimdTable:
         """Drop what is known about *key*; it starts again from ``start``."""
         self._hosts.pop(key, None)
 
+    def export(self, key: str) -> dict[str, float] | None:
+        """What the rule learned about *key*, as numbers a JSON object holds
+        (None if the host is unknown); fields at their starting value are
+        left out."""
+        state = self._hosts.get(key)
+        if state is None:
+            return None
+        data: dict[str, float] = {"limit": state.limit}
+        if state.srtt is not None:
+            data["srtt"] = round(state.srtt, 6)
+            data["rttvar"] = round(state.rttvar, 6)
+        for name in _COUNTS:
+            value = getattr(state, name)
+            if value:
+                data[name] = value
+        if state.probe_penalty != 1:
+            data["probe_penalty"] = state.probe_penalty
+        return data
+
+    def restore(self, key: str, data: dict[str, float], ceiling: int | None = None) -> AimdHost:
+        """Take back what :meth:`export` gave for *key* (in a resumed crawl):
+        the host's state is made, or updated, from *data*. Values out of
+        range (the settings changed since) are brought within the rule's
+        bounds; unknown or unusable fields are ignored. *ceiling* as for
+        :meth:`host`."""
+        state = self.host(key, ceiling)
+        s = self.settings
+        limit = _count(data, "limit")
+        if limit is not None:
+            state.limit = min(state.ceiling, max(min(s.floor, state.ceiling), limit))
+        srtt = _seconds(data, "srtt")
+        if srtt is not None:
+            state.srtt = srtt
+            state.rttvar = _seconds(data, "rttvar") or 0.0
+        for name in _COUNTS:
+            value = _count(data, name)
+            if value is not None:
+                setattr(state, name, value)
+        state.backoff_exponent = min(state.backoff_exponent, _MAX_BACKOFF_EXPONENT)
+        penalty = _count(data, "probe_penalty")
+        if penalty is not None:
+            state.probe_penalty = min(MAX_PROBE_PENALTY, max(1, penalty))
+        return state
+
     # -- outcomes --------------------------------------------------------
 
     def on_success(
@@ -402,6 +454,28 @@ class AimdTable:
         state.run = 0
         state.last_decrease = self.clock()
         return Adjustment(key, old, new, reason, decreased=True)
+
+
+#: The counters :meth:`AimdTable.export` keeps (0 at the start).
+_COUNTS = ("failures", "cooldowns", "probe_level", "backoff_exponent")
+
+
+def _count(data: dict[str, float], name: str) -> int | None:
+    value = data.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
+
+
+def _seconds(data: dict[str, float], name: str) -> float | None:
+    value = data.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
 
 
 def _observe_latency(state: AimdHost, latency: float) -> None:

@@ -34,6 +34,14 @@ class PolicyHook(Protocol):
 
     def forget_host(self, host: str) -> None: ...
 
+    def learned(self, host: str) -> dict[str, float] | None:
+        """What was learned about *host* (a small dict of numbers a JSON
+        object holds), for a store that outlives the process; None if
+        nothing."""
+
+    def relearn(self, host: str, data: dict[str, float]) -> None:
+        """Take back what :meth:`learned` gave for *host* before a resume."""
+
     def learn(self, request: Request, response: Response) -> None: ...
 
     def overdue_after(self, host: str) -> float:

@@ -12,6 +12,7 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any
 
+from scrapy import Request
 from scrapy.dupefilters import BaseDupeFilter, RFPDupeFilter
 from scrapy.utils.asyncio import call_later
 from scrapy.utils.misc import load_object
@@ -26,7 +27,7 @@ from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from scrapy import Request, Spider
+    from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
     from scrapy.utils.asyncio import CallLaterResult
@@ -75,10 +76,12 @@ class RequestCodec:
         self._stats = stats
         self._debug = debug
         self._warned = False
+        # The spider's method names by function, as Request.to_dict finds them.
+        self._names: dict[Any, str] = {}
 
     def encode(self, request: Request) -> bytes | None:
         try:
-            return pickle.dumps(request.to_dict(spider=self.spider), protocol=4)
+            return pickle.dumps(self._to_dict(request), protocol=4)
         except Exception:
             self._stats.inc_value("scheduler/unserializable")
             if self._debug or not self._warned:
@@ -90,6 +93,41 @@ class RequestCodec:
                     request,
                 )
             return None
+
+    def _to_dict(self, request: Request) -> dict[str, Any]:
+        """``request.to_dict(spider=self.spider)``, with the names of the
+        spider's methods used as callbacks remembered: ``to_dict`` finds each
+        by listing the spider's members (``inspect.getmembers``) on every
+        call, which cost more than the rest of the frontier's work for a
+        request. Anything but a method already named goes through
+        ``to_dict`` itself."""
+        callback, errback = request.callback, request.errback
+        try:
+            d = {
+                "url": request.url,
+                "callback": self._name(callback) if callable(callback) else callback,
+                "errback": self._name(errback) if callable(errback) else errback,
+                "headers": dict(request.headers),
+            }
+        except KeyError:
+            d = request.to_dict(spider=self.spider)
+            for func, name in ((callback, d["callback"]), (errback, d["errback"])):
+                if callable(func) and isinstance(name, str):
+                    self._names[func.__func__] = name  # type: ignore[union-attr]
+            return d
+        for attr in request.attributes:
+            d.setdefault(attr, getattr(request, attr))
+        if type(request) is not Request:
+            d["_class"] = request.__module__ + "." + request.__class__.__name__
+        return d
+
+    def _name(self, method: Any) -> str:
+        """The name of the spider's *method* if known (KeyError if not)."""
+        name = self._names[getattr(method, "__func__", None)]
+        if getattr(getattr(self.spider, name, None), "__func__", None) is not method.__func__:
+            del self._names[method.__func__]  # the spider changed since
+            raise KeyError(name)
+        return name
 
     def decode(self, data: bytes) -> Request:
         return request_from_dict(pickle.loads(data), spider=self.spider)  # our own file

@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timezone
 
 from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE, FrontierFile
+from scrapy_hostqueue.store.sqlite import parse_learned
 
 
 def frontier_file(path: str) -> str:
@@ -33,7 +34,7 @@ def report(path: str, *, top: int = 10) -> str:
     try:
         queued = dict(frontier.queued_per_host())
         leased = dict(frontier.leased_per_host())
-        hosts = frontier.host_rows()
+        hosts = list(frontier.host_rows())
         fingerprints = frontier.fingerprint_count()
     finally:
         frontier.close()
@@ -58,17 +59,36 @@ def report(path: str, *, top: int = 10) -> str:
     )
     if blocked:
         lines.append("blocked hosts:")
-        for host, _limit, _interval, until, reason, _spaced, _given_up in blocked:
+        for host, _limit, _interval, until, reason, _spaced, _given_up, _learned in blocked:
             assert until is not None
             lines.append(f"  {host}  until {_when(until, now)}, {reason or 'blocked'}")
     given_up = sorted(row[0] for row in hosts if row[6])
     if given_up:
         lines.append(f"given-up hosts ({len(given_up):,}): " + ", ".join(given_up[:top]))
-    learned = sorted((row for row in hosts if row[1] or row[2]), key=lambda r: r[0])
+    learned = sorted((row for row in hosts if row[1] or row[2] or row[7]), key=lambda r: r[0])
     if learned:
         lines.append(f"learned limits and intervals ({len(learned):,} hosts):")
-        for host, limit, interval, *_ in learned[:top]:
+        for host, limit, interval, *_, text in learned[:top]:
             lines.append(
-                f"  {host}  limit {limit}" + (f", interval {interval:g} s" if interval else "")
+                f"  {host}  limit {limit}"
+                + (f", interval {interval:g} s" if interval else "")
+                + _aimd_text(parse_learned(text))
             )
     return "\n".join(lines)
+
+
+def _aimd_text(data: dict[str, float] | None) -> str:
+    """What the AIMD middleware learned about a host, in words."""
+    if not data:
+        return ""
+    parts = []
+    if "srtt" in data:
+        parts.append(f"latency {data['srtt']:.3g} s ± {data.get('rttvar', 0.0):.2g}")
+    if data.get("failures"):
+        parts.append(f"{data['failures']:g} failure(s) in a row")
+    if data.get("cooldowns"):
+        parts.append(f"{data['cooldowns']:g} cool-down(s)")
+    if data.get("probe_level"):
+        parts.append(f"pushed back at {data['probe_level']:g}")
+    head = f"; AIMD limit {data['limit']:g}" if "limit" in data else "; AIMD"
+    return head + "".join(f", {part}" for part in parts)

@@ -213,6 +213,8 @@ class AIMDMiddleware:
         self._last_errors: dict[str, str] = {}
         self._warned_no_room: set[str] = set()
         self._warned_slot_set_late = False
+        #: Hosts whose learned state a resumed crawl gave back (relearn).
+        self._relearned = 0
 
     @classmethod
     @internals.refuses_at_start_up
@@ -262,7 +264,7 @@ class AIMDMiddleware:
         logger.info(
             "AIMDMiddleware: per-host limit %d..%d starting at %d; fast below %gs, "
             "slow above %gs; back-off on HTTP %s (Retry-After capped at %gs, else "
-            "%g..%gs); Crawl-delay %s; error budget %d failures, %d cool-down(s) from %gs",
+            "%g..%gs); Crawl-delay %s; error budget %d failures, %d cool-down(s) from %gs%s",
             cfg.aimd_floor,
             cfg.aimd_ceiling,
             cfg.aimd_start,
@@ -278,6 +280,9 @@ class AIMDMiddleware:
             cfg.error_budget,
             cfg.error_max_cooldowns,
             cfg.error_cooldown,
+            f"; resumed what was learned about {self._relearned:,} host(s) from JOBDIR"
+            if self._relearned
+            else "",
         )
 
     def initial_limit(self, host: str, configured: int) -> int:
@@ -288,14 +293,30 @@ class AIMDMiddleware:
         above or below ``HOSTQUEUE_AIMD_CEILING``; a lower
         ``CONCURRENT_REQUESTS_PER_IP`` lowers it.
         """
-        ceiling: int | None = None
-        if host in self._slot_ceilings:
-            ceiling = configured
-        elif self._per_ip:
-            ceiling = min(configured, self.config.aimd_ceiling)
-        limit = self.table.host(host, ceiling).limit
+        limit = self.table.host(host, self._ceiling(host, configured)).limit
         self.recorder.limit_changed(host, limit)
         return limit
+
+    def _ceiling(self, host: str, configured: int) -> int | None:
+        """The ceiling of *host* when it is not ``HOSTQUEUE_AIMD_CEILING``."""
+        if host in self._slot_ceilings:
+            return configured
+        if self._per_ip:
+            return min(configured, self.config.aimd_ceiling)
+        return None
+
+    def learned(self, host: str) -> dict[str, float] | None:
+        """What was learned about *host* (the policy hook), for a frontier
+        file to keep: its limit, smoothed latency, error budget spent."""
+        return self.table.export(host)
+
+    def relearn(self, host: str, data: dict[str, float]) -> None:
+        """Take back what :meth:`learned` gave for *host* in the run before
+        (the policy hook; a resumed crawl): the host goes on from there
+        instead of from ``HOSTQUEUE_AIMD_START``."""
+        configured = internals.configured_slot(self.crawler.settings, host)[0]
+        self.table.restore(host, data, self._ceiling(host, configured))
+        self._relearned += 1
 
     def forget_host(self, host: str) -> None:
         """The scheduler forgot *host* (idle, beyond ``HOSTQUEUE_REMEMBER_HOSTS``):

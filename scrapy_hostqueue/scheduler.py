@@ -566,6 +566,10 @@ class HostQueueScheduler(BaseScheduler):
         # download need not finish before the host gets its limit.
         self.crawler.signals.connect(self._headers_received, signal=signals.headers_received)
         self._store.on_forget = hook.forget_host
+        # What the hook learned about a host lives in a store that outlives
+        # the process (the SQLite store gives back the resumed hosts' now).
+        self._store.export_learned = hook.learned
+        self._store.import_learned = hook.relearn
         self._watch_overdue()
 
     def host_of(self, request: Request) -> str:

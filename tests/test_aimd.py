@@ -578,3 +578,59 @@ def test_an_overdue_request_decreases_once_per_burst_and_spends_no_budget() -> N
     # No failure counted: the budget of one would have parked the host.
     assert table.host("h").failures == 0
     assert table.on_overdue("h", clock.tick()).new_limit == 2  # type: ignore[union-attr]
+
+
+# -- what a resumed crawl takes back -------------------------------------------
+
+
+def test_what_was_learned_is_taken_back_by_a_new_table() -> None:
+    table, clock = make(start=8, error_budget=5)
+    table.on_success("h", clock.tick(), 0.2)
+    table.on_success("h", clock.tick(), 0.3)
+    table.on_backoff("h", clock.tick(), None)  # 8 -> 4, one failure
+    table.on_failure("h", clock.tick())  # 4 -> 2, level 4, a second failure in a row
+    before = table.host("h")
+    data = table.export("h")
+    assert data is not None
+    assert data["limit"] == 2
+
+    again, _ = make(start=8, error_budget=5)
+    restored = again.restore("h", data)
+    assert restored.limit == 2
+    assert restored.srtt == pytest.approx(before.srtt)
+    assert restored.rttvar == pytest.approx(before.rttvar)
+    assert restored.failures == before.failures == 2
+    assert (restored.probe_level, restored.probe_penalty) == (4, PROBE_PENALTY)
+    assert again.overdue_after("h") == pytest.approx(table.overdue_after("h"))
+    # It goes on from there: three more failures spend the budget.
+    clock2 = again.clock
+    assert isinstance(clock2, FakeClock)
+    for _ in range(3):
+        adjustment = again.on_failure("h", clock2.tick())
+    assert adjustment is not None and adjustment.parked
+
+
+def test_an_unknown_host_has_nothing_to_export() -> None:
+    table, _ = make()
+    assert table.export("h") is None
+    table.host("h")
+    assert table.export("h") == {"limit": 2}
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"limit": 50}, 8),  # the ceiling was lowered since
+        ({"limit": 0}, 1),
+        ({"limit": -3}, 2),  # unusable: the start
+        ({"limit": "3"}, 2),
+        ({"limit": float("nan")}, 2),
+        ({"limit": 3, "unknown": 1.0}, 3),
+    ],
+)
+def test_a_restored_limit_stays_within_the_rules_bounds(
+    data: dict[str, float], expected: int
+) -> None:
+    table, _ = make()
+    assert table.restore("h", data).limit == expected
+    assert table.restore("k", {"limit": 6}, ceiling=4).limit == 4

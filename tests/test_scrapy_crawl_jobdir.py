@@ -1,6 +1,7 @@
 """``scrapy crawl`` with JOBDIR (the SQLite frontier), stopped by one SIGINT
 (Ctrl-C) and started again: every page of a finite site is fetched exactly once
-across the two runs.
+across the two runs, and a host the AIMD middleware slowed down stays slowed
+down in the run that resumes.
 
 The crawl runs as a user runs it, in a subprocess in ``example_project`` with the
 add-on; the test hosts run in this process and count what they serve.
@@ -30,7 +31,9 @@ PAGES = 60
 HOSTS = 3
 
 
-def _crawl(hosts: LocalHosts, jobdir: Path, items: Path, log: Path) -> subprocess.Popen[bytes]:
+def _crawl(
+    hosts: LocalHosts, jobdir: Path, items: Path, log: Path, *extra: str
+) -> subprocess.Popen[bytes]:
     command = [
         sys.executable,
         "-m",
@@ -49,6 +52,7 @@ def _crawl(hosts: LocalHosts, jobdir: Path, items: Path, log: Path) -> subproces
         "HOSTQUEUE_TIMELINE_FILE=",
         "-o",
         f"{items}:jsonlines",
+        *extra,
     ]
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -113,3 +117,53 @@ def test_sigint_then_resume_fetches_every_page_once(tmp_path: Path) -> None:
     # the stop and queued again).
     assert [s.served for s in stats] == [PAGES] * HOSTS
     assert all(s.max_in_flight <= 2 for s in stats)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+def test_a_resumed_crawl_starts_a_host_at_its_learned_limit(tmp_path: Path) -> None:
+    # The host answers 429 (Retry-After: 1) to a second request in flight.
+    # The AIMD middleware starts it at 4 and halves its limit down to 1; no
+    # answer is fast enough to raise it again (HOSTQUEUE_AIMD_FAST_LATENCY).
+    jobdir = tmp_path / "job"
+    spec = HostSpec(latency=0.05, pages=400, links=3, throttle_above=1, retry_after="1")
+    aimd = [
+        *("-s", "HOSTQUEUE_AIMD_START=4", "-s", "HOSTQUEUE_AIMD_CEILING=4"),
+        *("-s", "HOSTQUEUE_AIMD_FAST_LATENCY=0.001", "-s", "HOSTQUEUE_AIMD_DEBUG=True"),
+        *("-s", "ROBOTSTXT_OBEY=False", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"),
+    ]
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    with LocalHosts([spec]) as hosts:
+        first = _crawl(hosts, jobdir, tmp_path / "first.jsonl", first_log, *aimd)
+        _until(lambda: "limit 2 -> 1" in first_log.read_text() or first.poll() is not None, 60)
+        assert first.poll() is None, first_log.read_text()[-3000:]
+        # Answered at limit 1 for a while (each commit of the frontier file
+        # writes the host), then stopped.
+        served_at_one = hosts.stats(0, arrivals=False).served
+        _until(lambda: hosts.stats(0, arrivals=False).served >= served_at_one + 10, 60)
+        first.send_signal(signal.SIGINT)
+        _wait(first, first_log, 60)
+        assert hosts.stats(0, arrivals=False).statuses.get(429, 0) >= 2
+
+        shown = subprocess.run(
+            [sys.executable, "-m", "scrapy_hostqueue", "frontier", str(jobdir)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=child_environment(),
+        ).stdout
+        assert "AIMD limit 1, latency" in shown, shown
+
+        hosts.wait_idle(10)
+        hosts.reset()
+        second = _crawl(hosts, jobdir, tmp_path / "second.jsonl", second_log, *aimd)
+        _until(lambda: hosts.stats(0, arrivals=False).served >= 40 or second.poll() is not None, 60)
+        second.send_signal(signal.SIGINT)
+        _wait(second, second_log, 60)
+        stats = hosts.stats(0, arrivals=False)
+
+    # At the host: one request at a time from the start, no 429. A crawl that
+    # forgot the limit would have sent 4 at once after the first answer.
+    assert stats.served >= 40
+    assert stats.max_in_flight == 1, stats
+    assert stats.statuses == {200: stats.served}
+    assert "resumed what was learned about 1 host(s)" in second_log.read_text()

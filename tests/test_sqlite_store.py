@@ -7,6 +7,7 @@ A fake clock for the ring; no crawl, no sleep.
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import sqlite3
 import sys
@@ -16,11 +17,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scrapy import Spider
+from scrapy import FormRequest, Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.__main__ import main
-from scrapy_hostqueue._frontier import FrontierDupeFilter
+from scrapy_hostqueue._frontier import FrontierDupeFilter, RequestCodec
 from scrapy_hostqueue.scheduler import HostQueueScheduler
 from scrapy_hostqueue.store import HostState, MemoryStore
 from scrapy_hostqueue.store._sqlfile import (
@@ -237,6 +238,110 @@ def test_host_state_survives(path: Path) -> None:
     again.close()
 
 
+class Learner:
+    """The AIMD middleware's side of the store's learned state: what it knows
+    per host, what it was given back."""
+
+    def __init__(self, known: dict[str, dict[str, float]] | None = None) -> None:
+        self.known = dict(known or {})
+        self.given: dict[str, dict[str, float]] = {}
+
+    def learned(self, key: str) -> dict[str, float] | None:
+        return self.known.get(key)
+
+    def relearn(self, key: str, data: dict[str, float]) -> None:
+        self.given[key] = data
+
+
+def attach(store: SqliteStore[Item], learner: Learner) -> None:
+    """What the scheduler does when the AIMD middleware attaches."""
+    store.export_learned = learner.learned
+    store.import_learned = learner.relearn
+
+
+def test_what_the_middleware_learned_is_given_back_on_resume(path: Path) -> None:
+    store = open_store(path)
+    learner = Learner(
+        {
+            "slow.example": {"limit": 1, "srtt": 0.8, "rttvar": 0.1, "failures": 2},
+            "idle.example": {"limit": 3, "srtt": 0.05, "rttvar": 0.01},
+        }
+    )
+    attach(store, learner)
+    for n in range(6):
+        store.push("slow.example", 0, Item(f"s{n}"))
+    store.push("idle.example", 0, Item("i0"))
+    # A request of each host is answered: what was learned is written at the
+    # next commit, each host with only a limit learned.
+    for _ in range(2):
+        popped = store.pop()
+        assert popped is not None
+        store.finish(popped[0])
+        store.ack(popped[1])
+    store.set_limit("slow.example", 1)
+    store.commit()
+    store.file.close()  # a crash: no close of the store
+
+    again = open_store(path)
+    assert again.queued("slow.example") == 5
+    assert again.policy("slow.example").limit == 1
+    # Nothing queued for idle.example: not loaded.
+    assert again.known_policy("idle.example") is None
+    relearned = Learner()
+    attach(again, relearned)
+    assert relearned.given == {
+        "slow.example": {"limit": 1, "srtt": 0.8, "rttvar": 0.1, "failures": 2}
+    }
+    again.close()
+
+
+def test_learned_state_not_taken_back_is_kept_in_the_file(path: Path) -> None:
+    store = open_store(path)
+    attach(store, Learner({"h": {"limit": 2, "srtt": 0.3, "rttvar": 0.05}}))
+    store.push("h", 0, Item("a"))
+    store.push("h", 0, Item("b"))
+    popped = store.pop()
+    assert popped is not None
+    store.finish("h")
+    store.ack(popped[1])
+    store.close()
+    # A run without the middleware writes the host back as it found it.
+    middle = open_store(path)
+    middle.block_until("h", middle._mem.clock() + 1, "retry-after")
+    middle.close()
+    last = open_store(path)
+    relearned = Learner()
+    attach(last, relearned)
+    assert relearned.given == {"h": {"limit": 2, "srtt": 0.3, "rttvar": 0.05}}
+    last.close()
+
+
+def test_a_file_without_the_learned_column_gets_it(path: Path) -> None:
+    store = open_store(path)
+    store.push("h", 0, Item("a"))
+    store.set_limit("h", 3)
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE hosts DROP COLUMN learned")
+    conn.commit()
+    conn.close()
+    old = FrontierFile(str(path), readonly=True)
+    assert [row[7] for row in old.host_rows()] == [None]
+    old.close()
+    again = open_store(path)
+    assert again.policy("h").limit == 3
+    attach(again, Learner({"h": {"limit": 3}}))
+    popped = again.pop()
+    assert popped is not None
+    again.finish("h")
+    again.close()
+    last = open_store(path)
+    relearned = Learner()
+    attach(last, relearned)
+    assert relearned.given == {"h": {"limit": 3}}
+    last.close()
+
+
 def test_released_requests_are_served_again(path: Path) -> None:
     store = open_store(path, window=2)
     for n in range(6):
@@ -361,6 +466,7 @@ def test_the_frontier_command_reports_what_the_file_holds(
     store.pop()
     store.block_until("quiet.example", store._mem.clock() + 3600, "retry-after")
     store.set_limit("busy.example", 2)
+    attach(store, Learner({"busy.example": {"limit": 2, "srtt": 0.25, "rttvar": 0.05}}))
     store.commit()
     # Read while the crawl holds the file.
     try:
@@ -372,6 +478,7 @@ def test_the_frontier_command_reports_what_the_file_holds(
     assert "busy.example" in out and "quiet.example" in out
     assert "retry-after" in out
     assert "limit 2" in out
+    assert "AIMD limit 2, latency 0.25 s" in out
 
 
 def test_the_frontier_command_names_a_file_it_cannot_read(
@@ -409,3 +516,57 @@ def test_a_damaged_frontier_in_jobdir_is_refused_at_start(tmp_path: Path) -> Non
     (tmp_path / FRONTIER_FILE).write_bytes(b"\0garbage" * 512)
     with pytest.raises(FrontierFileError, match="damaged"):
         _scheduler(tmp_path)
+
+
+# -- the request codec -------------------------------------------------------------
+
+
+class CodecSpider(Spider):
+    name = "codec"
+
+    def parse(self, response: object) -> None:
+        pass
+
+    def parse_item(self, response: object) -> None:
+        pass
+
+    def failed(self, failure: object) -> None:
+        pass
+
+
+def test_the_codec_writes_what_request_to_dict_gives() -> None:
+    crawler = get_crawler(CodecSpider, {"TELNETCONSOLE_ENABLED": False})
+    spider = CodecSpider()
+    codec = RequestCodec(crawler.stats, debug=False)
+    codec.spider = spider
+    other = CodecSpider()
+    requests = [
+        Request("http://a.example/1"),
+        Request("http://a.example/2", callback=spider.parse, errback=spider.failed),
+        Request("http://a.example/3", callback=spider.parse_item, priority=3, meta={"k": 1}),
+        Request("http://a.example/4", callback=other.parse_item, cb_kwargs={"n": 2}),
+        Request("http://a.example/5", headers={"X-A": "b"}, cookies={"c": "d"}),
+        FormRequest("http://a.example/6", formdata={"q": "x"}, callback=spider.parse),
+    ]
+    # Twice: the second time the callbacks' names are remembered.
+    for _ in range(2):
+        for request in requests:
+            data = codec.encode(request)
+            assert data is not None
+            assert pickle.loads(data) == request.to_dict(spider=spider)
+            again = codec.decode(data)
+            assert type(again) is type(request)
+            assert again.to_dict(spider=spider) == request.to_dict(spider=spider)
+    # A callback that is not one of the spider's methods cannot be written,
+    # as with Request.to_dict.
+    assert codec.encode(Request("http://a.example/7", callback=lambda r: None)) is None
+    assert crawler.stats.get_value("scheduler/unserializable") == 1
+    # A method the spider no longer has under its remembered name is looked
+    # up again (and not found, as Request.to_dict would not find it).
+    method = spider.parse_item
+    spider.parse_item = spider.failed  # type: ignore[method-assign]
+    request = Request("http://a.example/8", callback=method)
+    with pytest.raises(ValueError, match="not an instance method"):
+        request.to_dict(spider=spider)
+    assert codec.encode(request) is None
+    assert crawler.stats.get_value("scheduler/unserializable") == 2

@@ -47,6 +47,15 @@ class RequestStore(Protocol[T]):
     budget: int
     #: Called with a host's key when the store forgets the host for good.
     on_forget: Callable[[str], None] | None
+    #: What the AIMD middleware learned about a host (a small dict a JSON
+    #: object holds), for a store that outlives the process to keep with the
+    #: host; None without the middleware. Set by the scheduler.
+    export_learned: Callable[[str], dict[str, float] | None] | None
+    #: Gives the middleware back what :attr:`export_learned` gave, for a host
+    #: the store resumed with requests queued (or in force: a block, an
+    #: interval). A store that resumed hosts before it is set gives theirs
+    #: back when it is set. Set by the scheduler.
+    import_learned: Callable[[str, dict[str, float]], None] | None
 
     def __len__(self) -> int:
         """Requests queued (not handed out)."""

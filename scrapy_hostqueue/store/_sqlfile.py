@@ -58,8 +58,13 @@ _SCHEMA = (
         blocked_until REAL,
         block_reason TEXT,
         spaced_until REAL,
-        given_up INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID""",
+        given_up INTEGER NOT NULL DEFAULT 0,
+        learned TEXT) WITHOUT ROWID""",
 )
+#: What the AIMD middleware learned about a host (a JSON object). Added to the
+#: hosts table of a file made before it had one: the column is NULL where
+#: unknown, and a version without it reads and writes the file as before.
+_LEARNED_COLUMN = "ALTER TABLE hosts ADD COLUMN learned TEXT"
 _TABLES = {"requests", "fingerprints", "hosts"}
 #: Pending writes beyond which they are committed before the timer's commit:
 #: a commit writes every page its writes touched (one per host, in a broad
@@ -69,13 +74,21 @@ _BATCH = 2_000
 CHECKPOINT_INTERVAL = 1.0
 
 
+def _has_learned_column(conn: sqlite3.Connection) -> bool:
+    return any(row[1] == "learned" for row in conn.execute("PRAGMA table_info(hosts)"))
+
+
 class FrontierFileError(Exception):
     """A frontier file cannot be used (damaged, foreign, of another version,
     locked by another crawl, not writable, a full disk). The message is one
     line naming the file and what to do."""
 
 
-HostRow = tuple[str, int | None, float | None, float | None, str | None, float | None, int]
+#: ``(host, limit, interval, blocked_until, block_reason, spaced_until,
+#: given_up, learned)``.
+HostRow = tuple[
+    str, int | None, float | None, float | None, str | None, float | None, int, str | None
+]
 
 
 def _lock(path: str) -> IO[str]:
@@ -155,6 +168,8 @@ class FrontierFile:
                     "choose another JOBDIR or HOSTQUEUE_FRONTIER"
                 ) from error
             self._lock = _lock(f"{path}.lock")
+        # Whether the hosts table has the learned column (see _LEARNED_COLUMN).
+        self._learned_column = True
         try:
             self.conn = self._connect()
         except BaseException:
@@ -210,6 +225,7 @@ class FrontierFile:
                     f"{self.path} is damaged (tables missing): move it away to start "
                     "afresh, or restore it from a copy"
                 )
+            self._learned_column = not existed or _has_learned_column(conn)
             if self.readonly:
                 return conn
             conn.execute("PRAGMA journal_mode = WAL")
@@ -224,6 +240,9 @@ class FrontierFile:
                 conn.execute(f"PRAGMA user_version = {FORMAT_VERSION}")
                 conn.execute("COMMIT")
             else:
+                if not self._learned_column:
+                    conn.execute(_LEARNED_COLUMN)
+                    self._learned_column = True
                 # Handed out by the last process and never acknowledged.
                 conn.execute("UPDATE requests SET leased = 0 WHERE leased = 1")
         except FrontierFileError:
@@ -346,7 +365,8 @@ class FrontierFile:
             if self._hosts:
                 conn.executemany(
                     "INSERT OR REPLACE INTO hosts (host, host_limit, interval, blocked_until, "
-                    "block_reason, spaced_until, given_up) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "block_reason, spaced_until, given_up, learned) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     list(self._hosts.values()),
                 )
         except sqlite3.Error as error:
@@ -428,11 +448,13 @@ class FrontierFile:
             "SELECT host, count(*) FROM requests WHERE leased = 1 GROUP BY host"
         ).fetchall()
 
-    def host_rows(self) -> list[HostRow]:
-        return self._read(
+    def host_rows(self) -> Iterator[HostRow]:
+        """Every host row, read as iterated (a broad crawl has many)."""
+        learned = "learned" if self._learned_column else "NULL"
+        yield from self._read(
             "SELECT host, host_limit, interval, blocked_until, block_reason, spaced_until, "
-            "given_up FROM hosts"
-        ).fetchall()
+            f"given_up, {learned} FROM hosts"
+        )
 
     def rows(self, host: str | None = None) -> Iterator[tuple[int, str, int, bytes]]:
         """``(id, host, rank, data)`` of queued requests (O(requests))."""

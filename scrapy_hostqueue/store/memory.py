@@ -342,6 +342,10 @@ class MemoryStore(Generic[T]):
         #: (its policy leaves both memories of idle hosts), so that state kept
         #: elsewhere about the host (the AIMD middleware's) lives exactly as long.
         self.on_forget: Callable[[str], None] | None = None
+        #: What another part learned about a host, for a store that outlives
+        #: the process: unused here (nothing outlives it).
+        self.export_learned: Callable[[str], dict[str, float] | None] | None = None
+        self.import_learned: Callable[[str, dict[str, float]], None] | None = None
         self.clock = clock
         self._rng = rng or random.Random()
         self._hosts: dict[str, _Host[T]] = {}

@@ -24,10 +24,19 @@ hands its last requests back to the backlog.
 At-least-once: a handed-out request stays in the file, marked leased, until
 :meth:`SqliteStore.ack`; a file opened again gives leased requests back to
 their queues (see :class:`FrontierFile`).
+
+Host state: each host's limit, block, interval, spacing, given-up mark and
+what the AIMD middleware learned about it (``export_learned``) are written
+with the host's row at the commits after they change (a host is written at
+the commit after a request of it finishes, while ``export_learned`` is set).
+A file opened again takes back the state of the hosts with requests queued or
+with a block, an interval or a give-up in force, never the others: memory
+stays bounded by the hosts being worked on.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
@@ -97,6 +106,10 @@ class SqliteStore(Generic[T]):
         # Handed-out items by identity: (item, row, host, rank).
         self._leases: dict[int, tuple[T, int, str, int]] = {}
         self._dirty_hosts: set[str] = set()
+        self.export_learned: Callable[[str], dict[str, float] | None] | None = None
+        self._import_learned: Callable[[str, dict[str, float]], None] | None = None
+        # What was learned about the hosts resumed, until import_learned takes it.
+        self._learned: dict[str, dict[str, float]] = {}
         #: Requests found queued in the file when it was opened.
         self.resumed = self._resume()
 
@@ -137,6 +150,20 @@ class SqliteStore(Generic[T]):
     @property
     def active(self) -> int:
         return self._mem.active
+
+    @property
+    def import_learned(self) -> Callable[[str, dict[str, float]], None] | None:
+        return self._import_learned
+
+    @import_learned.setter
+    def import_learned(self, value: Callable[[str, dict[str, float]], None] | None) -> None:
+        """Set it, and give it what was learned about the hosts resumed."""
+        self._import_learned = value
+        if value is None:
+            return
+        learned, self._learned = self._learned, {}
+        for key, data in learned.items():
+            value(key, data)
 
     def __len__(self) -> int:
         return len(self._mem) + self._backlog_total
@@ -198,12 +225,16 @@ class SqliteStore(Generic[T]):
             self._mem.push(key, entry.rank, entry)
 
     def _refill(self, key: str) -> None:
-        """Read the next requests of *key*'s backlog into memory."""
+        """Read the next requests of *key*'s backlog into memory: up to its
+        window, the larger one for a host with requests in flight (their row
+        ids only: a read, and the flush of the pending writes before it, per
+        few requests handed out cost more than the memory)."""
         backlog = self._backlog.get(key, 0)
         if not backlog:
             return
         held = self._mem.queued(key)
-        want = self._window - held
+        window = self._active_window if self._mem.inflight(key) else self._window
+        want = window - held
         if want <= 0:
             return
         rows = self.file.head(key, held + want)
@@ -248,6 +279,9 @@ class SqliteStore(Generic[T]):
 
     def finish(self, key: str, overdue: bool = False) -> None:
         self._mem.finish(key, overdue)
+        if self.export_learned is not None:
+            # Its answer (or failure) taught the middleware something.
+            self._dirty_hosts.add(key)
         if not self._mem.inflight(key):
             self._trim(key)
 
@@ -408,12 +442,14 @@ class SqliteStore(Generic[T]):
             return
         # At a close, the spacing of every host too (the next start it allows).
         spaced = dict(self._mem.spaced(now)) if spacing else {}
+        export = self.export_learned
         for key in dirty | spaced.keys():
             policy = self._mem.known_policy(key)
             if policy is None:
                 continue
             blocked = policy.blocked_until > now
             when = spaced.get(key)
+            learned = export(key) if export is not None else self._learned.get(key)
             self.file.put_host(
                 (
                     key,
@@ -423,6 +459,7 @@ class SqliteStore(Generic[T]):
                     policy.block_reason if blocked else None,
                     when + to_wall if when is not None else None,
                     int(policy.given_up),
+                    json.dumps(learned, separators=(",", ":")) if learned else None,
                 )
             )
 
@@ -432,13 +469,17 @@ class SqliteStore(Generic[T]):
         now = self._mem.clock()
         to_monotonic = now - self._wall()
         queued = dict(self.file.queued_per_host())
-        for key, limit, interval, blocked_at, reason, spaced_at, given_up in self.file.host_rows():
+        for row in self.file.host_rows():
+            key, limit, interval, blocked_at, reason, spaced_at, given_up, learned = row
             blocked = blocked_at + to_monotonic if blocked_at is not None else 0.0
             spaced = spaced_at + to_monotonic if spaced_at is not None else 0.0
-            if not (given_up or interval or blocked > now or spaced > now):
-                # Only a limit learned: the AIMD middleware starts each host
-                # afresh anyway, and a broad crawl's hosts are many.
+            if key not in queued and not (given_up or interval or blocked > now or spaced > now):
+                # Nothing to do for it and nothing in force: a broad crawl's
+                # hosts are many, and memory is for those being worked on.
                 continue
+            data = parse_learned(learned)
+            if data is not None:
+                self._learned[key] = data
             if given_up and key not in queued:
                 # A host given up with requests queued (they were on their
                 # way to their errbacks) gets another chance instead.
@@ -457,6 +498,24 @@ class SqliteStore(Generic[T]):
             self._backlog_total += count
             self._refill(key)
         return sum(queued.values())
+
+
+def parse_learned(text: str | None) -> dict[str, float] | None:
+    """The ``learned`` column of a host row as a dict (None if it is empty or
+    not a JSON object of numbers)."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {
+        str(name): value
+        for name, value in data.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    } or None
 
 
 def open_error(error: BaseException) -> FrontierFileError:
