@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -19,6 +18,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._frontier import (
     CommitTimer,
     FrontierDupeFilter,
@@ -40,7 +40,7 @@ from scrapy_hostqueue._overdue import WATCH_INTERVAL, OverdueWatch
 from scrapy_hostqueue._recorder import get_recorder
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestRecord, RequestTable
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
-from scrapy_hostqueue.sendgate import SendGate, UsesSendGate, gate_opens_at
+from scrapy_hostqueue.sendgate import SendGate, UsesSendGate
 from scrapy_hostqueue.store import HostState, RequestStore
 from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 
@@ -210,7 +210,9 @@ class HostQueueScheduler(BaseScheduler):
             may_send_back=self._may_send_back,
             room_changed=self._room_changed,
         )
-        self._room_waiters: dict[str, deque[asyncio.Future[None]]] = {}
+        self._direct = DirectDownloads(
+            self._store, self._records, self.gate, gated=bool(self.prefetch)
+        )
         self._overdue = OverdueWatch(
             self._records,
             self._store,
@@ -646,75 +648,19 @@ class HostQueueScheduler(BaseScheduler):
         policy = self._store.known_policy(host)
         return policy is not None and policy.given_up
 
-    # -- requests it did not hand out -------------------------------------------
-    #
-    # ``engine.download_async`` requests (media pipelines, robots.txt, a
-    # spider's own downloads) reach the downloader without next_request. The
-    # AIMD middleware holds them until their host may take one more
-    # (direct_delay, has_room, wait_for_room), then they count for the host
-    # like a handed-out request (adopt) until they leave the downloader.
+    # -- requests it did not hand out (see scrapy_hostqueue._direct) ---------
 
     def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float:
-        """Seconds such a request must wait before it starts on *host*: until
-        the host's block ends and, with *spacing*, its interval since the last
-        start has passed."""
-        policy = self._store.policy(host)
-        when = policy.ready_at() if spacing else policy.blocked_until
-        if spacing and self.prefetch:
-            when = max(when, gate_opens_at(policy))
-        return when - now if when > now else 0.0
+        return self._direct.delay(host, now, spacing=spacing)
 
     def has_room(self, host: str) -> bool:
-        """Whether *host* may have one more request on the wire now.
-
-        With the send gate, against the requests past it. Without, against
-        the host's limit, every request handed out and not back counted, and
-        a silent host's one request at a time against those that reached the
-        download handler (or were adopted) only: a handed-out request may
-        still be in a downloader middleware, perhaps waiting for this very
-        download (a login or token middleware), and a host not heard from yet
-        would keep such a download waiting for its first answer, which waits
-        for the download."""
-        if self.prefetch:
-            return self.gate.may_send(host)
-        store = self._store
-        policy = store.policy(host)
-        reached = self._records.reached_per_host.get(host, 0)
-        return store.inflight(host) < policy.limit and reached < store.in_flight_cap(policy)
+        return self._direct.has_room(host)
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
-        """Wait until a request of *host* leaves the downloader or its limit
-        changes (True), or *timeout* seconds (False)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._room_waiters.get(host)
-        if waiters is None:
-            waiters = self._room_waiters[host] = deque()
-        waiters.append(future)
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            if not future.done():
-                future.cancel()
-                # Not woken: leave no stale entry behind.
-                waiters.remove(future)
-                if not waiters and self._room_waiters.get(host) is waiters:
-                    del self._room_waiters[host]
-        return True
+        return await self._direct.wait_for_room(host, timeout)
 
     def adopt(self, request: Request, host: str, now: float) -> None:
-        """Count *request*, which did not come from next_request, for *host*
-        from now until it leaves the downloader."""
-        self._store.adopt(host, now)
-        record = self._records.adopt(request, host)
-        if self.prefetch:
-            self.gate.take(host, request)
-        else:
-            # From now: several let through at once would not all reach the
-            # download handler before the next asks (an async middleware).
-            self._records.count_on_the_way(record)
-            record.sent_at = now
+        self._direct.adopt(request, host, now)
 
     def _watch_overdue(self) -> None:
         """Look for overdue requests from now on, with the hosts' latency the
@@ -745,15 +691,7 @@ class HostQueueScheduler(BaseScheduler):
         """*host* may have more on the wire now (a send slot freed, a higher
         limit, its first answer): let through what waits for that."""
         self.gate.open(host)
-        if host in self._room_waiters:
-            self._wake_room_waiters(host)
-
-    def _wake_room_waiters(self, host: str) -> None:
-        waiters = self._room_waiters.pop(host, None)
-        while waiters:
-            future = waiters.popleft()
-            if not future.done():
-                future.set_result(None)
+        self._direct.wake(host)
 
     def _may_send_back(self, request: Request) -> bool:
         """Whether a request held at the send gate by a block may go back to
@@ -822,8 +760,7 @@ class HostQueueScheduler(BaseScheduler):
         self._records.leave(request)
         self._store.finish(host, record.overdue)
         self._overdue.left(record)
-        if self._room_waiters:
-            self._wake_room_waiters(host)
+        self._direct.wake(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         key = internals.host_key(self.crawler, request)

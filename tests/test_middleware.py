@@ -37,6 +37,7 @@ from twisted.web._newclient import ResponseNeverReceived
 
 from scrapy_hostqueue import HostGivenUp, HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._requests import RequestTable
 from scrapy_hostqueue.middleware import (
     CONNECTION_ERRORS,
@@ -76,7 +77,6 @@ class StandInScheduler(HostQueueScheduler):
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
         self._records = RequestTable()
-        self._room_waiters: dict[str, Any] = {}
         self.prefetch = 0
         self._budget = 0  # no share: these tests look at one host's limit
         # Closed (no prefetch): these tests hold no request at a send gate.
@@ -89,6 +89,7 @@ class StandInScheduler(HostQueueScheduler):
             may_send_back=lambda request: False,
             room_changed=lambda host: None,
         )
+        self._direct = DirectDownloads(self.frontier, self._records, self.gate, gated=False)
 
     @property
     def _store(self) -> MemoryStore[Request]:  # type: ignore[override]
