@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import CloseSpider
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.asyncio import call_later, create_looping_call
 from scrapy.utils.job import job_dir
@@ -20,29 +19,20 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._frontier import (
-    CommitTimer,
     FrontierDupeFilter,
     RequestCodec,
     make_store,
-    memory_job_refusal,
     open_frontier,
-    take_over_saved_job,
     uses_scrapy_dupefilter,
 )
-from scrapy_hostqueue._jobdir import (
-    STATE_FILE,
-    load_state,
-    save_state,
-    scrapy_job_refusal,
-    state_path,
-)
+from scrapy_hostqueue._job import Job
+from scrapy_hostqueue._jobdir import STATE_FILE
 from scrapy_hostqueue._overdue import WATCH_INTERVAL, OverdueWatch
 from scrapy_hostqueue._recorder import get_recorder
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestRecord, RequestTable
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
 from scrapy_hostqueue.sendgate import SendGate, UsesSendGate
 from scrapy_hostqueue.store import HostState, RequestStore
-from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -57,6 +47,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from scrapy_hostqueue._contracts import PolicyHook
+    from scrapy_hostqueue.store.sqlite import FrontierFile
 
 logger = logging.getLogger(__name__)
 
@@ -106,17 +97,6 @@ def _warn_unused_queue_settings(settings: BaseSettings) -> None:
         "crawl breadth-first, > 0, or depth-first, < 0)",
         ", ".join(named),
     )
-
-
-#: The ``finish_reason`` of a crawl that refused its JOBDIR.
-JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
-#: The ``finish_reason`` of a crawl whose ``JOBDIR/hostqueue.state`` cannot be
-#: read (damaged, from another version, or naming a callback the spider no
-#: longer has): it closes before any request, and the file is left as it was.
-JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
-#: The ``finish_reason`` of a crawl with the in-memory store on a JOBDIR that
-#: holds a frontier file: it closes before any request, the file as it was.
-JOBDIR_OF_SQLITE_FRONTIER = "hostqueue_jobdir_of_sqlite_frontier"
 
 
 def _handlers_gate_sends(crawler: Crawler) -> bool:
@@ -228,11 +208,7 @@ class HostQueueScheduler(BaseScheduler):
         self._wakeup_at = 0.0
         self._undo_hook: Any = None
         self._undo_done: Any = None
-        self._commits: CommitTimer | None = None
-        # The finish reason when the crawl must close before its first
-        # request (a JOBDIR this scheduler cannot resume), else None.
-        self._refusal: str | None = None
-        self._opened = False
+        self._job = Job(crawler, self._store, self._codec, jobdir, debug=self.debug)
 
     @classmethod
     @internals.refuses_at_start_up
@@ -254,18 +230,8 @@ class HostQueueScheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         self.spider = spider
-        refusal = scrapy_job_refusal(self.jobdir)
-        if refusal is not None:
-            logger.error(refusal)
-            self._refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
+        if not self._job.accept(spider):
             return None
-        if not isinstance(self._store, SqliteStore):
-            refusal = memory_job_refusal(self.jobdir)
-            if refusal is not None:
-                logger.error(refusal)
-                self._refuse(JOBDIR_OF_SQLITE_FRONTIER)
-                return None
-        self._opened = True
         self.gate.register(self.crawler)
         self.recorder.host_view = self
         self._undo_hook = internals.on_request_leaving_downloader(
@@ -288,41 +254,7 @@ class HostQueueScheduler(BaseScheduler):
                 self._follow_autothrottle, signal=signals.response_downloaded
             )
         cfg = self.config
-        resumed = blocks = 0
-        if isinstance(self._store, SqliteStore):
-            resumed = self._open_frontier(spider)
-        elif self.jobdir:
-            path = state_path(self.jobdir)
-            try:
-                saved = load_state(path, spider)
-            except Exception as error:
-                # Closed before any request, without saving over the file:
-                # the job is left as it was, for the user to mend or drop.
-                logger.error(
-                    "Cannot resume the job in JOBDIR %r: %s cannot be read (%s: %s). "
-                    "The crawl closes before any request and leaves the file as it is. If "
-                    "the spider lost a callback that queued requests name, give it "
-                    "back; otherwise start a new JOBDIR, or delete %s to start "
-                    "this job again from its start requests, losing the requests "
-                    "queued in it (the dupefilter's requests.seen filters every "
-                    "request it has seen before).",
-                    self.jobdir,
-                    path,
-                    type(error).__name__,
-                    error,
-                    path,
-                )
-                self._refuse(JOBDIR_STATE_UNREADABLE)
-            else:
-                if saved is not None:
-                    for request in saved.requests:
-                        # Already seen by the dupefilter before the stop.
-                        self._push(request)
-                    for host, until, reason in saved.blocks:
-                        self._store.block_until(host, until, reason)
-                    for host, when in saved.spacing:
-                        self._store.space_until(host, when)
-                    resumed, blocks = len(saved.requests), len(saved.blocks)
+        resumed, blocks = self._job.resume(self._push)
         logger.info(
             "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
             "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s",
@@ -344,58 +276,6 @@ class HostQueueScheduler(BaseScheduler):
             ),
         )
         return self.df.open()
-
-    def _open_frontier(self, spider: Spider) -> int:
-        """Start the frontier file's commits; take over a JOBDIR the in-memory
-        store saved. Returns the requests resumed."""
-        store = self._store
-        assert isinstance(store, SqliteStore) and self._codec is not None
-        self._codec.spider = spider
-        resumed = store.resumed
-        if self.jobdir:
-            try:
-                taken = take_over_saved_job(self.jobdir, store, self._push, spider)
-            except Exception as error:
-                logger.error(
-                    "Cannot take over the job in JOBDIR %r: %s cannot be read (%s: %s). "
-                    "The crawl closes before any request and leaves the file as it is. "
-                    "Finish that job with HOSTQUEUE_FRONTIER = 'memory' (the store that "
-                    "saved it), or delete %s to go on without its queued requests.",
-                    self.jobdir,
-                    state_path(self.jobdir),
-                    type(error).__name__,
-                    error,
-                    state_path(self.jobdir),
-                )
-                self._refuse(JOBDIR_STATE_UNREADABLE)
-                return resumed
-            if taken is not None:
-                logger.info(
-                    "Took over %d queued requests saved in %s into the frontier file %s",
-                    taken,
-                    state_path(self.jobdir),
-                    store.file.path,
-                )
-                resumed += taken
-        self._commits = CommitTimer(self.crawler, store)
-        self._commits.start()
-        logger.info(
-            "HostQueueScheduler: frontier file %s (%s queued requests in it)",
-            store.file.path,
-            f"{len(store):,}",
-        )
-        return resumed
-
-    def _refuse(self, reason: str) -> None:
-        """Close the crawl with *reason* once every component is open (the
-        engine's way for a spider_opened handler that raises CloseSpider),
-        before any request; close() then leaves the job as it was."""
-        self._refusal = reason
-        self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
-
-    def _refuse_job(self, spider: Spider) -> None:
-        assert self._refusal is not None
-        raise CloseSpider(self._refusal)
 
     def close(self, reason: str) -> Deferred[None] | None:
         # Each duty runs whatever the others do: the dupefilter must close
@@ -421,31 +301,14 @@ class HostQueueScheduler(BaseScheduler):
         self.gate.unregister(self.crawler)
         if self._overdue_loop is not None and self._overdue_loop.running:
             self._overdue_loop.stop()
-        if self._commits is not None:
-            self._commits.stop()
+        self._job.stop()
         for undo in (self._undo_hook, self._undo_done):
             if undo is not None:
                 undo()
         self._undo_hook = self._undo_done = None
 
     def _save_job(self) -> None:
-        if isinstance(self._store, SqliteStore):
-            return  # every change is in the frontier file already
-        if not (self.jobdir and self._opened and self._refusal is None):
-            return
-        path = state_path(self.jobdir)
-        try:
-            unserializable = save_state(
-                path, self._store, self._refused, self.spider, debug=self.debug
-            )
-        except Exception:
-            logger.exception(
-                "Could not save the queued requests to %s: they are lost at this "
-                "stop (requests.seen keeps their links from being found again "
-                "when the job resumes)",
-                path,
-            )
-            return
+        unserializable = self._job.save(self._refused)
         if unserializable:
             self.stats.inc_value("scheduler/unserializable", unserializable)
 
