@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.settings import SETTINGS_PRIORITIES
-from scrapy.utils.asyncio import call_later, create_looping_call
+from scrapy.utils.asyncio import call_later
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -27,9 +26,9 @@ from scrapy_hostqueue._frontier import (
 )
 from scrapy_hostqueue._job import Job
 from scrapy_hostqueue._jobdir import STATE_FILE
-from scrapy_hostqueue._overdue import WATCH_INTERVAL, OverdueWatch
+from scrapy_hostqueue._overdue import OverdueRequests
 from scrapy_hostqueue._recorder import get_recorder
-from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestRecord, RequestTable
+from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestTable
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
 from scrapy_hostqueue.sendgate import SendGate, UsesSendGate
 from scrapy_hostqueue.store import HostState, RequestStore
@@ -193,14 +192,16 @@ class HostQueueScheduler(BaseScheduler):
         self._direct = DirectDownloads(
             self._store, self._records, self.gate, gated=bool(self.prefetch)
         )
-        self._overdue = OverdueWatch(
+        self._overdue = OverdueRequests(
+            crawler,
             self._records,
             self._store,
-            self._overdue_after,
-            self._became_overdue,
+            self.gate,
+            self.recorder,
+            gated=bool(self.prefetch),
             max_excused=config.max_overdue,
+            debug=self.debug,
         )
-        self._overdue_loop: Any = None
         # Requests of given-up hosts on their way to their errbacks: queued
         # here, then handed out for the AIMD middleware to raise HostGivenUp.
         self._refused: deque[tuple[str, Request]] = deque()
@@ -299,8 +300,7 @@ class HostQueueScheduler(BaseScheduler):
             self._wakeup.cancel()
             self._wakeup = None
         self.gate.unregister(self.crawler)
-        if self._overdue_loop is not None and self._overdue_loop.running:
-            self._overdue_loop.stop()
+        self._overdue.stop()
         self._job.stop()
         for undo in (self._undo_hook, self._undo_done):
             if undo is not None:
@@ -430,7 +430,7 @@ class HostQueueScheduler(BaseScheduler):
         # download need not finish before the host gets its limit.
         self.crawler.signals.connect(self._headers_received, signal=signals.headers_received)
         self._store.on_forget = hook.forget_host
-        self._watch_overdue()
+        self._overdue.start(hook)
 
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
@@ -524,31 +524,6 @@ class HostQueueScheduler(BaseScheduler):
 
     def adopt(self, request: Request, host: str, now: float) -> None:
         self._direct.adopt(request, host, now)
-
-    def _watch_overdue(self) -> None:
-        """Look for overdue requests from now on, with the hosts' latency the
-        policy hook learns; an answer stops counting as overdue at its
-        headers (_headers_received)."""
-        self._overdue_loop = create_looping_call(self._overdue.check)
-        self._overdue_loop.start(WATCH_INTERVAL, now=False)
-
-    def _overdue_after(self, host: str) -> float:
-        assert self._policy_hook is not None  # the watch runs with it only
-        return self._policy_hook.overdue_after(host)
-
-    def _became_overdue(self, request: Request, record: RequestRecord, seconds: float) -> None:
-        host = record.host
-        self.recorder.overdue(host, self._overdue.count)
-        if self.debug:
-            logger.debug("%s overdue after %.1fs (host %s)", request, seconds, host)
-        assert self._policy_hook is not None
-        self._policy_hook.overdue(request, host, seconds)
-        if self.prefetch and not self.gate.may_send(host):
-            # Requests waiting at the gate behind overdue ones would wait for
-            # them to time out, holding download budget: back to the queue.
-            self.gate.blocked(host, math.inf, "overdue")
-        # Its place and a share of the budget are free for other hosts.
-        internals.wake_engine(self.crawler)
 
     def _room_changed(self, host: str) -> None:
         """*host* may have more on the wire now (a send slot freed, a higher

@@ -64,6 +64,14 @@ class FakeClock:
         return self.now
 
 
+class Unwatched:
+    """No event loop here: overdue requests are tested with the watch itself
+    and in crawls."""
+
+    def start(self, hook: Any) -> None:
+        pass
+
+
 class StandInScheduler(HostQueueScheduler):
     """The scheduler API the middleware uses, on the real frontier, without an
     engine (the real one needs a running crawl)."""
@@ -90,14 +98,11 @@ class StandInScheduler(HostQueueScheduler):
             room_changed=lambda host: None,
         )
         self._direct = DirectDownloads(self.frontier, self._records, self.gate, gated=False)
+        self._overdue = Unwatched()  # type: ignore[assignment]
 
     @property
     def _store(self) -> MemoryStore[Request]:  # type: ignore[override]
         return self.frontier
-
-    def _watch_overdue(self) -> None:
-        """No event loop here: overdue requests are tested with the watch
-        itself and in crawls."""
 
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request(), and in flight for
