@@ -146,6 +146,13 @@ class RequestTable:
         self._requeues[new] = self._requeues.get(old, 0) + 1
 
 
+def request_rank(request: Request) -> int:
+    """Serving order within a host: higher priority first, and among equal
+    priorities other requests before start requests, as Scrapy's own scheduler
+    does. Across hosts, only the priority (``rank // 2``) counts."""
+    return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
+
+
 def count_down(counts: dict[str, int], key: str) -> None:
     """One fewer for *key* in a table of per-host counts that keeps no zeros."""
     left = counts[key] - 1

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.asyncio import call_later
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._config import HostQueueConfig, warn_unused_queue_settings
 from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._frontier import (
     FrontierDupeFilter,
@@ -28,9 +27,9 @@ from scrapy_hostqueue._job import Job
 from scrapy_hostqueue._jobdir import STATE_FILE
 from scrapy_hostqueue._overdue import OverdueRequests
 from scrapy_hostqueue._recorder import get_recorder
-from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestTable
+from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestTable, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
-from scrapy_hostqueue.sendgate import SendGate, UsesSendGate
+from scrapy_hostqueue.sendgate import SendGate, handlers_gate_sends
 from scrapy_hostqueue.store import HostState, RequestStore
 
 if TYPE_CHECKING:
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.http import Response
-    from scrapy.settings import BaseSettings
     from scrapy.utils.asyncio import CallLaterResult
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
@@ -56,64 +54,9 @@ __all__ = [
     "HostBlocked",
     "HostGivenUp",
     "HostQueueScheduler",
-    "request_rank",
 ]
 
 _DOWNLOAD_SLOT = "download_slot"
-
-
-def request_rank(request: Request) -> int:
-    """Serving order within a host: higher priority first, and among equal
-    priorities other requests before start requests, as Scrapy's own scheduler
-    does. Across hosts, only the priority (``rank // 2``) counts."""
-    return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
-
-
-#: Scrapy's queue classes, which this scheduler does not use.
-UNUSED_QUEUE_SETTINGS = (
-    "SCHEDULER_PRIORITY_QUEUE",
-    "SCHEDULER_MEMORY_QUEUE",
-    "SCHEDULER_DISK_QUEUE",
-    "SCHEDULER_START_MEMORY_QUEUE",
-    "SCHEDULER_START_DISK_QUEUE",
-)
-
-
-def _warn_unused_queue_settings(settings: BaseSettings) -> None:
-    """One line naming the queue settings the project set, since this
-    scheduler keeps its own queues and would silently ignore them: INFO when
-    each is a FIFO queue class (the breadth-first recipe of Scrapy's docs,
-    which these queues already follow), else a WARNING."""
-    default = SETTINGS_PRIORITIES["default"]
-    named = [name for name in UNUSED_QUEUE_SETTINGS if (settings.getpriority(name) or 0) > default]
-    if not named:
-        return
-    fifo = all("Fifo" in getattr(settings[name], "__name__", str(settings[name])) for name in named)
-    logger.log(
-        logging.INFO if fifo else logging.WARNING,
-        "%s: not used by HostQueueScheduler, which keeps a queue per host, "
-        "FIFO among requests of the same priority (set DEPTH_PRIORITY to "
-        "crawl breadth-first, > 0, or depth-first, < 0)",
-        ", ".join(named),
-    )
-
-
-def _handlers_gate_sends(crawler: Crawler) -> bool:
-    """Whether the http and https handlers ask the send gate before sending
-    (:class:`~scrapy_hostqueue.sendgate.UsesSendGate`; this project's handler
-    does), which prefetch needs to hold the limit."""
-    handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
-    for scheme in ("http", "https"):
-        path = handlers.get(scheme)
-        if not path:
-            return False
-        try:
-            cls = load_object(path) if isinstance(path, str) else path
-        except (ImportError, NameError, ValueError):
-            return False
-        if not (isinstance(cls, type) and issubclass(cls, UsesSendGate)):
-            return False
-    return True
 
 
 class HostQueueScheduler(BaseScheduler):
@@ -153,7 +96,7 @@ class HostQueueScheduler(BaseScheduler):
         self.recorder = get_recorder(crawler)
         self._autothrottle = crawler.settings.getbool("AUTOTHROTTLE_ENABLED")
         self._policy_hook: PolicyHook | None = None
-        gate = _handlers_gate_sends(crawler)
+        gate = handlers_gate_sends(crawler)
         self.prefetch = config.prefetch if gate else 0
         # Without the send gate the prefetched request waits in Scrapy's
         # downloader slot, which holds the limit as its concurrency (see
@@ -215,7 +158,7 @@ class HostQueueScheduler(BaseScheduler):
     @internals.refuses_at_start_up
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
-        _warn_unused_queue_settings(crawler.settings)
+        warn_unused_queue_settings(crawler.settings, logger)
         frontier = open_frontier(config.frontier_path)
         dupefilter: BaseDupeFilter
         if frontier is not None and uses_scrapy_dupefilter(crawler):

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Protocol
 
 from scrapy.utils.asyncio import call_later
+from scrapy.utils.misc import load_object
 
 from scrapy_hostqueue._requests import RequestTable, count_down
 from scrapy_hostqueue.exceptions import HostBlocked
@@ -58,6 +59,24 @@ class GateClient(Protocol):
 
     def host_busy(self, host: str) -> bool:
         """Whether *host* has requests in flight (keep its idle connections)."""
+
+
+def handlers_gate_sends(crawler: Crawler) -> bool:
+    """Whether the http and https handlers ask the send gate before sending
+    (:class:`~scrapy_hostqueue.sendgate.UsesSendGate`; this project's handler
+    does), which prefetch needs to hold the limit."""
+    handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
+    for scheme in ("http", "https"):
+        path = handlers.get(scheme)
+        if not path:
+            return False
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+        except (ImportError, NameError, ValueError):
+            return False
+        if not (isinstance(cls, type) and issubclass(cls, UsesSendGate)):
+            return False
+    return True
 
 
 _gates: weakref.WeakKeyDictionary[Crawler, SendGate] = weakref.WeakKeyDictionary()

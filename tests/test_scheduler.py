@@ -30,7 +30,8 @@ from scrapy_hostqueue._job import (
     JOBDIR_OF_SQLITE_FRONTIER,
     JOBDIR_STATE_UNREADABLE,
 )
-from scrapy_hostqueue.scheduler import STATE_FILE, request_rank
+from scrapy_hostqueue._requests import request_rank
+from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.store.memory import IDLE
 from scrapy_hostqueue.store.sqlite import FRONTIER_FILE, SqliteStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
