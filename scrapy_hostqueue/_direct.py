@@ -47,10 +47,10 @@ class DirectDownloads:
         """Seconds such a request must wait before it starts on *host*: until
         the host's block ends and, with *spacing*, its interval since the last
         start has passed."""
-        policy = self._store.policy(host)
-        when = policy.ready_at() if spacing else policy.blocked_until
+        state = self._store.host_state(host)
+        when = state.ready_at() if spacing else state.blocked_until
         if spacing and self._gated:
-            when = max(when, gate_opens_at(policy))
+            when = max(when, gate_opens_at(state))
         return when - now if when > now else 0.0
 
     def has_room(self, host: str) -> bool:
@@ -67,9 +67,9 @@ class DirectDownloads:
         if self._gated:
             return self._gate.may_send(host)
         store = self._store
-        policy = store.policy(host)
+        state = store.host_state(host)
         reached = self._records.reached_per_host.get(host, 0)
-        return store.inflight(host) < policy.limit and reached < store.in_flight_cap(policy)
+        return store.inflight(host) < state.limit and reached < store.in_flight_cap(state)
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
         """Wait until a request of *host* leaves the downloader or its limit

@@ -182,8 +182,8 @@ class Job:
         if self._commits is not None:
             self._commits.stop()
 
-    def save(self, refused: Iterable[tuple[str, Request]]) -> int:
-        """At the stop, write what the in-memory store holds (and *refused*,
+    def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
+        """At the stop, write what the in-memory store holds (and *given_up*,
         the requests of given-up hosts) to the JOBDIR. Returns how many
         requests could not be serialised."""
         if isinstance(self._store, SqliteStore):
@@ -192,7 +192,7 @@ class Job:
             return 0
         path = state_path(self.jobdir)
         try:
-            return save_state(path, self._store, refused, self._spider, debug=self._debug)
+            return save_state(path, self._store, given_up, self._spider, debug=self._debug)
         except Exception:
             logger.exception(
                 "Could not save the queued requests to %s: they are lost at this "

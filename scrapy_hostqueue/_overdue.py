@@ -81,7 +81,7 @@ class OverdueWatch:
         marked: list[tuple[Request, RequestRecord, float]] = []
         for request, record in self.records.items():
             sent_at = record.sent_at
-            if sent_at is None or record.overdue or record.refusing:
+            if sent_at is None or record.overdue or record.given_up:
                 continue
             host = record.host
             after = thresholds.get(host)

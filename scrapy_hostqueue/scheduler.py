@@ -147,7 +147,7 @@ class HostQueueScheduler(BaseScheduler):
         )
         # Requests of given-up hosts on their way to their errbacks: queued
         # here, then handed out for the AIMD middleware to raise HostGivenUp.
-        self._refused: deque[tuple[str, Request]] = deque()
+        self._given_up: deque[tuple[str, Request]] = deque()
         self._wakeup: CallLaterResult | None = None
         self._wakeup_at = 0.0
         self._undo_hook: Any = None
@@ -251,15 +251,15 @@ class HostQueueScheduler(BaseScheduler):
         self._undo_hook = self._undo_done = None
 
     def _save_job(self) -> None:
-        unserializable = self._job.save(self._refused)
+        unserializable = self._job.save(self._given_up)
         if unserializable:
             self.stats.inc_value("scheduler/unserializable", unserializable)
 
     def has_pending_requests(self) -> bool:
-        return len(self._store) > 0 or bool(self._refused)
+        return len(self._store) > 0 or bool(self._given_up)
 
     def __len__(self) -> int:
-        return len(self._store) + len(self._refused)
+        return len(self._store) + len(self._given_up)
 
     def enqueue_request(self, request: Request) -> bool:
         if not request.dont_filter and self.df.request_seen(request):
@@ -268,10 +268,10 @@ class HostQueueScheduler(BaseScheduler):
         return self._push(request)
 
     def next_request(self) -> Request | None:
-        if self._refused:
+        if self._given_up:
             # No host limit: the AIMD middleware fails them at once.
-            host, request = self._refused.popleft()
-            self._records.refuse(request, host)
+            host, request = self._given_up.popleft()
+            self._records.give_up(request, host)
             self.stats.inc_value(f"scheduler/dequeued/{self._queue_stat}")
             self.stats.inc_value("scheduler/dequeued")
             return request
@@ -282,11 +282,11 @@ class HostQueueScheduler(BaseScheduler):
                 self._schedule_wakeup()
             return None
         host, request = popped
-        policy = store.policy(host)
+        state = store.host_state(host)
         # A host with an interval: its start holds the host's next one back;
         # if a downloader middleware answers it instead, _request_left gives
         # that wait back.
-        self._records.hand_out(request, host, policy.last_start if policy.next_gap else None)
+        self._records.hand_out(request, host, state.last_start if state.next_gap else None)
         meta = request.meta
         if _DOWNLOAD_SLOT not in meta:
             # The key the downloader would write there itself, marked so that
@@ -320,7 +320,7 @@ class HostQueueScheduler(BaseScheduler):
         return self._store.hosts()
 
     def known_state(self, host: str) -> HostState | None:
-        return self._store.known_policy(host)
+        return self._store.known_state(host)
 
     def in_flight_cap(self, state: HostState) -> int:
         return self._store.in_flight_cap(state)
@@ -337,7 +337,7 @@ class HostQueueScheduler(BaseScheduler):
             return self.gate.on_wire(host)
         inflight = self._store.inflight(host)
         if self._slot_prefetch:
-            return min(inflight, self._store.policy(host).limit)
+            return min(inflight, self._store.host_state(host).limit)
         return inflight
 
     def sent_back_from_gate(self, request: Request) -> bool:
@@ -379,7 +379,7 @@ class HostQueueScheduler(BaseScheduler):
         return internals.host_key(self.crawler, request)
 
     def host_state(self, host: str) -> HostState:
-        return self._store.policy(host)
+        return self._store.host_state(host)
 
     def inflight(self, host: str) -> int:
         return self._store.inflight(host)
@@ -395,8 +395,8 @@ class HostQueueScheduler(BaseScheduler):
         record = self._records.handed_out(request)
         return None if record is None else record.host
 
-    def limit_filled(self, host: str) -> bool:
-        return self._store.limit_filled(host)
+    def is_full(self, host: str) -> bool:
+        return self._store.is_full(host)
 
     def note_full(self, host: str, now: float) -> None:
         self._store.note_full(host, now)
@@ -435,24 +435,24 @@ class HostQueueScheduler(BaseScheduler):
         the AIMD middleware to fail it with :class:`HostGivenUp`, so that its
         errback hears of it."""
         dropped = self._store.give_up(host)
-        self._refused.extend((host, request) for request in dropped)
+        self._given_up.extend((host, request) for request in dropped)
         if dropped:
             internals.wake_engine(self.crawler)
         return len(dropped)
 
-    def refused_host(self, request: Request) -> str | None:
-        """The host of *request* if it was handed out only to be refused
-        (its host was given up)."""
+    def given_up_host(self, request: Request) -> str | None:
+        """The host of *request* if it was handed out only to fail with
+        HostGivenUp (its host was given up)."""
         record = self._records.get(request)
-        if record is None or not record.refusing:
+        if record is None or not record.given_up:
             return None
         self._records.leave(request)
         return record.host
 
     def host_given_up(self, host: str) -> bool:
         """Whether *host* was given up (see :meth:`give_up`)."""
-        policy = self._store.known_policy(host)
-        return policy is not None and policy.given_up
+        state = self._store.known_state(host)
+        return state is not None and state.given_up
 
     # -- requests it did not hand out (see scrapy_hostqueue._direct) ---------
 
@@ -505,7 +505,7 @@ class HostQueueScheduler(BaseScheduler):
             self.recorder.requests_dropped(host)
             if self.debug:
                 logger.debug("Refusing %s: host %s was given up", request, host)
-            self._refused.append((host, request))
+            self._given_up.append((host, request))
         self.stats.inc_value(f"scheduler/enqueued/{self._queue_stat}")
         self.stats.inc_value("scheduler/enqueued")
         return True
@@ -518,7 +518,7 @@ class HostQueueScheduler(BaseScheduler):
         host = record.host
         if self.debug:
             logger.debug("%s left the downloader (host %s, %s)", request, host, record.stage.value)
-        if record.refusing:
+        if record.given_up:
             # Answered or refused by a downloader middleware before the AIMD
             # one: never counted.
             self._records.leave(request)
@@ -578,7 +578,7 @@ class HostQueueScheduler(BaseScheduler):
         internals.apply_to_slot(
             self.crawler,
             host,
-            concurrency=self._store.policy(host).limit + self.prefetch,
+            concurrency=self._store.host_state(host).limit + self.prefetch,
             delay=None if self._autothrottle else 0.0,
         )
 
@@ -620,9 +620,9 @@ class HostQueueScheduler(BaseScheduler):
         downloader middleware after the AIMD one may have given another
         download_slot (a proxy's). Returns that host if it was silent."""
         record = self._records.get(request)
-        host = record.host if record is not None and not record.refusing else self.host_of(request)
-        policy = self._store.known_policy(host)
-        if policy is None or policy.answering:
+        host = record.host if record is not None and not record.given_up else self.host_of(request)
+        state = self._store.known_state(host)
+        if state is None or state.answering:
             return None
         self._store.set_answering(host, True)
         return host

@@ -367,7 +367,7 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
     frontier = scheduler[-1].store
     # Nothing is left in flight; a host may still hold its place in its grace.
     assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
-    assert all(frontier.state(key) == IDLE for key, *_ in frontier.hosts())
+    assert all(frontier.placement(key) == IDLE for key, *_ in frontier.hosts())
     assert frontier.active == frontier.live_hosts
     assert len(frontier) == 0
     hosts.wait_idle()  # the last answers counted at the hosts
@@ -1132,8 +1132,8 @@ def test_an_answer_marks_the_host_it_was_handed_out_for(monkeypatch: pytest.Monk
     request.meta["download_slot"] = "proxy-7"
     response = Response(request.url, request=request)
     scheduler._on_response_downloaded(response, request, PageSpider())
-    assert scheduler.store.policy("example.com").answering
-    assert scheduler.store.known_policy("proxy-7") is None
+    assert scheduler.store.host_state("example.com").answering
+    assert scheduler.store.known_state("proxy-7") is None
 
 
 @deferred_f_from_coro_f

@@ -230,10 +230,10 @@ def test_host_state_survives(path: Path) -> None:
     store.set_interval("g", 2.0)
     store.close()
     again = open_store(path)
-    assert again.policy("h").limit == 3
-    assert again.policy("h").block_reason == "retry-after"
-    assert again.policy("h").blocked_until > again._mem.clock() + 50
-    assert again.policy("g").interval == 2.0
+    assert again.host_state("h").limit == 3
+    assert again.host_state("h").block_reason == "retry-after"
+    assert again.host_state("h").blocked_until > again._mem.clock() + 50
+    assert again.host_state("g").interval == 2.0
     again.close()
 
 
