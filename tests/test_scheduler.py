@@ -768,7 +768,7 @@ class _BlockingSpider(_StopAtFirstPageSpider):
     """Blocks the host of its first response for ``block`` seconds and stops
     the crawl."""
 
-    block = 3.0
+    block = 2.0
 
     def parse(self, response: Response) -> Any:
         scheduler = self.crawler.engine.scheduler
@@ -814,9 +814,9 @@ async def test_jobdir_restores_a_host_block(
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
-    """Resumed at once, a host with a 3 s delay does not get its next request
-    before 3 s after the last one of the stopped crawl."""
-    delay = 3.0
+    """Resumed at once, a host with a 2 s delay does not get its next request
+    before 2 s after the last one of the stopped crawl."""
+    delay = 2.0
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
     common = {
         "SCHEDULER": SCHEDULER,
@@ -1070,8 +1070,8 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
 ) -> None:
     """As in stock Scrapy, a request answered or refused by a downloader
     middleware does not make the host's next request wait a delay (each of
-    them used to cost the crawl a whole DOWNLOAD_DELAY, 1 s here)."""
-    delay = 1.0
+    them used to cost the crawl a whole DOWNLOAD_DELAY, 0.6 s here)."""
+    delay = 0.6
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler = await _crawl_one_host_at_one_request(
         hosts, 8, handler, delay, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
