@@ -485,17 +485,18 @@ async def test_a_download_slot_set_by_a_downloader_middleware_is_the_host(
         DOWNLOAD_SLOTS={GroupingMiddleware.SLOT: {"concurrency": 2}},
         DOWNLOADER_MIDDLEWARES={**MIDDLEWARE, GroupingMiddleware: 543},
     )
-    start = [url for i in range(3) for url in hosts.start_urls(i, 8)]
+    pages = 3 * 4
+    start = [url for i in range(3) for url in hosts.start_urls(i, pages // 3)]
     with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):
         await crawler.crawl_async(start_urls=start)
     hosts.wait_idle()
     stats = [hosts.stats(i) for i in range(3)]
-    assert sum(s.served for s in stats) == 24
+    assert sum(s.served for s in stats) == pages
     arrivals = [t for s in stats for t in s.arrivals]
     # Never more than the slot's 2 in flight across its three hosts.
     assert most_in_flight_at_once(arrivals, 0.15) <= 2
     assert stat(crawler, host_stat_key(GroupingMiddleware.SLOT, "max_limit")) == 2
-    assert stat(crawler, stat_key("requeued_count")) >= 24  # each went back once
+    assert stat(crawler, stat_key("requeued_count")) >= pages  # each went back once
     warnings = [r for r in caplog.records if "download_slot" in r.getMessage()]
     assert len(warnings) == 1
 
@@ -1302,7 +1303,7 @@ async def test_a_direct_download_behind_a_silent_hosts_one_request_says_so(
     used to go at once, up to the host's limit: a dead host held that many
     download slots."""
     monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 0.4)
-    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=2.0, links=0)])
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=1.2, links=0)])
     fast, slow = hosts.start_urls(0, 1)[0], hosts.start_urls(1, 1)[0]
     crawler = get_crawler(OtherHostDownloadSpider, aimd_settings(handler))
     with caplog.at_level(logging.WARNING, logger="scrapy_hostqueue.middleware"):

@@ -86,12 +86,12 @@ def _arrival_gaps(arrivals: list[float]) -> list[float]:
 @pytest.mark.parametrize(
     ("handler", "limit", "budget"),
     [
-        (SCRAPY_HTTP11, 4, 400),
-        (SCRAPY_AIOHTTP, 4, 400),
-        (OUR_HANDLER, 4, 400),
-        (SCRAPY_HTTP11, 1, 200),
-        (SCRAPY_HTTP11, 2, 400),
-        (SCRAPY_AIOHTTP, 1, 200),
+        (SCRAPY_HTTP11, 4, 200),
+        (SCRAPY_AIOHTTP, 4, 200),
+        (OUR_HANDLER, 4, 200),
+        (SCRAPY_HTTP11, 1, 100),
+        (SCRAPY_HTTP11, 2, 200),
+        (SCRAPY_AIOHTTP, 1, 100),
     ],
 )
 @deferred_f_from_coro_f
@@ -106,7 +106,7 @@ async def test_per_host_limit_holds_at_the_server(
             HostSpec(latency=0.2),
         ]
     )
-    start = interleave(*(hosts.start_urls(i, 400) for i in range(4)))
+    start = interleave(*(hosts.start_urls(i, budget) for i in range(4)))
     crawler = await crawl(
         start,
         SCHEDULER=SCHEDULER,
@@ -191,12 +191,12 @@ async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
     delay = 0.6
     hosts = local_hosts([HostSpec(latency=0.001)])
     await crawl(
-        hosts.start_urls(0, 6),
+        hosts.start_urls(0, 4),
         SCHEDULER=SCHEDULER,
         DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": delay, "jitter": 0}},
     )
     arrivals = hosts.stats(0).arrivals
-    assert len(arrivals) == 6
+    assert len(arrivals) == 4
     gaps = _arrival_gaps(arrivals)
     # The delay holds, and the host is served when it becomes ready (the
     # engine's own heartbeat would leave gaps of up to 5 s).
