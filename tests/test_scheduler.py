@@ -886,7 +886,7 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
     local_hosts: HostsFactory, handler: str
 ) -> None:
     pages = 10
-    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.2, links=0)])
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.1, links=0)])
     _RedirectToOtherHost.source = hosts.hostnames[0]
     _RedirectToOtherHost.target = hosts.url(1, "/").rstrip("/")
     crawler = await crawl(
@@ -913,18 +913,19 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
 async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """Every other body takes 0.9 s: with prefetch the next request, handed
-    out on time, waits for a send slot, and the one after it must still keep
-    the delay from the moment that one went."""
+    """Every other body takes twice the delay: with prefetch the next request,
+    handed out on time, waits for a send slot, and the one after it must
+    still keep the delay from the moment that one went."""
+    delay = 0.3
     hosts = local_hosts(
-        [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=0.9)]
+        [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=2 * delay)]
     )
-    await _crawl_one_host_at_one_request(hosts, 6, handler, 0.5)
+    await _crawl_one_host_at_one_request(hosts, 6, handler, delay)
     hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
     assert stats.served == 6
     gaps = _arrival_gaps(stats.arrivals)
-    assert min(gaps) >= 0.475, gaps
+    assert min(gaps) >= delay - 0.025, gaps
 
 
 @pytest.mark.crawl
