@@ -1027,25 +1027,28 @@ async def test_a_new_hosts_first_429_with_a_slow_body_sends_nothing_more_before_
 ) -> None:
     """A new host whose first answer is a 429 with a Retry-After does not get
     its limit at those headers: nothing more goes to it while the body comes
-    (1 s), nor during the Retry-After (2 s) after it. Before, the headers gave
+    (0.5 s), nor during the Retry-After (1 s) after it. Before, the headers gave
     the host its limit and its next requests went at once."""
+    body, retry_after = 0.5, 1
     hosts = local_hosts(
         [
             HostSpec(
                 latency=0.01,
                 links=0,
                 status=429,
-                retry_after="2",
+                retry_after=str(retry_after),
                 fault="slow-body",
-                trickle=1.0,
+                trickle=body,
             )
         ]
     )
+    # The crawl closes before the block ends: nothing more may reach the host.
+    held = body + retry_after * 0.8
     later, server = await arrivals_after_the_first(
-        hosts, aimd_settings(handler, CLOSESPIDER_TIMEOUT=2.5, RETRY_ENABLED=False)
+        hosts, aimd_settings(handler, CLOSESPIDER_TIMEOUT=held, RETRY_ENABLED=False)
     )
-    # The body ends 1 s after the first arrival, the block 2 s after that.
-    assert [t for t in later if t < 2.5] == [], later
+    # The body ends *body* after the first arrival, the block *retry_after* after that.
+    assert [t for t in later if t < held] == [], later
     assert server.max_in_flight == 1, server
 
 
@@ -1056,22 +1059,23 @@ async def test_with_the_own_handler_a_first_429_without_retry_after_also_holds_t
 ) -> None:
     """This project's handler tells the scheduler the status before the
     headers go out: a 429 with no Retry-After holds the new host too, for the
-    whole slow body (1 s) and the back-off after it (HOSTQUEUE_BACKOFF_BASE
-    2 s: at least 1 s), with the send gate or without."""
+    whole slow body (0.5 s) and the back-off after it (HOSTQUEUE_BACKOFF_BASE
+    1 s: at least 0.5 s), with the send gate or without."""
+    body, backoff_base = 0.5, 1.0
     hosts = local_hosts(
-        [HostSpec(latency=0.01, links=0, status=429, fault="slow-body", trickle=1.0)]
+        [HostSpec(latency=0.01, links=0, status=429, fault="slow-body", trickle=body)]
     )
     later, server = await arrivals_after_the_first(
         hosts,
         aimd_settings(
             OUR_HANDLER,
-            CLOSESPIDER_TIMEOUT=2.5,
+            CLOSESPIDER_TIMEOUT=body + backoff_base * 0.75,
             RETRY_ENABLED=False,
-            HOSTQUEUE_BACKOFF_BASE=2.0,
+            HOSTQUEUE_BACKOFF_BASE=backoff_base,
             HOSTQUEUE_PREFETCH=prefetch,
         ),
     )
-    assert [t for t in later if t < 1.5] == [], later
+    assert [t for t in later if t < body + backoff_base / 4] == [], later
     assert server.max_in_flight == 1, server
 
 
