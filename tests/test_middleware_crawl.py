@@ -183,10 +183,10 @@ async def test_a_throttling_host_is_learnt_while_healthy_hosts_reach_the_ceiling
 async def test_retry_after_blocks_the_host_and_only_it(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    throttle_above = 2
+    throttle_above, window = 2, 1
     hosts = local_hosts(
         [HostSpec(latency=0.05)] * 2
-        + [HostSpec(latency=0.05, throttle_above=throttle_above, retry_after="2")],
+        + [HostSpec(latency=0.05, throttle_above=throttle_above, retry_after=str(window))],
         process=True,
     )
     blocked = hosts.hostnames[2]
@@ -197,7 +197,7 @@ async def test_retry_after_blocks_the_host_and_only_it(
     async def control() -> None:
         # One window, and a little after it.
         await wait_for(lambda: any(s == 429 for _, s in responses), 15)
-        spider_of(crawler).stop_at = time.monotonic() + 2.8
+        spider_of(crawler).stop_at = time.monotonic() + window + 0.8
 
     controller = asyncio.ensure_future(control())
     await crawler.crawl_async(start_urls=start, follow=True)
@@ -214,11 +214,11 @@ async def test_retry_after_blocks_the_host_and_only_it(
     assert stat(crawler, host_stat_key(blocked, "block_count/retry-after")) == len(windows)
     others = [hosts.stats(i).arrivals for i in range(2)]
     # Windows that ended before the crawl stopped (the first one at least).
-    complete = [t for t in windows if t + 2.5 < spider_of(crawler).stop_at]
+    complete = [t for t in windows if t + window + 0.5 < spider_of(crawler).stop_at]
     assert complete
     for received in complete:
-        # The client learns of the window at ``received``; it ends 2 s later.
-        end = received + 2
+        # The client learns of the window at ``received``; it ends *window* later.
+        end = received + window
         # The host resumes at the end of the window, not at a 5 s heartbeat
         # (a generous stall guard: the benchmark measures how close to the end).
         resumed = [a for a in stats.arrivals if a > received + 0.1]
@@ -1372,7 +1372,8 @@ async def test_direct_downloads_behind_an_async_middleware_keep_a_silent_host_at
     against a silent host's one request at a time from the moment the AIMD
     middleware lets it go, not from when it reaches the download handler: an
     async middleware after the AIMD one let all three go at once."""
-    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=1.0, links=0)])
+    slow = 0.5
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=slow, links=0)])
     crawler = get_crawler(
         BatchDownloadSpider,
         aimd_settings(
@@ -1392,8 +1393,8 @@ async def test_direct_downloads_behind_an_async_middleware_keep_a_silent_host_at
     hosts.wait_idle()
     arrivals = sorted(hosts.stats(1).arrivals)
     assert len(arrivals) == 3
-    # The second waited for the first one's answer (1 s).
-    assert arrivals[1] - arrivals[0] >= 0.8, arrivals
+    # The second waited for the first one's answer.
+    assert arrivals[1] - arrivals[0] >= 0.8 * slow, arrivals
 
 
 class _TimedSpider(PageSpider):
