@@ -842,9 +842,10 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     """With this project's handler the scheduler hands each host one request
     beyond its limit; the extra one waits in the handler, so the server never
     sees more than the host's limit even where the pool would allow more."""
+    pages = 60
     hosts = local_hosts([HostSpec(latency=0.02)] * 2)
     crawler = await crawl(
-        interleave(hosts.start_urls(0, 150), hosts.start_urls(1, 150)),
+        interleave(hosts.start_urls(0, pages), hosts.start_urls(1, pages)),
         SCHEDULER=SCHEDULER,
         DOWNLOAD_HANDLERS=_handlers(OUR_HANDLER),
         CONCURRENT_REQUESTS_PER_DOMAIN=4,
@@ -852,7 +853,7 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     )
     hosts.wait_idle()  # the last answers counted at the hosts
     first, second = hosts.all_stats(arrivals=False)
-    assert first.served == second.served == 150
+    assert first.served == second.served == pages
     assert first.max_in_flight == 2
     assert second.max_in_flight == 4
     assert crawler.stats is not None
@@ -963,7 +964,7 @@ async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
     scheduler hand out three while robots.txt came in, and they arrived at
     the host together (with Scrapy's HTTP/1.1 handler, which does not space
     what it sends)."""
-    hosts = local_hosts([HostSpec(latency=0.6, links=0)])
+    hosts = local_hosts([HostSpec(latency=0.4, links=0)])
     await crawl(
         hosts.start_urls(0, 5),
         SCHEDULER=SCHEDULER,
