@@ -768,7 +768,7 @@ class _BlockingSpider(_StopAtFirstPageSpider):
     """Blocks the host of its first response for ``block`` seconds and stops
     the crawl."""
 
-    block = 2.0
+    block = 1.5
 
     def parse(self, response: Response) -> Any:
         scheduler = self.crawler.engine.scheduler
@@ -814,9 +814,9 @@ async def test_jobdir_restores_a_host_block(
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
-    """Resumed at once, a host with a 2 s delay does not get its next request
-    before 2 s after the last one of the stopped crawl."""
-    delay = 2.0
+    """Resumed at once, a host with a 1.5 s delay does not get its next
+    request before 1.5 s after the last one of the stopped crawl."""
+    delay = 1.5
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
     common = {
         "SCHEDULER": SCHEDULER,
