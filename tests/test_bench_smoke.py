@@ -740,7 +740,7 @@ def test_the_hanging_hosts_bench_compares_mixed_with_alone(tmp_path: Path) -> No
 
 @pytest.mark.crawl
 def test_the_soak_bench_reports_gaps_pages_and_sockets(tmp_path: Path) -> None:
-    stdout, result = run_standalone("soak", tmp_path, "--quick", "--pages", "21", "--timeout", "1")
+    stdout, result = run_standalone("soak", tmp_path, "--smoke")
     assert "Targets for hq-full:" in stdout
     assert re.search(r"connections at most 1.5x stock Scrapy's: \d+, [0-9.]+x (PASS|FAIL)", stdout)
     assert re.search(r"no gap of 2 s or more .*: longest [0-9.]+ s (PASS|FAIL)", stdout)
