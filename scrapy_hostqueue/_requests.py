@@ -67,7 +67,7 @@ class RequestRecord:
     #: headers of its answer are in.
     sent_at: float | None = None
     #: In flight far longer than its host usually takes (see
-    #: HostQueueScheduler._watch_overdue).
+    #: scrapy_hostqueue._overdue).
     overdue: bool = False
 
     @property

@@ -448,7 +448,7 @@ class AIMDMiddleware:
         if silent and (scheduler.prefetch or scheduler.inflight(host) < state.limit):
             # Without the send gate the host's limit may also be filled by
             # requests still in downloader middlewares (see
-            # HostQueueScheduler.has_room): the other message then.
+            # DirectDownloads.has_room): the other message then.
             logger.warning(
                 "Host %s: a request that skips the scheduler (engine.download_async) "
                 "waited %gs while the host, silent (not heard from yet, or its last "
