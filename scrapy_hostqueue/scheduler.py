@@ -75,7 +75,10 @@ class HostQueueScheduler(BaseScheduler):
     in ``scrapy_hostqueue.store``); each counted request has one record
     (``scrapy_hostqueue._requests``); the send gate (``SendGate``, in
     ``scrapy_hostqueue.sendgate``) holds the on-the-wire limit for the
-    download handler. This class is the Scrapy glue between them.
+    download handler. Requests that skip the scheduler are served by
+    ``scrapy_hostqueue._direct``, the job on disk by ``scrapy_hostqueue._job``,
+    overdue requests by ``scrapy_hostqueue._overdue``. This class is the
+    Scrapy glue between them.
     """
 
     def __init__(
