@@ -34,6 +34,7 @@ Scrapy) with stock Scrapy's figures beside them, and writes
 
     python -m bench.soak                  # 400 hosts x 40 pages: about 5 minutes
     python -m bench.soak --quick          # 40 hosts x 30 pages, shorter latencies
+    python -m bench.soak --smoke          # 14 hosts x 21 pages: does it run?
     python -m bench.soak --configs scrapy,hq-scheduler,hq-full --rounds 2
 """
 
@@ -128,6 +129,18 @@ QUICK = Size(
     pages=30,
     timeout=3.0,
     slow_latencies=(0.2, 0.5),
+    retry_after=1,
+)
+#: The smallest crawl with every group, for the test suite's smoke test: 21
+#: pages, so that a hanging host's 20th request comes.
+SMOKE = Size(
+    healthy=8,
+    slow=2,
+    throttling=2,
+    hanging=2,
+    pages=21,
+    timeout=1.0,
+    slow_latencies=(0.1, 0.2),
     retry_after=1,
 )
 
@@ -434,6 +447,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"{QUICK.healthy} healthy, {QUICK.slow} slow, {QUICK.throttling} throttling, "
         f"{QUICK.hanging} hanging hosts, {QUICK.pages} pages, shorter latencies and timeout",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"{SMOKE.healthy + SMOKE.slow + SMOKE.throttling + SMOKE.hanging} hosts, "
+        f"{SMOKE.pages} pages: checks that the benchmark runs, measures little",
+    )
     parser.add_argument("--pages", type=int, help=f"start URLs per host (default {FULL.pages})")
     parser.add_argument(
         "--timeout", type=float, help=f"DOWNLOAD_TIMEOUT (default {FULL.timeout:g})"
@@ -443,7 +462,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     args = parser.parse_args(argv)
-    base = QUICK if args.quick else FULL
+    base = SMOKE if args.smoke else QUICK if args.quick else FULL
     args.size = Size(
         **{
             **asdict(base),

@@ -7,16 +7,49 @@ error messages live in one place.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from scrapy.settings import SETTINGS_PRIORITIES
+
 from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
+
+
+#: Scrapy's queue classes, which this scheduler does not use.
+UNUSED_QUEUE_SETTINGS = (
+    "SCHEDULER_PRIORITY_QUEUE",
+    "SCHEDULER_MEMORY_QUEUE",
+    "SCHEDULER_DISK_QUEUE",
+    "SCHEDULER_START_MEMORY_QUEUE",
+    "SCHEDULER_START_DISK_QUEUE",
+)
+
+
+def warn_unused_queue_settings(settings: BaseSettings, logger: logging.Logger) -> None:
+    """One line naming the queue settings the project set, since this
+    scheduler keeps its own queues and would silently ignore them: INFO when
+    each is a FIFO queue class (the breadth-first recipe of Scrapy's docs,
+    which these queues already follow), else a WARNING. On *logger*: the
+    scheduler's, which the line is about."""
+    default = SETTINGS_PRIORITIES["default"]
+    named = [name for name in UNUSED_QUEUE_SETTINGS if (settings.getpriority(name) or 0) > default]
+    if not named:
+        return
+    fifo = all("Fifo" in getattr(settings[name], "__name__", str(settings[name])) for name in named)
+    logger.log(
+        logging.INFO if fifo else logging.WARNING,
+        "%s: not used by HostQueueScheduler, which keeps a queue per host, "
+        "FIFO among requests of the same priority (set DEPTH_PRIORITY to "
+        "crawl breadth-first, > 0, or depth-first, < 0)",
+        ", ".join(named),
+    )
 
 
 class HostQueueSettingsError(ValueError):

@@ -136,13 +136,13 @@ class RequestCodec:
 def make_store(
     frontier: FrontierFile | None,
     codec: RequestCodec | None,
-    policy_factory: Callable[[str], HostState],
+    state_factory: Callable[[str], HostState],
     **kwargs: Any,
 ) -> RequestStore[Request]:
     """The in-memory store, or with *frontier*, the SQLite store on it."""
     if frontier is None or codec is None:
-        return MemoryStore(policy_factory, **kwargs)
-    return SqliteStore(MemoryStore(policy_factory, **kwargs), frontier, codec.encode, codec.decode)
+        return MemoryStore(state_factory, **kwargs)
+    return SqliteStore(MemoryStore(state_factory, **kwargs), frontier, codec.encode, codec.decode)
 
 
 def uses_scrapy_dupefilter(crawler: Crawler) -> bool:

@@ -78,7 +78,7 @@ class SavedState:
 def save_state(
     path: str,
     store: RequestStore[Request],
-    refused: Iterable[tuple[str, Request]],
+    given_up: Iterable[tuple[str, Request]],
     spider: Spider,
     *,
     debug: bool,
@@ -89,7 +89,7 @@ def save_state(
     requests: list[tuple[str, bytes]] = []
     unserializable = 0
     queued = [(host, request) for host, _rank, request in store.items()]
-    for host, request in [*queued, *refused]:
+    for host, request in [*queued, *given_up]:
         try:
             # Pickled one by one: a request whose meta cannot be pickled (a
             # Selector, a Response) is lost alone, as with Scrapy's disk queues.
@@ -110,8 +110,8 @@ def save_state(
     # Idle hosts too: a host blocked with nothing queued stays blocked for
     # the requests the resumed crawl will find for it.
     blocks = {
-        host: (policy.blocked_until + to_wall, policy.block_reason)
-        for host, policy in store.blocked(now)
+        host: (state.blocked_until + to_wall, state.block_reason)
+        for host, state in store.blocked(now)
     }
     # When each host with an interval between starts (DOWNLOAD_DELAY,
     # Crawl-delay) may start its next request: also after the resume.

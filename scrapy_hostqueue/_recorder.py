@@ -337,7 +337,7 @@ class HostStatsRecorder:
         entry.inc("exception_count")
         entry.inc(f"exception_type_count/{name}")
 
-    # -- policy events -----------------------------------------------------
+    # -- host state events ------------------------------------------------
 
     def limit_changed(self, host: str, limit: int) -> None:
         if not self.enabled:

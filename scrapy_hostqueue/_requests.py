@@ -31,7 +31,7 @@ class Stage(Enum):
     REACHED = "reached the downloader"
     HANDED_OUT = "handed out"
     ADOPTED = "adopted"  # counted without next_request
-    REFUSING = "refusing"  # handed out only to be refused (host given up)
+    GIVEN_UP = "host given up"  # handed out only to fail (its host was given up)
 
 
 class AutoSlot(str):
@@ -53,7 +53,8 @@ class RequestRecord:
     #: differ from).
     host: str
     adopted: bool = False
-    refusing: bool = False
+    #: Handed out only to fail with HostGivenUp (its host was given up).
+    given_up: bool = False
     #: Counted on its way to the handler (without the send gate, see has_room).
     reached: bool = False
     #: For a host with an interval between starts: when its hand-out was
@@ -66,13 +67,13 @@ class RequestRecord:
     #: headers of its answer are in.
     sent_at: float | None = None
     #: In flight far longer than its host usually takes (see
-    #: HostQueueScheduler._watch_overdue).
+    #: scrapy_hostqueue._overdue).
     overdue: bool = False
 
     @property
     def stage(self) -> Stage:
-        if self.refusing:
-            return Stage.REFUSING
+        if self.given_up:
+            return Stage.GIVEN_UP
         if self.backing_off:
             return Stage.BACKING_OFF
         if self.on_wire:
@@ -104,8 +105,8 @@ class RequestTable:
         record = self._records[request] = RequestRecord(host, adopted=True)
         return record
 
-    def refuse(self, request: Request, host: str) -> None:
-        self._records[request] = RequestRecord(host, refusing=True)
+    def give_up(self, request: Request, host: str) -> None:
+        self._records[request] = RequestRecord(host, given_up=True)
 
     def get(self, request: Request) -> RequestRecord | None:
         return self._records.get(request)
@@ -113,7 +114,7 @@ class RequestTable:
     def handed_out(self, request: Request) -> RequestRecord | None:
         """The record of *request* if :meth:`hand_out` made it."""
         record = self._records.get(request)
-        if record is None or record.adopted or record.refusing:
+        if record is None or record.adopted or record.given_up:
             return None
         return record
 
@@ -144,6 +145,13 @@ class RequestTable:
     def requeued(self, old: Request, new: Request) -> None:
         """*new* replaces *old*, sent back to the scheduler once more."""
         self._requeues[new] = self._requeues.get(old, 0) + 1
+
+
+def request_rank(request: Request) -> int:
+    """Serving order within a host: higher priority first, and among equal
+    priorities other requests before start requests, as Scrapy's own scheduler
+    does. Across hosts, only the priority (``rank // 2``) counts."""
+    return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
 
 
 def count_down(counts: dict[str, int], key: str) -> None:

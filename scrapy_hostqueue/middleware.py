@@ -350,7 +350,7 @@ class AIMDMiddleware:
         self, request: Request
     ) -> Request | Coroutine[Any, Any, Request | None] | None:
         scheduler = self._scheduler()
-        refused = scheduler.refused_host(request)
+        refused = scheduler.given_up_host(request)
         if refused is not None:
             raise HostGivenUp(refused, self._last_errors.get(refused))
         host = scheduler.host_of(request)
@@ -382,11 +382,11 @@ class AIMDMiddleware:
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
             # waited for robots.txt) go back to the scheduler, which holds them.
             # Only those: one from engine.download_async would loop.
-            policy = scheduler.host_state(host)
-            if policy.blocked_until > now:
-                return self._requeue(request, host, policy.block_reason)
+            state = scheduler.host_state(host)
+            if state.blocked_until > now:
+                return self._requeue(request, host, state.block_reason)
             if crawl_delay is not None:
-                if policy.interval < crawl_delay.delay:
+                if state.interval < crawl_delay.delay:
                     # The scheduler forgot the host (idle, beyond its memory).
                     self._apply_crawl_delay(scheduler, host, crawl_delay.delay)
                 if now < crawl_delay.last_sent + crawl_delay.delay:
@@ -464,12 +464,12 @@ class AIMDMiddleware:
         if host in self._warned_no_room:
             return
         self._warned_no_room.add(host)
-        policy = scheduler.host_state(host)
-        silent = scheduler.in_flight_cap(policy) < policy.limit
-        if silent and (scheduler.prefetch or scheduler.inflight(host) < policy.limit):
+        state = scheduler.host_state(host)
+        silent = scheduler.in_flight_cap(state) < state.limit
+        if silent and (scheduler.prefetch or scheduler.inflight(host) < state.limit):
             # Without the send gate the host's limit may also be filled by
             # requests still in downloader middlewares (see
-            # HostQueueScheduler.has_room): the other message then.
+            # DirectDownloads.has_room): the other message then.
             logger.warning(
                 "Host %s: a request that skips the scheduler (engine.download_async) "
                 "waited %gs while the host, silent (not heard from yet, or its last "
@@ -477,7 +477,7 @@ class AIMDMiddleware:
                 "time on the wire, and goes as one more, within the limit of %d.",
                 host,
                 _DIRECT_PATIENCE,
-                policy.limit,
+                state.limit,
             )
             return
         logger.warning(
@@ -557,7 +557,7 @@ class AIMDMiddleware:
         by its delay, or with too few URLs queued, would otherwise climb to
         the ceiling on answers to one request at a time, and meet the next
         burst of its URLs with the whole ceiling at once."""
-        return scheduler.host_state(host).full_at >= started or scheduler.limit_filled(host)
+        return scheduler.host_state(host).full_at >= started or scheduler.is_full(host)
 
     def overdue_after(self, host: str) -> float:
         """Seconds after which a request of *host* in flight is overdue (the
@@ -741,13 +741,13 @@ class AIMDMiddleware:
         logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, entry.delay, capped)
 
     def _apply_crawl_delay(self, scheduler: HostControl, host: str, delay: float) -> None:
-        policy = scheduler.host_state(host)
+        state = scheduler.host_state(host)
         interval = delay + CRAWL_DELAY_MARGIN
-        if interval <= policy.interval * (1 - policy.jitter):
+        if interval <= state.interval * (1 - state.jitter):
             return  # DOWNLOAD_DELAY already spaces requests at least as much
         # A Crawl-delay is a minimum: set_interval drops the DOWNLOAD_DELAY_JITTER
         # (default 0.5) that would start some requests at half the delay.
-        scheduler.set_interval(host, max(interval, policy.interval))
+        scheduler.set_interval(host, max(interval, state.interval))
 
     def __repr__(self) -> str:
         return f"<AIMDMiddleware hosts={len(self.table)}>"

@@ -2,47 +2,35 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.exceptions import CloseSpider
-from scrapy.settings import SETTINGS_PRIORITIES
-from scrapy.utils.asyncio import call_later, create_looping_call
+from scrapy.utils.asyncio import call_later
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._config import HostQueueConfig, warn_unused_queue_settings
+from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._frontier import (
-    CommitTimer,
     FrontierDupeFilter,
     RequestCodec,
     make_store,
-    memory_job_refusal,
     open_frontier,
-    take_over_saved_job,
     uses_scrapy_dupefilter,
 )
-from scrapy_hostqueue._jobdir import (
-    STATE_FILE,
-    load_state,
-    save_state,
-    scrapy_job_refusal,
-    state_path,
-)
-from scrapy_hostqueue._overdue import WATCH_INTERVAL, OverdueWatch
+from scrapy_hostqueue._job import Job
+from scrapy_hostqueue._jobdir import STATE_FILE
+from scrapy_hostqueue._overdue import OverdueRequests
 from scrapy_hostqueue._recorder import get_recorder
-from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestRecord, RequestTable
+from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestTable, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
-from scrapy_hostqueue.sendgate import SendGate, UsesSendGate, gate_opens_at
+from scrapy_hostqueue.sendgate import SendGate, handlers_gate_sends
 from scrapy_hostqueue.store import HostState, RequestStore
-from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -51,12 +39,12 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from scrapy.http import Response
-    from scrapy.settings import BaseSettings
     from scrapy.utils.asyncio import CallLaterResult
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
     from scrapy_hostqueue._contracts import PolicyHook
+    from scrapy_hostqueue.store.sqlite import FrontierFile
 
 logger = logging.getLogger(__name__)
 
@@ -66,75 +54,9 @@ __all__ = [
     "HostBlocked",
     "HostGivenUp",
     "HostQueueScheduler",
-    "request_rank",
 ]
 
 _DOWNLOAD_SLOT = "download_slot"
-
-
-def request_rank(request: Request) -> int:
-    """Serving order within a host: higher priority first, and among equal
-    priorities other requests before start requests, as Scrapy's own scheduler
-    does. Across hosts, only the priority (``rank // 2``) counts."""
-    return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
-
-
-#: Scrapy's queue classes, which this scheduler does not use.
-UNUSED_QUEUE_SETTINGS = (
-    "SCHEDULER_PRIORITY_QUEUE",
-    "SCHEDULER_MEMORY_QUEUE",
-    "SCHEDULER_DISK_QUEUE",
-    "SCHEDULER_START_MEMORY_QUEUE",
-    "SCHEDULER_START_DISK_QUEUE",
-)
-
-
-def _warn_unused_queue_settings(settings: BaseSettings) -> None:
-    """One line naming the queue settings the project set, since this
-    scheduler keeps its own queues and would silently ignore them: INFO when
-    each is a FIFO queue class (the breadth-first recipe of Scrapy's docs,
-    which these queues already follow), else a WARNING."""
-    default = SETTINGS_PRIORITIES["default"]
-    named = [name for name in UNUSED_QUEUE_SETTINGS if (settings.getpriority(name) or 0) > default]
-    if not named:
-        return
-    fifo = all("Fifo" in getattr(settings[name], "__name__", str(settings[name])) for name in named)
-    logger.log(
-        logging.INFO if fifo else logging.WARNING,
-        "%s: not used by HostQueueScheduler, which keeps a queue per host, "
-        "FIFO among requests of the same priority (set DEPTH_PRIORITY to "
-        "crawl breadth-first, > 0, or depth-first, < 0)",
-        ", ".join(named),
-    )
-
-
-#: The ``finish_reason`` of a crawl that refused its JOBDIR.
-JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
-#: The ``finish_reason`` of a crawl whose ``JOBDIR/hostqueue.state`` cannot be
-#: read (damaged, from another version, or naming a callback the spider no
-#: longer has): it closes before any request, and the file is left as it was.
-JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
-#: The ``finish_reason`` of a crawl with the in-memory store on a JOBDIR that
-#: holds a frontier file: it closes before any request, the file as it was.
-JOBDIR_OF_SQLITE_FRONTIER = "hostqueue_jobdir_of_sqlite_frontier"
-
-
-def _handlers_gate_sends(crawler: Crawler) -> bool:
-    """Whether the http and https handlers ask the send gate before sending
-    (:class:`~scrapy_hostqueue.sendgate.UsesSendGate`; this project's handler
-    does), which prefetch needs to hold the limit."""
-    handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
-    for scheme in ("http", "https"):
-        path = handlers.get(scheme)
-        if not path:
-            return False
-        try:
-            cls = load_object(path) if isinstance(path, str) else path
-        except (ImportError, NameError, ValueError):
-            return False
-        if not (isinstance(cls, type) and issubclass(cls, UsesSendGate)):
-            return False
-    return True
 
 
 class HostQueueScheduler(BaseScheduler):
@@ -153,7 +75,10 @@ class HostQueueScheduler(BaseScheduler):
     in ``scrapy_hostqueue.store``); each counted request has one record
     (``scrapy_hostqueue._requests``); the send gate (``SendGate``, in
     ``scrapy_hostqueue.sendgate``) holds the on-the-wire limit for the
-    download handler. This class is the Scrapy glue between them.
+    download handler. Requests that skip the scheduler are served by
+    ``scrapy_hostqueue._direct``, the job on disk by ``scrapy_hostqueue._job``,
+    overdue requests by ``scrapy_hostqueue._overdue``. This class is the
+    Scrapy glue between them.
     """
 
     def __init__(
@@ -174,7 +99,7 @@ class HostQueueScheduler(BaseScheduler):
         self.recorder = get_recorder(crawler)
         self._autothrottle = crawler.settings.getbool("AUTOTHROTTLE_ENABLED")
         self._policy_hook: PolicyHook | None = None
-        gate = _handlers_gate_sends(crawler)
+        gate = handlers_gate_sends(crawler)
         self.prefetch = config.prefetch if gate else 0
         # Without the send gate the prefetched request waits in Scrapy's
         # downloader slot, which holds the limit as its concurrency (see
@@ -211,33 +136,33 @@ class HostQueueScheduler(BaseScheduler):
             may_send_back=self._may_send_back,
             room_changed=self._room_changed,
         )
-        self._room_waiters: dict[str, deque[asyncio.Future[None]]] = {}
-        self._overdue = OverdueWatch(
+        self._direct = DirectDownloads(
+            self._store, self._records, self.gate, gated=bool(self.prefetch)
+        )
+        self._overdue = OverdueRequests(
+            crawler,
             self._records,
             self._store,
-            self._overdue_after,
-            self._became_overdue,
+            self.gate,
+            self.recorder,
+            gated=bool(self.prefetch),
             max_excused=config.max_overdue,
+            debug=self.debug,
         )
-        self._overdue_loop: Any = None
         # Requests of given-up hosts on their way to their errbacks: queued
         # here, then handed out for the AIMD middleware to raise HostGivenUp.
-        self._refused: deque[tuple[str, Request]] = deque()
+        self._given_up: deque[tuple[str, Request]] = deque()
         self._wakeup: CallLaterResult | None = None
         self._wakeup_at = 0.0
         self._undo_hook: Any = None
         self._undo_done: Any = None
-        self._commits: CommitTimer | None = None
-        # The finish reason when the crawl must close before its first
-        # request (a JOBDIR this scheduler cannot resume), else None.
-        self._refusal: str | None = None
-        self._opened = False
+        self._job = Job(crawler, self._store, self._codec, jobdir, debug=self.debug)
 
     @classmethod
     @internals.refuses_at_start_up
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
-        _warn_unused_queue_settings(crawler.settings)
+        warn_unused_queue_settings(crawler.settings, logger)
         frontier = open_frontier(config.frontier_path)
         dupefilter: BaseDupeFilter
         if frontier is not None and uses_scrapy_dupefilter(crawler):
@@ -253,18 +178,8 @@ class HostQueueScheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> Deferred[None] | None:
         self.spider = spider
-        refusal = scrapy_job_refusal(self.jobdir)
-        if refusal is not None:
-            logger.error(refusal)
-            self._refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
+        if not self._job.accept(spider):
             return None
-        if not isinstance(self._store, SqliteStore):
-            refusal = memory_job_refusal(self.jobdir)
-            if refusal is not None:
-                logger.error(refusal)
-                self._refuse(JOBDIR_OF_SQLITE_FRONTIER)
-                return None
-        self._opened = True
         self.gate.register(self.crawler)
         self.recorder.host_view = self
         self._undo_hook = internals.on_request_leaving_downloader(
@@ -287,41 +202,7 @@ class HostQueueScheduler(BaseScheduler):
                 self._follow_autothrottle, signal=signals.response_downloaded
             )
         cfg = self.config
-        resumed = blocks = 0
-        if isinstance(self._store, SqliteStore):
-            resumed = self._open_frontier(spider)
-        elif self.jobdir:
-            path = state_path(self.jobdir)
-            try:
-                saved = load_state(path, spider)
-            except Exception as error:
-                # Closed before any request, without saving over the file:
-                # the job is left as it was, for the user to mend or drop.
-                logger.error(
-                    "Cannot resume the job in JOBDIR %r: %s cannot be read (%s: %s). "
-                    "The crawl closes before any request and leaves the file as it is. If "
-                    "the spider lost a callback that queued requests name, give it "
-                    "back; otherwise start a new JOBDIR, or delete %s to start "
-                    "this job again from its start requests, losing the requests "
-                    "queued in it (the dupefilter's requests.seen filters every "
-                    "request it has seen before).",
-                    self.jobdir,
-                    path,
-                    type(error).__name__,
-                    error,
-                    path,
-                )
-                self._refuse(JOBDIR_STATE_UNREADABLE)
-            else:
-                if saved is not None:
-                    for request in saved.requests:
-                        # Already seen by the dupefilter before the stop.
-                        self._push(request)
-                    for host, until, reason in saved.blocks:
-                        self._store.block_until(host, until, reason)
-                    for host, when in saved.spacing:
-                        self._store.space_until(host, when)
-                    resumed, blocks = len(saved.requests), len(saved.blocks)
+        resumed, blocks = self._job.resume(self._push)
         logger.info(
             "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
             "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s",
@@ -343,58 +224,6 @@ class HostQueueScheduler(BaseScheduler):
             ),
         )
         return self.df.open()
-
-    def _open_frontier(self, spider: Spider) -> int:
-        """Start the frontier file's commits; take over a JOBDIR the in-memory
-        store saved. Returns the requests resumed."""
-        store = self._store
-        assert isinstance(store, SqliteStore) and self._codec is not None
-        self._codec.spider = spider
-        resumed = store.resumed
-        if self.jobdir:
-            try:
-                taken = take_over_saved_job(self.jobdir, store, self._push, spider)
-            except Exception as error:
-                logger.error(
-                    "Cannot take over the job in JOBDIR %r: %s cannot be read (%s: %s). "
-                    "The crawl closes before any request and leaves the file as it is. "
-                    "Finish that job with HOSTQUEUE_FRONTIER = 'memory' (the store that "
-                    "saved it), or delete %s to go on without its queued requests.",
-                    self.jobdir,
-                    state_path(self.jobdir),
-                    type(error).__name__,
-                    error,
-                    state_path(self.jobdir),
-                )
-                self._refuse(JOBDIR_STATE_UNREADABLE)
-                return resumed
-            if taken is not None:
-                logger.info(
-                    "Took over %d queued requests saved in %s into the frontier file %s",
-                    taken,
-                    state_path(self.jobdir),
-                    store.file.path,
-                )
-                resumed += taken
-        self._commits = CommitTimer(self.crawler, store)
-        self._commits.start()
-        logger.info(
-            "HostQueueScheduler: frontier file %s (%s queued requests in it)",
-            store.file.path,
-            f"{len(store):,}",
-        )
-        return resumed
-
-    def _refuse(self, reason: str) -> None:
-        """Close the crawl with *reason* once every component is open (the
-        engine's way for a spider_opened handler that raises CloseSpider),
-        before any request; close() then leaves the job as it was."""
-        self._refusal = reason
-        self.crawler.signals.connect(self._refuse_job, signal=signals.spider_opened)
-
-    def _refuse_job(self, spider: Spider) -> None:
-        assert self._refusal is not None
-        raise CloseSpider(self._refusal)
 
     def close(self, reason: str) -> Deferred[None] | None:
         # Each duty runs whatever the others do: the dupefilter must close
@@ -418,41 +247,23 @@ class HostQueueScheduler(BaseScheduler):
             self._wakeup.cancel()
             self._wakeup = None
         self.gate.unregister(self.crawler)
-        if self._overdue_loop is not None and self._overdue_loop.running:
-            self._overdue_loop.stop()
-        if self._commits is not None:
-            self._commits.stop()
+        self._overdue.stop()
+        self._job.stop()
         for undo in (self._undo_hook, self._undo_done):
             if undo is not None:
                 undo()
         self._undo_hook = self._undo_done = None
 
     def _save_job(self) -> None:
-        if isinstance(self._store, SqliteStore):
-            return  # every change is in the frontier file already
-        if not (self.jobdir and self._opened and self._refusal is None):
-            return
-        path = state_path(self.jobdir)
-        try:
-            unserializable = save_state(
-                path, self._store, self._refused, self.spider, debug=self.debug
-            )
-        except Exception:
-            logger.exception(
-                "Could not save the queued requests to %s: they are lost at this "
-                "stop (requests.seen keeps their links from being found again "
-                "when the job resumes)",
-                path,
-            )
-            return
+        unserializable = self._job.save(self._given_up)
         if unserializable:
             self.stats.inc_value("scheduler/unserializable", unserializable)
 
     def has_pending_requests(self) -> bool:
-        return len(self._store) > 0 or bool(self._refused)
+        return len(self._store) > 0 or bool(self._given_up)
 
     def __len__(self) -> int:
-        return len(self._store) + len(self._refused)
+        return len(self._store) + len(self._given_up)
 
     def enqueue_request(self, request: Request) -> bool:
         if not request.dont_filter and self.df.request_seen(request):
@@ -461,10 +272,10 @@ class HostQueueScheduler(BaseScheduler):
         return self._push(request)
 
     def next_request(self) -> Request | None:
-        if self._refused:
+        if self._given_up:
             # No host limit: the AIMD middleware fails them at once.
-            host, request = self._refused.popleft()
-            self._records.refuse(request, host)
+            host, request = self._given_up.popleft()
+            self._records.give_up(request, host)
             self.stats.inc_value(f"scheduler/dequeued/{self._queue_stat}")
             self.stats.inc_value("scheduler/dequeued")
             return request
@@ -475,11 +286,11 @@ class HostQueueScheduler(BaseScheduler):
                 self._schedule_wakeup()
             return None
         host, request = popped
-        policy = store.policy(host)
+        state = store.host_state(host)
         # A host with an interval: its start holds the host's next one back;
         # if a downloader middleware answers it instead, _request_left gives
         # that wait back.
-        self._records.hand_out(request, host, policy.last_start if policy.next_gap else None)
+        self._records.hand_out(request, host, state.last_start if state.next_gap else None)
         meta = request.meta
         if _DOWNLOAD_SLOT not in meta:
             # The key the downloader would write there itself, marked so that
@@ -513,7 +324,7 @@ class HostQueueScheduler(BaseScheduler):
         return self._store.hosts()
 
     def known_state(self, host: str) -> HostState | None:
-        return self._store.known_policy(host)
+        return self._store.known_state(host)
 
     def in_flight_cap(self, state: HostState) -> int:
         return self._store.in_flight_cap(state)
@@ -530,7 +341,7 @@ class HostQueueScheduler(BaseScheduler):
             return self.gate.on_wire(host)
         inflight = self._store.inflight(host)
         if self._slot_prefetch:
-            return min(inflight, self._store.policy(host).limit)
+            return min(inflight, self._store.host_state(host).limit)
         return inflight
 
     def sent_back_from_gate(self, request: Request) -> bool:
@@ -570,13 +381,13 @@ class HostQueueScheduler(BaseScheduler):
         # the process (the SQLite store gives back the resumed hosts' now).
         self._store.export_learned = hook.learned
         self._store.import_learned = hook.relearn
-        self._watch_overdue()
+        self._overdue.start(hook)
 
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
 
     def host_state(self, host: str) -> HostState:
-        return self._store.policy(host)
+        return self._store.host_state(host)
 
     def inflight(self, host: str) -> int:
         return self._store.inflight(host)
@@ -592,8 +403,8 @@ class HostQueueScheduler(BaseScheduler):
         record = self._records.handed_out(request)
         return None if record is None else record.host
 
-    def limit_filled(self, host: str) -> bool:
-        return self._store.limit_filled(host)
+    def is_full(self, host: str) -> bool:
+        return self._store.is_full(host)
 
     def note_full(self, host: str, now: float) -> None:
         self._store.note_full(host, now)
@@ -632,133 +443,44 @@ class HostQueueScheduler(BaseScheduler):
         the AIMD middleware to fail it with :class:`HostGivenUp`, so that its
         errback hears of it."""
         dropped = self._store.give_up(host)
-        self._refused.extend((host, request) for request in dropped)
+        self._given_up.extend((host, request) for request in dropped)
         if dropped:
             internals.wake_engine(self.crawler)
         return len(dropped)
 
-    def refused_host(self, request: Request) -> str | None:
-        """The host of *request* if it was handed out only to be refused
-        (its host was given up)."""
+    def given_up_host(self, request: Request) -> str | None:
+        """The host of *request* if it was handed out only to fail with
+        HostGivenUp (its host was given up)."""
         record = self._records.get(request)
-        if record is None or not record.refusing:
+        if record is None or not record.given_up:
             return None
         self._records.leave(request)
         return record.host
 
     def host_given_up(self, host: str) -> bool:
         """Whether *host* was given up (see :meth:`give_up`)."""
-        policy = self._store.known_policy(host)
-        return policy is not None and policy.given_up
+        state = self._store.known_state(host)
+        return state is not None and state.given_up
 
-    # -- requests it did not hand out -------------------------------------------
-    #
-    # ``engine.download_async`` requests (media pipelines, robots.txt, a
-    # spider's own downloads) reach the downloader without next_request. The
-    # AIMD middleware holds them until their host may take one more
-    # (direct_delay, has_room, wait_for_room), then they count for the host
-    # like a handed-out request (adopt) until they leave the downloader.
+    # -- requests it did not hand out (see scrapy_hostqueue._direct) ---------
 
     def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float:
-        """Seconds such a request must wait before it starts on *host*: until
-        the host's block ends and, with *spacing*, its interval since the last
-        start has passed."""
-        policy = self._store.policy(host)
-        when = policy.ready_at() if spacing else policy.blocked_until
-        if spacing and self.prefetch:
-            when = max(when, gate_opens_at(policy))
-        return when - now if when > now else 0.0
+        return self._direct.delay(host, now, spacing=spacing)
 
     def has_room(self, host: str) -> bool:
-        """Whether *host* may have one more request on the wire now.
-
-        With the send gate, against the requests past it. Without, against
-        the host's limit, every request handed out and not back counted, and
-        a silent host's one request at a time against those that reached the
-        download handler (or were adopted) only: a handed-out request may
-        still be in a downloader middleware, perhaps waiting for this very
-        download (a login or token middleware), and a host not heard from yet
-        would keep such a download waiting for its first answer, which waits
-        for the download."""
-        if self.prefetch:
-            return self.gate.may_send(host)
-        store = self._store
-        policy = store.policy(host)
-        reached = self._records.reached_per_host.get(host, 0)
-        return store.inflight(host) < policy.limit and reached < store.in_flight_cap(policy)
+        return self._direct.has_room(host)
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
-        """Wait until a request of *host* leaves the downloader or its limit
-        changes (True), or *timeout* seconds (False)."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._room_waiters.get(host)
-        if waiters is None:
-            waiters = self._room_waiters[host] = deque()
-        waiters.append(future)
-        try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            if not future.done():
-                future.cancel()
-                # Not woken: leave no stale entry behind.
-                waiters.remove(future)
-                if not waiters and self._room_waiters.get(host) is waiters:
-                    del self._room_waiters[host]
-        return True
+        return await self._direct.wait_for_room(host, timeout)
 
     def adopt(self, request: Request, host: str, now: float) -> None:
-        """Count *request*, which did not come from next_request, for *host*
-        from now until it leaves the downloader."""
-        self._store.adopt(host, now)
-        record = self._records.adopt(request, host)
-        if self.prefetch:
-            self.gate.take(host, request)
-        else:
-            # From now: several let through at once would not all reach the
-            # download handler before the next asks (an async middleware).
-            self._records.count_on_the_way(record)
-            record.sent_at = now
-
-    def _watch_overdue(self) -> None:
-        """Look for overdue requests from now on, with the hosts' latency the
-        policy hook learns; an answer stops counting as overdue at its
-        headers (_headers_received)."""
-        self._overdue_loop = create_looping_call(self._overdue.check)
-        self._overdue_loop.start(WATCH_INTERVAL, now=False)
-
-    def _overdue_after(self, host: str) -> float:
-        assert self._policy_hook is not None  # the watch runs with it only
-        return self._policy_hook.overdue_after(host)
-
-    def _became_overdue(self, request: Request, record: RequestRecord, seconds: float) -> None:
-        host = record.host
-        self.recorder.overdue(host, self._overdue.count)
-        if self.debug:
-            logger.debug("%s overdue after %.1fs (host %s)", request, seconds, host)
-        assert self._policy_hook is not None
-        self._policy_hook.overdue(request, host, seconds)
-        if self.prefetch and not self.gate.may_send(host):
-            # Requests waiting at the gate behind overdue ones would wait for
-            # them to time out, holding download budget: back to the queue.
-            self.gate.blocked(host, math.inf, "overdue")
-        # Its place and a share of the budget are free for other hosts.
-        internals.wake_engine(self.crawler)
+        self._direct.adopt(request, host, now)
 
     def _room_changed(self, host: str) -> None:
         """*host* may have more on the wire now (a send slot freed, a higher
         limit, its first answer): let through what waits for that."""
         self.gate.open(host)
-        if host in self._room_waiters:
-            self._wake_room_waiters(host)
-
-    def _wake_room_waiters(self, host: str) -> None:
-        waiters = self._room_waiters.pop(host, None)
-        while waiters:
-            future = waiters.popleft()
-            if not future.done():
-                future.set_result(None)
+        self._direct.wake(host)
 
     def _may_send_back(self, request: Request) -> bool:
         """Whether a request held at the send gate by a block may go back to
@@ -791,7 +513,7 @@ class HostQueueScheduler(BaseScheduler):
             self.recorder.requests_dropped(host)
             if self.debug:
                 logger.debug("Refusing %s: host %s was given up", request, host)
-            self._refused.append((host, request))
+            self._given_up.append((host, request))
         self.stats.inc_value(f"scheduler/enqueued/{self._queue_stat}")
         self.stats.inc_value("scheduler/enqueued")
         return True
@@ -804,7 +526,7 @@ class HostQueueScheduler(BaseScheduler):
         host = record.host
         if self.debug:
             logger.debug("%s left the downloader (host %s, %s)", request, host, record.stage.value)
-        if record.refusing:
+        if record.given_up:
             # Answered or refused by a downloader middleware before the AIMD
             # one: never counted.
             self._records.leave(request)
@@ -827,8 +549,7 @@ class HostQueueScheduler(BaseScheduler):
         self._records.leave(request)
         self._store.finish(host, record.overdue)
         self._overdue.left(record)
-        if self._room_waiters:
-            self._wake_room_waiters(host)
+        self._direct.wake(host)
 
     def _reached_downloader(self, request: Request, spider: Spider) -> None:
         key = internals.host_key(self.crawler, request)
@@ -865,7 +586,7 @@ class HostQueueScheduler(BaseScheduler):
         internals.apply_to_slot(
             self.crawler,
             host,
-            concurrency=self._store.policy(host).limit + self.prefetch,
+            concurrency=self._store.host_state(host).limit + self.prefetch,
             delay=None if self._autothrottle else 0.0,
         )
 
@@ -907,9 +628,9 @@ class HostQueueScheduler(BaseScheduler):
         downloader middleware after the AIMD one may have given another
         download_slot (a proxy's). Returns that host if it was silent."""
         record = self._records.get(request)
-        host = record.host if record is not None and not record.refusing else self.host_of(request)
-        policy = self._store.known_policy(host)
-        if policy is None or policy.answering:
+        host = record.host if record is not None and not record.given_up else self.host_of(request)
+        state = self._store.known_state(host)
+        if state is None or state.answering:
             return None
         self._store.set_answering(host, True)
         return host

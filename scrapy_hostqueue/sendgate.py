@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Protocol
 
 from scrapy.utils.asyncio import call_later
+from scrapy.utils.misc import load_object
 
 from scrapy_hostqueue._requests import RequestTable, count_down
 from scrapy_hostqueue.exceptions import HostBlocked
@@ -60,6 +61,24 @@ class GateClient(Protocol):
         """Whether *host* has requests in flight (keep its idle connections)."""
 
 
+def handlers_gate_sends(crawler: Crawler) -> bool:
+    """Whether the http and https handlers ask the send gate before sending
+    (:class:`~scrapy_hostqueue.sendgate.UsesSendGate`; this project's handler
+    does), which prefetch needs to hold the limit."""
+    handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
+    for scheme in ("http", "https"):
+        path = handlers.get(scheme)
+        if not path:
+            return False
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+        except (ImportError, NameError, ValueError):
+            return False
+        if not (isinstance(cls, type) and issubclass(cls, UsesSendGate)):
+            return False
+    return True
+
+
 _gates: weakref.WeakKeyDictionary[Crawler, SendGate] = weakref.WeakKeyDictionary()
 
 
@@ -69,14 +88,14 @@ def gate_of(crawler: Crawler) -> GateClient | None:
     return _gates.get(crawler)
 
 
-def gate_opens_at(policy: HostState) -> float:
+def gate_opens_at(state: HostState) -> float:
     """When the gate may let the host's next request onto the wire: not before
     its block ends, nor before the shortest gap its interval allows
     (``DOWNLOAD_DELAY``, Crawl-delay; the jitter's low end) since the last
     request it let through. A request handed out on time may have had to wait
     for a send slot, so the gap between hand-outs is not enough."""
-    gap = policy.interval * max(0.0, 1.0 - policy.jitter) if policy.interval else 0.0
-    return max(policy.blocked_until, policy.last_sent + gap)
+    gap = state.interval * max(0.0, 1.0 - state.jitter) if state.interval else 0.0
+    return max(state.blocked_until, state.last_sent + gap)
 
 
 class SendGate:
@@ -143,9 +162,9 @@ class SendGate:
         if not waiters and self.may_send(host):
             self.take(host, request)
             return
-        policy = self.store.policy(host)
-        if policy.blocked_until > time.monotonic() and self.may_send_back(request):
-            raise self._send_back(request, host, policy.block_reason)
+        state = self.store.host_state(host)
+        if state.blocked_until > time.monotonic() and self.may_send_back(request):
+            raise self._send_back(request, host, state.block_reason)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if waiters is None:
             waiters = self._waiters[host] = deque()
@@ -205,10 +224,10 @@ class SendGate:
         return self._sending.get(host, 0)
 
     def may_send(self, host: str) -> bool:
-        policy = self.store.policy(host)
+        state = self.store.host_state(host)
         return (
-            self._sending.get(host, 0) < self.store.in_flight_cap(policy)
-            and gate_opens_at(policy) <= time.monotonic()
+            self._sending.get(host, 0) < self.store.in_flight_cap(state)
+            and gate_opens_at(state) <= time.monotonic()
             and host not in self._backing_off_hosts
         )
 
@@ -216,7 +235,7 @@ class SendGate:
         self._sending[host] = self._sending.get(host, 0) + 1
         now = time.monotonic()
         self.records.put_on_wire(request, now)
-        self.store.policy(host).last_sent = now
+        self.store.host_state(host).last_sent = now
 
     def release(self, request: Request) -> None:
         record = self.records.get(request)
@@ -243,7 +262,7 @@ class SendGate:
         if not waiters:
             self._waiters.pop(host, None)
             return
-        opens_at = gate_opens_at(self.store.policy(host))
+        opens_at = gate_opens_at(self.store.host_state(host))
         if opens_at > time.monotonic() and host not in self._timers:
             self._timers[host] = call_later(opens_at - time.monotonic(), self._timer, host)
 

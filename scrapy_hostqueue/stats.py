@@ -283,24 +283,24 @@ class HostQueueStats:
             return
         now = time.monotonic()
         hosts = list(view.hosts())
-        blocked = sum(1 for *_, policy in hosts if policy.blocked_until > now)
+        blocked = sum(1 for *_, state in hosts if state.blocked_until > now)
         busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
         shown = []
-        for key, _queued, _inflight, policy in busiest:
-            cap = view.in_flight_cap(policy)
+        for key, _queued, _inflight, state in busiest:
+            cap = view.in_flight_cap(state)
             text = f"{key or NO_HOST} {view.on_wire(key)}/{cap}"
             overdue = view.overdue(key)
             if overdue:
                 # Why a host with room sends nothing: its requests hang.
                 text += f" ({overdue} overdue)"
-            if policy.blocked_until > now:
-                text += f" (blocked {policy.blocked_until - now:.1f}s: {policy.block_reason})"
-            elif cap < policy.limit:
+            if state.blocked_until > now:
+                text += f" (blocked {state.blocked_until - now:.1f}s: {state.block_reason})"
+            elif cap < state.limit:
                 # Why a host with work and a limit of 4 has one in flight.
-                text += f" (silent, {cap} at a time until it answers; limit {policy.limit})"
-            elif policy.interval:
+                text += f" (silent, {cap} at a time until it answers; limit {state.limit})"
+            elif state.interval:
                 # Why a host with room and work is slow: one request per interval.
-                text += f" (delay {policy.interval:g}s)"
+                text += f" (delay {state.interval:g}s)"
             shown.append(text)
         logger.info(
             "Hosts: %d active, %d blocked, %d with work; %d requests queued; "
@@ -317,7 +317,7 @@ class HostQueueStats:
         samples: dict[str, HostSample] = {}
         view = self.hosts
         if view is not None:
-            for key, queued, _inflight, policy in view.hosts():
+            for key, queued, _inflight, state in view.hosts():
                 host = key or NO_HOST
                 samples[host] = HostSample(
                     host,
@@ -326,9 +326,9 @@ class HostQueueStats:
                     view.on_wire(key),
                     queued,
                     # What it may have in flight: 1 while silent.
-                    view.in_flight_cap(policy),
-                    max(0.0, policy.blocked_until - now),
-                    policy.block_reason,
+                    view.in_flight_cap(state),
+                    max(0.0, state.blocked_until - now),
+                    state.block_reason,
                     view.overdue(key),
                 )
         # Hosts that left the frontier (or, under another scheduler, any host)

@@ -711,7 +711,7 @@ def test_the_hanging_hosts_bench_compares_mixed_with_alone(tmp_path: Path) -> No
     stdout, result = run_standalone(
         "hanging_hosts",
         tmp_path,
-        *("--quick", "--healthy", "8", "--hanging", "2", "--timeout", "2", "--rounds", "1"),
+        *("--quick", "--healthy", "8", "--hanging", "2", "--timeout", "1", "--rounds", "1"),
     )
     for config in ("scrapy", "hq-full"):
         assert re.search(
@@ -722,7 +722,7 @@ def test_the_hanging_hosts_bench_compares_mixed_with_alone(tmp_path: Path) -> No
     assert re.search(
         r"Target: hq-full's .*: [0-9.]+x (PASS|FAIL) \(stock Scrapy: [0-9.]+x\)", stdout
     )
-    assert result["size"] == {"healthy": 8, "hanging": 2, "pages": 30, "timeout": 2.0}
+    assert result["size"] == {"healthy": 8, "hanging": 2, "pages": 30, "timeout": 1.0}
     assert [(run["config"], run["mode"]) for run in result["runs"]] == [
         ("scrapy", "alone"),
         ("scrapy", "mixed"),
@@ -740,7 +740,7 @@ def test_the_hanging_hosts_bench_compares_mixed_with_alone(tmp_path: Path) -> No
 
 @pytest.mark.crawl
 def test_the_soak_bench_reports_gaps_pages_and_sockets(tmp_path: Path) -> None:
-    stdout, result = run_standalone("soak", tmp_path, "--quick", "--pages", "21", "--timeout", "1")
+    stdout, result = run_standalone("soak", tmp_path, "--smoke")
     assert "Targets for hq-full:" in stdout
     assert re.search(r"connections at most 1.5x stock Scrapy's: \d+, [0-9.]+x (PASS|FAIL)", stdout)
     assert re.search(r"no gap of 2 s or more .*: longest [0-9.]+ s (PASS|FAIL)", stdout)

@@ -239,10 +239,10 @@ def test_limit_respected_until_finish(limit: int) -> None:
         frontier.push("a", 0, str(i))
     assert [item for _, item in drain_pops(frontier)] == [str(i) for i in range(limit)]
     assert frontier.inflight("a") == limit
-    assert frontier.state("a") == FULL
+    assert frontier.placement("a") == FULL
     assert frontier.pop() is None
     frontier.finish("a")
-    assert frontier.state("a") == READY
+    assert frontier.placement("a") == READY
     assert frontier.pop() == ("a", str(limit))
     assert frontier.pop() is None
 
@@ -294,21 +294,21 @@ def test_full_at_is_when_a_start_last_filled_the_limit() -> None:
     for i in range(4):
         frontier.push("a", 0, str(i))
     frontier.pop()
-    assert frontier.policy("a").full_at == float("-inf")  # 1 of 2
+    assert frontier.host_state("a").full_at == float("-inf")  # 1 of 2
     clock.advance(1)
     frontier.pop()
-    assert frontier.policy("a").full_at == 101.0  # 2 of 2
+    assert frontier.host_state("a").full_at == 101.0  # 2 of 2
     frontier.finish("a")
     clock.advance(1)
     frontier.pop()
-    assert frontier.policy("a").full_at == 102.0  # filled again
+    assert frontier.host_state("a").full_at == 102.0  # filled again
     frontier.finish("a")
     frontier.finish("a")
     clock.advance(1)
     frontier.pop()
-    assert frontier.policy("a").full_at == 102.0  # 1 of 2 does not
+    assert frontier.host_state("a").full_at == 102.0  # 1 of 2 does not
     frontier.adopt("a", clock())
-    assert frontier.policy("a").full_at == 103.0  # an adopted request fills it too
+    assert frontier.host_state("a").full_at == 103.0  # an adopted request fills it too
 
 
 def test_a_silent_host_has_silent_limit_in_flight_until_it_answers() -> None:
@@ -318,7 +318,7 @@ def test_a_silent_host_has_silent_limit_in_flight_until_it_answers() -> None:
     for i in range(10):
         frontier.push("a", 0, str(i))
     assert len(drain_pops(frontier)) == 1  # not heard from: no prefetch either
-    assert frontier.state("a") == FULL
+    assert frontier.placement("a") == FULL
     frontier.set_answering("a", True)  # its first answer, still in flight
     assert len(drain_pops(frontier)) == 3  # its limit and one prefetched
     assert frontier.inflight("a") == 4
@@ -336,7 +336,7 @@ def test_without_silent_limit_a_silent_host_has_its_limit() -> None:
     frontier, _ = make(limit=3)
     for i in range(5):
         frontier.push("a", 0, str(i))
-    assert not frontier.policy("a").answering
+    assert not frontier.host_state("a").answering
     assert len(drain_pops(frontier)) == 3
 
 
@@ -355,10 +355,10 @@ def test_prefetch_goes_only_when_no_host_can_send() -> None:
     # "a" is at its limit: its prefetch waits while "b" can send.
     assert frontier.pop() == ("b", "b0")
     assert frontier.pop() == ("a", "a1")
-    assert frontier.state("a") == FULL
+    assert frontier.placement("a") == FULL
     assert frontier.pop() is None
     frontier.finish("a")
-    assert frontier.state("a") == PREFETCH
+    assert frontier.placement("a") == PREFETCH
 
 
 def test_prefetch_goes_to_the_highest_head_rank_first() -> None:
@@ -391,7 +391,7 @@ def test_prefetch_hands_out_beyond_the_limit(limit: int, prefetch: int) -> None:
     for i in range(limit + prefetch + 2):
         frontier.push("a", 0, str(i))
     assert len(drain_pops(frontier)) == limit + prefetch
-    assert frontier.state("a") == FULL
+    assert frontier.placement("a") == FULL
     frontier.finish("a")
     assert len(drain_pops(frontier)) == 1
 
@@ -406,7 +406,7 @@ def test_a_host_with_an_interval_gets_no_prefetch() -> None:
     assert frontier.pop() == ("a", "0")
     clock.now += 5  # long past the interval: only the limit holds it now
     assert frontier.pop() is None
-    assert frontier.state("a") == FULL
+    assert frontier.placement("a") == FULL
     frontier.finish("a")
     assert frontier.pop() == ("a", "1")
 
@@ -429,15 +429,15 @@ def test_block_until_delays_a_host(delay: float) -> None:
     frontier.push("a", 0, "a0")
     frontier.push("b", 0, "b0")
     frontier.block_until("a", clock.now + delay, reason="retry-after")
-    assert frontier.state("a") == BLOCKED
-    assert frontier.known_policy("a") is not None
-    assert frontier.policy("a").block_reason == "retry-after"
+    assert frontier.placement("a") == BLOCKED
+    assert frontier.known_state("a") is not None
+    assert frontier.host_state("a").block_reason == "retry-after"
     assert frontier.pop() == ("b", "b0")
     assert frontier.pop() is None
     assert frontier.next_wakeup() == clock.now + delay
     clock.now += delay * 0.999
     assert frontier.pop() is None
-    clock.now = frontier.policy("a").blocked_until
+    clock.now = frontier.host_state("a").blocked_until
     assert frontier.pop() == ("a", "a0")
     assert frontier.next_wakeup() is None
 
@@ -448,9 +448,9 @@ def test_block_until_only_extends() -> None:
     start = clock.now
     frontier.block_until("a", start + 10, reason="long")
     frontier.block_until("a", start + 3, reason="short")
-    policy = frontier.policy("a")
-    assert policy.blocked_until == start + 10
-    assert policy.block_reason == "long"
+    state = frontier.host_state("a")
+    assert state.blocked_until == start + 10
+    assert state.block_reason == "long"
     assert frontier.next_wakeup() == start + 10
     clock.now = start + 5
     assert frontier.pop() is None
@@ -466,7 +466,7 @@ def test_block_in_the_past_changes_nothing() -> None:
     frontier, clock = make()
     frontier.push("a", 0, "a0")
     frontier.block_until("a", clock.now - 5)
-    assert frontier.state("a") == READY
+    assert frontier.placement("a") == READY
     assert frontier.pop() == ("a", "a0")
 
 
@@ -488,7 +488,7 @@ def test_block_of_an_unseen_host_applies_when_it_arrives() -> None:
     frontier.block_until("new", clock.now + 2)
     assert frontier.live_hosts == 0
     frontier.push("new", 0, "x")
-    assert frontier.state("new") == BLOCKED
+    assert frontier.placement("new") == BLOCKED
     assert frontier.pop() is None
     clock.advance(2)
     assert frontier.pop() == ("new", "x")
@@ -546,7 +546,7 @@ def test_await_start_hands_an_interval_host_nothing_until_its_last_hand_out_star
     # host would be handed now would start together with it.
     clock.advance(1.5)
     assert frontier.pop() is None
-    assert frontier.state("a") == FULL
+    assert frontier.placement("a") == FULL
     assert frontier.next_wakeup() is None  # started() is what it waits for
     frontier.started("a", first, clock.now)
     # The interval counts from that start.
@@ -636,7 +636,7 @@ def test_set_interval_with_jitter_keeps_gaps_in_range(
         wake = frontier.next_wakeup()
         if wake is None:
             # Jitter may draw a zero gap (jitter == 1): the host is ready at once.
-            assert frontier.state("a") in (READY, DRAINED)
+            assert frontier.placement("a") in (READY, DRAINED)
             continue
         clock.now = wake
     gaps = [b - a for a, b in itertools.pairwise(starts)]
@@ -704,7 +704,7 @@ def test_next_wakeup_ignores_a_host_that_is_ready_again() -> None:
     assert frontier.next_wakeup() == clock.now + 2.0
     frontier.finish("a")
     frontier.set_interval("a", 0.0)
-    assert frontier.state("a") == READY
+    assert frontier.placement("a") == READY
     assert frontier.next_wakeup() is None
 
 
@@ -720,7 +720,7 @@ def test_active_cap_serves_capped_hosts_in_arrival_order(max_active: int) -> Non
     first = [key for key, _ in drain_pops(frontier)]
     assert first == hosts[:max_active]
     assert frontier.active == max_active
-    assert [frontier.state(h) for h in hosts[max_active:]] == [CAPPED] * (6 - max_active)
+    assert [frontier.placement(h) for h in hosts[max_active:]] == [CAPPED] * (6 - max_active)
     served = list(first)
     for _ in range(6):
         if not served:
@@ -834,12 +834,12 @@ def test_a_busy_host_keeps_its_place_past_its_turn_while_nobody_waits() -> None:
     # others in flight, without waiting for the host to drain.
     assert frontier.inflight("a") == 1
     frontier.push("b", 0, "b0")  # b waits now: a ends its turn
-    assert frontier.state("b") == CAPPED
+    assert frontier.placement("b") == CAPPED
     assert frontier.pop() is None
-    assert frontier.state("a") == ENDING
+    assert frontier.placement("a") == ENDING
     frontier.finish("a")
     assert frontier.pop() == ("b", "b0")
-    assert frontier.state("a") == CAPPED
+    assert frontier.placement("a") == CAPPED
 
 
 def test_a_waiting_host_that_gets_blocked_no_longer_ends_a_busy_hosts_turn() -> None:
@@ -849,9 +849,9 @@ def test_a_waiting_host_that_gets_blocked_no_longer_ends_a_busy_hosts_turn() -> 
     frontier.push("b", 0, "b0")
     assert [frontier.pop(), frontier.pop()] == [("a", "a0"), ("a", "a1")]
     frontier.finish("a")
-    assert frontier.state("b") == CAPPED
+    assert frontier.placement("b") == CAPPED
     frontier.block_until("b", clock.now + 10.0)  # a Retry-After, say
-    assert frontier.state("b") == BLOCKED
+    assert frontier.placement("b") == BLOCKED
     # Nobody can use the place: a goes on past its turn of 3 without
     # draining, one request in flight while the next is handed out.
     for i in range(2, 6):
@@ -860,8 +860,8 @@ def test_a_waiting_host_that_gets_blocked_no_longer_ends_a_busy_hosts_turn() -> 
         frontier.finish("a")
     clock.advance(10.0)
     assert frontier.pop() is None  # b waits again: a ends its turn
-    assert frontier.state("b") == CAPPED
-    assert frontier.state("a") == ENDING
+    assert frontier.placement("b") == CAPPED
+    assert frontier.placement("a") == ENDING
 
 
 def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None:
@@ -873,7 +873,7 @@ def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None
     frontier.push("b", 0, "b0")
     assert frontier.pop() == ("a", "a0")
     frontier.finish("a")
-    assert frontier.state("a") == IDLE
+    assert frontier.placement("a") == IDLE
     assert frontier.active == 1
     assert frontier.pop() is None
     assert frontier.next_wakeup() == start + 0.5  # b is woken when the grace ends
@@ -886,7 +886,7 @@ def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None
     assert frontier.next_wakeup() == pytest.approx(start + 0.8)
     clock.advance(0.1)
     assert frontier.pop() == ("b", "b0")
-    assert frontier.state("a") is None  # retired
+    assert frontier.placement("a") is None  # retired
     frontier.finish("b")
     assert frontier.active == 1  # b, idle in its grace
     clock.advance(0.5)
@@ -925,17 +925,17 @@ def test_freed_slot_is_not_lost_when_the_released_host_stops_being_ready(
         frontier.push(host, 0, f"{host}0")
     assert frontier.pop() == ("a", "a0")
     assert frontier.pop() is None  # b and c meet the cap and wait, in order
-    assert frontier.state("b") == frontier.state("c") == CAPPED
+    assert frontier.placement("b") == frontier.placement("c") == CAPPED
     frontier.finish("a")
-    assert frontier.state("b") == READY
-    assert frontier.state("c") == CAPPED
+    assert frontier.placement("b") == READY
+    assert frontier.placement("c") == CAPPED
     if how == "block":
         frontier.block_until("b", clock.now + 100)
     elif how == "remove_queued":
         assert frontier.remove_queued("b") == ["b0"]
     else:
         assert frontier.give_up("b") == ["b0"]
-    assert frontier.state("b") != READY
+    assert frontier.placement("b") != READY
     assert frontier.pop() == ("c", "c0")
     assert frontier.active == 1
 
@@ -974,11 +974,11 @@ def test_give_up_drops_queued_items_and_refuses_new_ones() -> None:
     assert frontier.give_up("a") == ["a3", "a2", "a0"]
     assert len(frontier) == 1
     assert frontier.queued("a") == 0
-    assert frontier.state("a") == DRAINED
+    assert frontier.placement("a") == DRAINED
     assert not frontier.push("a", 5, "late")
     assert len(frontier) == 1
     frontier.finish("a")  # the request already in flight still completes
-    assert frontier.state("a") is None
+    assert frontier.placement("a") is None
     assert not frontier.push("a", 0, "later")  # remembered while retired
     assert drain_pops(frontier) == [("b", "b0")]
 
@@ -999,18 +999,18 @@ def test_given_up_host_outlives_the_memory_of_idle_hosts() -> None:
     # More idle hosts than the memory holds: the plain ones are forgotten,
     # the given-up one is kept in the second memory.
     for host in ("y", "z", "w", "v"):
-        frontier.policy(host)
+        frontier.host_state(host)
     assert forgotten == ["y", "z"]
-    assert frontier.known_policy("x") is not None
+    assert frontier.known_state("x") is not None
     assert not frontier.push("x", 0, "x0")
     # The second memory is bounded too: two more given-up hosts pushed out of
     # the first one push "x" out of it.
     for host in ("g1", "g2"):
         frontier.give_up(host)
     for host in ("u1", "u2", "u3", "u4"):
-        frontier.policy(host)
+        frontier.host_state(host)
     assert "x" in forgotten
-    assert frontier.known_policy("x") is None
+    assert frontier.known_state("x") is None
     assert frontier.push("x", 0, "x0")
     assert len(frontier._retired) <= 2
     assert len(frontier._kept) <= 2
@@ -1024,9 +1024,9 @@ def test_blocked_idle_host_outlives_the_memory_of_idle_hosts_until_its_block_end
     assert frontier.pop() == ("a", "a0")
     frontier.block_until("a", clock.now + 60, "retry-after")  # a 429 with Retry-After: 60
     frontier.finish("a")
-    assert frontier.state("a") is None  # idle: retired, blocked
+    assert frontier.placement("a") is None  # idle: retired, blocked
     for i in range(5):
-        frontier.policy(f"h{i}")
+        frontier.host_state(f"h{i}")
     assert "a" not in forgotten
     assert [key for key, _ in frontier.blocked(clock.now)] == ["a"]
     frontier.push("a", 0, "a1")
@@ -1036,9 +1036,9 @@ def test_blocked_idle_host_outlives_the_memory_of_idle_hosts_until_its_block_end
     frontier.finish("a")
     # Its block is over: forgotten like any idle host.
     for i in range(5, 10):
-        frontier.policy(f"h{i}")
+        frontier.host_state(f"h{i}")
     assert "a" in forgotten
-    assert frontier.known_policy("a") is None
+    assert frontier.known_state("a") is None
 
 
 def test_on_forget_reports_each_forgotten_host_once_and_never_a_live_one() -> None:
@@ -1054,7 +1054,7 @@ def test_on_forget_reports_each_forgotten_host_once_and_never_a_live_one() -> No
         assert frontier.pop() == (host, host)
         frontier.finish(host)
     assert forgotten == hosts[:-3]
-    assert frontier.state("live") is not None
+    assert frontier.placement("live") is not None
 
 
 @pytest.mark.parametrize("inflight", [0, 1])
@@ -1070,7 +1070,7 @@ def test_remove_queued(inflight: int) -> None:
     assert frontier.remove_queued("a") == expected
     assert len(frontier) == 2
     assert frontier.queued("a") == 0
-    assert frontier.state("a") == (DRAINED if inflight else None)
+    assert frontier.placement("a") == (DRAINED if inflight else None)
     assert frontier.remove_queued("a") == []
     assert frontier.remove_queued("never-seen") == []
     assert frontier.push("a", 0, "again")  # not given up: accepted
@@ -1132,21 +1132,21 @@ def test_finish_more_often_than_popped_raises() -> None:
     assert frontier.active == 0
 
 
-# -- retirement and the bounded memory of policies ----------------------------
+# -- retirement and the bounded memory of states ----------------------------
 
 
 @pytest.mark.parametrize("remember", [0, 1, 5, 50])
-def test_retired_policies_are_bounded(remember: int) -> None:
+def test_retired_host_states_are_bounded(remember: int) -> None:
     frontier, _ = make(remember=remember)
     hosts = [f"h{i}" for i in range(remember * 4 + 20)]
     for host in hosts:
         frontier.push(host, 0, host)
         assert frontier.pop() == (host, host)
         frontier.finish(host)
-        assert frontier.state(host) is None
+        assert frontier.placement(host) is None
         assert len(frontier._retired) <= remember
     assert frontier.live_hosts == 0
-    known = [h for h in hosts if frontier.known_policy(h) is not None]
+    known = [h for h in hosts if frontier.known_state(h) is not None]
     assert known == hosts[len(hosts) - remember :]
 
 
@@ -1156,8 +1156,8 @@ def test_learned_limit_survives_retirement_while_remembered() -> None:
     assert frontier.pop() == ("a", "a0")
     frontier.set_limit("a", 4)
     frontier.finish("a")
-    assert frontier.state("a") is None
-    assert frontier.known_policy("a") is not None
+    assert frontier.placement("a") is None
+    assert frontier.known_state("a") is not None
     for i in range(6):
         frontier.push("a", 0, f"a{i + 1}")
     assert len(drain_pops(frontier)) == 4  # the learned limit, not the factory's
@@ -1166,27 +1166,27 @@ def test_learned_limit_survives_retirement_while_remembered() -> None:
     assert len(drain_pops(frontier)) == 2
     for _ in range(2):
         frontier.finish("a")
-    assert frontier.state("a") is None
+    assert frontier.placement("a") is None
     # Three other hosts retire after it: it falls out of memory.
     for host in ("x", "y", "z"):
         frontier.push(host, 0, host)
         drain_pops(frontier)
         frontier.finish(host)
-    assert frontier.known_policy("a") is None
+    assert frontier.known_state("a") is None
     for i in range(3):
         frontier.push("a", 0, f"again{i}")
     assert len(drain_pops(frontier)) == 1  # back to the factory limit
 
 
-def test_policy_of_unseen_host_is_remembered_without_making_it_live() -> None:
+def test_state_of_unseen_host_is_remembered_without_making_it_live() -> None:
     frontier, _ = make(limit=3, remember=10)
-    assert frontier.known_policy("a") is None
-    policy = frontier.policy("a")
-    assert policy.limit == 3
-    assert frontier.known_policy("a") is policy
+    assert frontier.known_state("a") is None
+    state = frontier.host_state("a")
+    assert state.limit == 3
+    assert frontier.known_state("a") is state
     assert frontier.live_hosts == 0
     frontier.push("a", 0, "a0")
-    assert frontier.policy("a") is policy
+    assert frontier.host_state("a") is state
 
 
 # -- property-based: any interleaving against a reference model -------------------
@@ -1214,7 +1214,7 @@ class ModelHost:
     queue: list[tuple[int, int]] = field(default_factory=list)  # (rank, item)
     inflight: list[int] = field(default_factory=list)
     #: Holds an active-host place, and requests handed out since it took it.
-    leased: bool = False
+    active: bool = False
     served: int = 0
     #: Holding its place with nothing to do until then (the grace), and the
     #: order in which hosts became idle (the frontier's timer order).
@@ -1306,7 +1306,7 @@ class FrontierMachine(RuleBasedStateMachine):
         )
         self.frontier.on_forget = self.reported.append
 
-    # -- the model's bookkeeping of remembered policies (an LRU, and a --------
+    # -- the model's bookkeeping of remembered states (an LRU, and a --------
     # -- second one for hosts pushed out of it while given up or blocked) -----
 
     def _remember(self, key: str) -> None:
@@ -1332,7 +1332,7 @@ class FrontierMachine(RuleBasedStateMachine):
         return False
 
     def _touch(self, key: str) -> ModelHost:
-        """MemoryStore.policy(): find or create, refreshing the LRU order."""
+        """MemoryStore.host_state(): find or create, refreshing the LRU order."""
         host = self.hosts.get(key)
         if host is not None and host.live():
             return host
@@ -1345,7 +1345,7 @@ class FrontierMachine(RuleBasedStateMachine):
             return host
         host = self.hosts[key] = ModelHost(limit=self.default_limit)
         self._remember(key)
-        # The factory's policy may be forgotten at once (remember is tiny).
+        # The factory's state may be forgotten at once (remember is tiny).
         return host
 
     def _maybe_retire(self, key: str) -> None:
@@ -1364,7 +1364,7 @@ class FrontierMachine(RuleBasedStateMachine):
         what the frontier does as each step happens."""
         now = self.clock.now
         for h in self.hosts.values():
-            if not h.leased or h.inflight:
+            if not h.active or h.inflight:
                 continue
             if not h.queue:
                 if self.grace and self.cap:
@@ -1373,9 +1373,9 @@ class FrontierMachine(RuleBasedStateMachine):
                         self.idle_seq += 1
                         h.idle_until, h.idle_seq = now + self.grace, self.idle_seq
                     continue
-                h.leased = False
+                h.active = False
             elif h.ready_at() > now or h.served >= self.turn:
-                h.leased = False
+                h.active = False
 
     def _expire_idle(self) -> None:
         """What pop() does first: idle hosts whose grace is over give their
@@ -1389,12 +1389,12 @@ class FrontierMachine(RuleBasedStateMachine):
         for _, _, key in expired:
             host = self.hosts[key]
             host.idle_until = None
-            host.leased = False
+            host.active = False
             self._maybe_retire(key)
 
     def _active(self) -> int:
         self._settle()
-        return sum(1 for h in self.hosts.values() if h.leased)
+        return sum(1 for h in self.hosts.values() if h.active)
 
     def _active_at_pop(self) -> int:
         """The places held once pop() has ended the graces that are over."""
@@ -1407,7 +1407,7 @@ class FrontierMachine(RuleBasedStateMachine):
     def _may_end(self, h: ModelHost) -> bool:
         """Whether *h* has had its turn and may be withheld while other hosts
         wait for a place (it still holds its place: it has work in flight)."""
-        return bool(self.cap and h.leased and h.served >= self.turn and h.inflight)
+        return bool(self.cap and h.active and h.served >= self.turn and h.inflight)
 
     def _full_at(self, h: ModelHost) -> int:
         """In flight from which *h* is handed nothing: a host with an
@@ -1427,7 +1427,7 @@ class FrontierMachine(RuleBasedStateMachine):
             and len(h.inflight) < self._full_at(h)
             and h.pending is None
             and now >= h.ready_at()
-            and (h.leased or self.cap == 0 or active < self.cap)
+            and (h.active or self.cap == 0 or active < self.cap)
         }
 
     def _ready(self) -> dict[str, ModelHost]:
@@ -1482,7 +1482,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 if h.queue
                 and len(h.inflight) < self._full_at(h)
                 and h.pending is None
-                and (h.leased or self.cap == 0 or self._active_at_pop() < self.cap)
+                and (h.active or self.cap == 0 or self._active_at_pop() < self.cap)
                 and h.ready_at() > self.clock.now
             ]
             waiting += [
@@ -1511,7 +1511,7 @@ class FrontierMachine(RuleBasedStateMachine):
         assert self.popped[item] == 0, f"item {item} popped twice"
         assert len(host.inflight) + 1 <= self._full_at(host)
         if self.cap:
-            assert self._active_at_pop() + (0 if host.leased else 1) <= self.cap
+            assert self._active_at_pop() + (0 if host.active else 1) <= self.cap
         return key, rank, item
 
     def _pop(self) -> tuple[str, int] | None:
@@ -1528,8 +1528,8 @@ class FrontierMachine(RuleBasedStateMachine):
         host.gap = host.interval
         if self.await_start and host.interval:
             host.pending = (item, self.clock.now)
-        if not host.leased:
-            host.leased = True
+        if not host.active:
+            host.active = True
             host.served = 0
         host.served += 1
         return key, item
@@ -1668,7 +1668,7 @@ class FrontierMachine(RuleBasedStateMachine):
             host = live.get(key)
             assert frontier.queued(key) == (len(host.queue) if host else 0)
             assert frontier.inflight(key) == (len(host.inflight) if host else 0)
-            assert (frontier.state(key) is None) == (host is None)
+            assert (frontier.placement(key) is None) == (host is None)
 
     @invariant()
     def pop_now_would_agree_with_model(self) -> None:
@@ -1679,64 +1679,64 @@ class FrontierMachine(RuleBasedStateMachine):
         self._check_pop(probe)
 
     @invariant()
-    def states_agree_with_model(self) -> None:
+    def placements_agree_with_model(self) -> None:
         now = self.clock.now
         for key in HOST_KEYS:
-            state = self.frontier.state(key)
-            if state is None:
+            placement = self.frontier.placement(key)
+            if placement is None:
                 continue
             host = self.hosts[key]
             full_at = self._full_at(host)
-            if state == READY:
+            if placement == READY:
                 assert host.queue
                 assert host.pending is None
                 assert len(host.inflight) < full_at
                 assert host.ready_at() <= now
-            elif state == FULL:
+            elif placement == FULL:
                 assert host.queue
                 assert len(host.inflight) >= full_at or host.pending is not None
-            elif state == PREFETCH:
+            elif placement == PREFETCH:
                 assert host.queue
                 assert host.pending is None
                 assert host.limit <= len(host.inflight) < full_at
                 assert host.ready_at() <= now
-            elif state == CAPPED:
+            elif placement == CAPPED:
                 assert host.queue
                 # Waiting for a place: in flight only requests it was not
                 # handed (adopted ones).
-                assert not host.leased
+                assert not host.active
                 assert all(item < 0 for item in host.inflight)
-            elif state == DRAINED:
+            elif placement == DRAINED:
                 assert not host.queue
                 assert host.inflight
-            elif state == IDLE:
+            elif placement == IDLE:
                 assert not host.queue
                 assert not host.inflight
-                assert host.leased
+                assert host.active
                 assert host.idle_until is not None
-            elif state == ENDING:
+            elif placement == ENDING:
                 assert host.queue
                 assert host.inflight
                 assert self._may_end(host)
             else:
-                assert state == BLOCKED
+                assert placement == BLOCKED
                 assert host.queue
 
     @invariant()
-    def remembered_policies_match(self) -> None:
+    def remembered_states_match(self) -> None:
         assert len(self.frontier._retired) <= self.remember
         assert len(self.frontier._kept) <= self.remember
         assert self.reported == self.forgotten
         for key in HOST_KEYS:
-            policy = self.frontier.known_policy(key)
+            state = self.frontier.known_state(key)
             host = self.hosts.get(key)
-            assert (policy is None) == (host is None), key
-            if policy is not None and host is not None:
-                assert policy.limit == host.limit
-                assert policy.blocked_until == max(0.0, host.blocked_until)
-                assert policy.interval == host.interval
-                assert policy.given_up == host.given_up
-                assert policy.answering == host.answering
+            assert (state is None) == (host is None), key
+            if state is not None and host is not None:
+                assert state.limit == host.limit
+                assert state.blocked_until == max(0.0, host.blocked_until)
+                assert state.interval == host.interval
+                assert state.given_up == host.given_up
+                assert state.answering == host.answering
 
     def teardown(self) -> None:
         # Drain: every accepted item is popped or dropped exactly once.
@@ -1860,7 +1860,7 @@ def test_repeated_block_extensions_keep_the_timer_heap_bounded() -> None:
     assert watch.largest["timers"] <= 2 * N_HOSTS + watch.slack
 
 
-def test_policy_changes_on_starved_hosts_keep_the_ring_bounded() -> None:
+def test_state_changes_on_starved_hosts_keep_the_ring_bounded() -> None:
     frontier, _ = make(limit=1_000)
     watch = BoundsWatcher(frontier)
     cold = [f"cold{i}" for i in range(N_HOSTS)]
@@ -1878,7 +1878,7 @@ def test_policy_changes_on_starved_hosts_keep_the_ring_bounded() -> None:
         assert got[0] == "hot"
         frontier.finish("hot")
         watch.check()
-    assert frontier.state("cold0") == READY
+    assert frontier.placement("cold0") == READY
 
 
 def test_capped_churn_keeps_the_capped_queue_bounded() -> None:
@@ -1892,7 +1892,7 @@ def test_capped_churn_keeps_the_capped_queue_bounded() -> None:
             frontier.push(host, 0, host)
         watch.check()
         assert frontier.pop() is None
-        assert frontier.state(hosts[0]) == CAPPED
+        assert frontier.placement(hosts[0]) == CAPPED
         for host in hosts:
             assert frontier.remove_queued(host) == [host]
         watch.check()
@@ -1920,7 +1920,7 @@ def test_many_short_lived_hosts_keep_memory_bounded() -> None:
         clock.advance(0.5)
         assert frontier.pop() == (host, f"{host}a")
         frontier.finish(host)
-        assert frontier.state(host) is None
+        assert frontier.placement(host) is None
     assert frontier.live_hosts == 0
     assert len(frontier._retired) == 500
     watch.check()
@@ -2120,7 +2120,7 @@ def test_with_a_budget_each_active_host_gets_its_share() -> None:
     served = [popped for popped in handed if popped is not None]
     # Two active hosts share a budget of 4: two each, not their limit of 4.
     assert sorted(key for key, _ in served) == ["a", "a", "b", "b"]
-    assert frontier.in_flight_cap(frontier.policy("a")) == 2
+    assert frontier.in_flight_cap(frontier.host_state("a")) == 2
 
 
 def test_a_host_alone_gets_its_whole_limit_within_the_budget() -> None:
@@ -2152,9 +2152,9 @@ def test_while_hosts_wait_for_a_place_each_place_gets_an_equal_part_of_the_budge
     assert frontier.pop() is None  # c and d wait for a place; b has its share
     frontier.finish("a")
     assert frontier.active == 1
-    assert frontier.state("c") == READY
-    assert frontier.state("d") == CAPPED
-    assert frontier.in_flight_cap(frontier.policy("b")) == 1
+    assert frontier.placement("c") == READY
+    assert frontier.placement("d") == CAPPED
+    assert frontier.in_flight_cap(frontier.host_state("b")) == 1
     assert frontier.pop() == ("c", "c0")
     assert frontier.pop() is None
     assert (frontier.inflight("b"), frontier.inflight("c")) == (1, 1)
@@ -2168,7 +2168,7 @@ def test_the_part_of_each_place_is_rounded_up_so_the_budget_is_used() -> None:
             frontier.push(key, 0, f"{key}{page}")
     served = [frontier.pop() for _ in range(6)]
     # "c" waits for a place; the two places share 3 requests, 2 each at most.
-    assert frontier.state("c") == CAPPED
+    assert frontier.placement("c") == CAPPED
     assert Counter(key for key, _ in filter(None, served)) == {"a": 2, "b": 2}
 
 
@@ -2184,7 +2184,7 @@ def test_a_host_at_its_share_gets_its_prefetch_only_when_no_host_can_send() -> N
     # would wait downstream, so a host that can send at once goes first.
     frontier.push("c", 0, "c0")
     assert frontier.pop() == ("c", "c0")
-    assert (frontier.state("a"), frontier.state("b")) == (PREFETCH, PREFETCH)
+    assert (frontier.placement("a"), frontier.placement("b")) == (PREFETCH, PREFETCH)
     assert frontier.pop() in {("a", "a1"), ("b", "b1")}
 
 

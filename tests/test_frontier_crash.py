@@ -32,7 +32,7 @@ pytestmark = [
 ]
 
 HOSTS = 20
-PAGES = 100
+PAGES = 50
 KILLS = 5
 SEED = 27
 #: Pages served within this many seconds before a kill may be fetched again:
@@ -74,7 +74,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path) -> None:
     jobdir = tmp_path / "job"
     items = tmp_path / "items.jsonl"
     log = tmp_path / "crawl.log"
-    spec = HostSpec(latency=0.05, pages=PAGES, links=3)
+    spec = HostSpec(latency=0.02, pages=PAGES, links=3)
     refetch_bound = 0
     with LocalHosts([spec] * HOSTS, process=True) as hosts:
 
@@ -95,7 +95,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path) -> None:
                 assert code == 0, log.read_text()[-3000:]
                 break
             start, _ = served()
-            target = start + rng.randint(100, 300)
+            target = start + rng.randint(50, 150)
             history: deque[tuple[float, int]] = deque()
             deadline = time.monotonic() + 120
             while process.poll() is None and time.monotonic() < deadline:

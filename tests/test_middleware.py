@@ -37,6 +37,7 @@ from twisted.web._newclient import ResponseNeverReceived
 
 from scrapy_hostqueue import HostGivenUp, HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._requests import RequestTable
 from scrapy_hostqueue.middleware import (
     CONNECTION_ERRORS,
@@ -63,6 +64,14 @@ class FakeClock:
         return self.now
 
 
+class Unwatched:
+    """No event loop here: overdue requests are tested with the watch itself
+    and in crawls."""
+
+    def start(self, hook: Any) -> None:
+        pass
+
+
 class StandInScheduler(HostQueueScheduler):
     """The scheduler API the middleware uses, on the real frontier, without an
     engine (the real one needs a running crawl)."""
@@ -71,12 +80,11 @@ class StandInScheduler(HostQueueScheduler):
         # No super(): no crawler needed.
         self._policy_hook: Any = None
         self._configured = configured
-        self.frontier = MemoryStore(self._make_policy, remember=remember)
+        self.frontier = MemoryStore(self._make_state, remember=remember)
         self.blocks: list[tuple[str, float, str]] = []
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
         self._records = RequestTable()
-        self._room_waiters: dict[str, Any] = {}
         self.prefetch = 0
         self._budget = 0  # no share: these tests look at one host's limit
         # Closed (no prefetch): these tests hold no request at a send gate.
@@ -89,14 +97,12 @@ class StandInScheduler(HostQueueScheduler):
             may_send_back=lambda request: False,
             room_changed=lambda host: None,
         )
+        self._direct = DirectDownloads(self.frontier, self._records, self.gate, gated=False)
+        self._overdue = Unwatched()  # type: ignore[assignment]
 
     @property
     def _store(self) -> MemoryStore[Request]:  # type: ignore[override]
         return self.frontier
-
-    def _watch_overdue(self) -> None:
-        """No event loop here: overdue requests are tested with the watch
-        itself and in crawls."""
 
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request(), and in flight for
@@ -112,16 +118,16 @@ class StandInScheduler(HostQueueScheduler):
         assert record is not None
         self.frontier.finish(record.host)
 
-    def _make_policy(self, host: str) -> HostState:
+    def _make_state(self, host: str) -> HostState:
         limit = self._configured
         if self._policy_hook is not None:
             limit = self._policy_hook.initial_limit(host, limit)
-        policy = HostState(limit, jitter=0.5)
+        state = HostState(limit, jitter=0.5)
         # Heard from: a host not heard from yet has one request at a time
         # (tested with the frontier and in crawls), which would hide the
         # limits these tests look at.
-        policy.answering = True
-        return policy
+        state.answering = True
+        return state
 
     def host_of(self, request: Request) -> str:
         return urlparse_cached(request).hostname or ""
@@ -362,11 +368,11 @@ async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
     scheduler.set_interval(HOST, 1.0)
     assert mw.process_request(Request(URL)) is None
     # The next start waits the interval after it, scheduled or not.
-    assert scheduler.frontier.policy(HOST).ready_at() == clock.now + 1.0
+    assert scheduler.frontier.host_state(HOST).ready_at() == clock.now + 1.0
     waiting = held(mw.process_request(Request(URL)))
     clock.now += 1.0
     assert await waiting is None
-    assert scheduler.frontier.policy(HOST).ready_at() == clock.now + 1.0
+    assert scheduler.frontier.host_state(HOST).ready_at() == clock.now + 1.0
     # robots.txt is not spaced (the host's first request waits for it).
     assert mw.process_request(Request(f"http://{HOST}/robots.txt")) is None
 
@@ -597,9 +603,9 @@ def test_a_cached_answer_counts_as_heard_from(monkeypatch: pytest.MonkeyPatch) -
     request = sent(mw)
     scheduler.frontier.set_answering(HOST, False)
     mw.process_response(request, Response(URL, status=200, flags=["cached"], request=request))
-    policy = scheduler.host_state(HOST)
-    assert policy.answering
-    assert scheduler.frontier.in_flight_cap(policy) == policy.limit == 2
+    state = scheduler.host_state(HOST)
+    assert state.answering
+    assert scheduler.frontier.in_flight_cap(state) == state.limit == 2
 
 
 def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -755,7 +761,7 @@ def test_what_was_learned_about_a_host_is_forgotten_with_it(
     for i in range(2, 6):
         answer(mw, sent(mw, f"http://other{i}.test/"))
     assert HOST not in mw.table
-    assert scheduler.frontier.known_policy(HOST) is None
+    assert scheduler.frontier.known_state(HOST) is None
     assert limit(scheduler) == 4  # met again: from the start
     assert len(mw.table) <= 3 + 1
 
@@ -792,10 +798,10 @@ def test_crawl_delay_becomes_the_interval_without_jitter(
 ) -> None:
     mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True, **overrides)
     robots(mw, body)
-    policy = scheduler.host_state(HOST)
-    assert policy.interval == pytest.approx(interval)
+    state = scheduler.host_state(HOST)
+    assert state.interval == pytest.approx(interval)
     if interval:
-        assert policy.jitter == 0
+        assert state.jitter == 0
 
 
 def test_the_strictest_crawl_delay_of_a_hosts_ports_wins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -843,7 +849,7 @@ def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
 ) -> None:
     mw, scheduler, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
-    scheduler.frontier = MemoryStore(scheduler._make_policy)  # forgot every host
+    scheduler.frontier = MemoryStore(scheduler._make_state)  # forgot every host
     clock.now += 2  # past the block that follows robots.txt
     sent(mw)
     assert scheduler.host_state(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)

@@ -25,13 +25,13 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._frontier import FRONTIER_WRITE_FAILED
-from scrapy_hostqueue.scheduler import (
+from scrapy_hostqueue._job import (
     JOBDIR_OF_SCRAPY_SCHEDULER,
     JOBDIR_OF_SQLITE_FRONTIER,
     JOBDIR_STATE_UNREADABLE,
-    STATE_FILE,
-    request_rank,
 )
+from scrapy_hostqueue._requests import request_rank
+from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.store.memory import IDLE
 from scrapy_hostqueue.store.sqlite import FRONTIER_FILE, SqliteStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
@@ -86,12 +86,12 @@ def _arrival_gaps(arrivals: list[float]) -> list[float]:
 @pytest.mark.parametrize(
     ("handler", "limit", "budget"),
     [
-        (SCRAPY_HTTP11, 4, 400),
-        (SCRAPY_AIOHTTP, 4, 400),
-        (OUR_HANDLER, 4, 400),
-        (SCRAPY_HTTP11, 1, 200),
-        (SCRAPY_HTTP11, 2, 400),
-        (SCRAPY_AIOHTTP, 1, 200),
+        (SCRAPY_HTTP11, 4, 200),
+        (SCRAPY_AIOHTTP, 4, 200),
+        (OUR_HANDLER, 4, 200),
+        (SCRAPY_HTTP11, 1, 100),
+        (SCRAPY_HTTP11, 2, 200),
+        (SCRAPY_AIOHTTP, 1, 100),
     ],
 )
 @deferred_f_from_coro_f
@@ -106,7 +106,7 @@ async def test_per_host_limit_holds_at_the_server(
             HostSpec(latency=0.2),
         ]
     )
-    start = interleave(*(hosts.start_urls(i, 400) for i in range(4)))
+    start = interleave(*(hosts.start_urls(i, budget) for i in range(4)))
     crawler = await crawl(
         start,
         SCHEDULER=SCHEDULER,
@@ -191,12 +191,12 @@ async def test_delayed_host_wakes_the_engine_without_waiting_for_the_heartbeat(
     delay = 0.6
     hosts = local_hosts([HostSpec(latency=0.001)])
     await crawl(
-        hosts.start_urls(0, 6),
+        hosts.start_urls(0, 4),
         SCHEDULER=SCHEDULER,
         DOWNLOAD_SLOTS={hosts.hostnames[0]: {"delay": delay, "jitter": 0}},
     )
     arrivals = hosts.stats(0).arrivals
-    assert len(arrivals) == 6
+    assert len(arrivals) == 4
     gaps = _arrival_gaps(arrivals)
     # The delay holds, and the host is served when it becomes ready (the
     # engine's own heartbeat would leave gaps of up to 5 s).
@@ -396,7 +396,7 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
     frontier = scheduler[-1].store
     # Nothing is left in flight; a host may still hold its place in its grace.
     assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
-    assert all(frontier.state(key) == IDLE for key, *_ in frontier.hosts())
+    assert all(frontier.placement(key) == IDLE for key, *_ in frontier.hosts())
     assert frontier.active == frontier.live_hosts
     assert len(frontier) == 0
     hosts.wait_idle()  # the last answers counted at the hosts
@@ -797,7 +797,7 @@ class _BlockingSpider(_StopAtFirstPageSpider):
     """Blocks the host of its first response for ``block`` seconds and stops
     the crawl."""
 
-    block = 3.0
+    block = 1.5
 
     def parse(self, response: Response) -> Any:
         scheduler = self.crawler.engine.scheduler
@@ -843,9 +843,9 @@ async def test_jobdir_restores_a_host_block(
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
-    """Resumed at once, a host with a 3 s delay does not get its next request
-    before 3 s after the last one of the stopped crawl."""
-    delay = 3.0
+    """Resumed at once, a host with a 1.5 s delay does not get its next
+    request before 1.5 s after the last one of the stopped crawl."""
+    delay = 1.5
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
     common = {
         "SCHEDULER": SCHEDULER,
@@ -871,9 +871,10 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     """With this project's handler the scheduler hands each host one request
     beyond its limit; the extra one waits in the handler, so the server never
     sees more than the host's limit even where the pool would allow more."""
+    pages = 60
     hosts = local_hosts([HostSpec(latency=0.02)] * 2)
     crawler = await crawl(
-        interleave(hosts.start_urls(0, 150), hosts.start_urls(1, 150)),
+        interleave(hosts.start_urls(0, pages), hosts.start_urls(1, pages)),
         SCHEDULER=SCHEDULER,
         DOWNLOAD_HANDLERS=_handlers(OUR_HANDLER),
         CONCURRENT_REQUESTS_PER_DOMAIN=4,
@@ -881,7 +882,7 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     )
     hosts.wait_idle()  # the last answers counted at the hosts
     first, second = hosts.all_stats(arrivals=False)
-    assert first.served == second.served == 150
+    assert first.served == second.served == pages
     assert first.max_in_flight == 2
     assert second.max_in_flight == 4
     assert crawler.stats is not None
@@ -915,7 +916,7 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
     local_hosts: HostsFactory, handler: str
 ) -> None:
     pages = 10
-    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.2, links=0)])
+    hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.1, links=0)])
     _RedirectToOtherHost.source = hosts.hostnames[0]
     _RedirectToOtherHost.target = hosts.url(1, "/").rstrip("/")
     crawler = await crawl(
@@ -942,18 +943,19 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
 async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """Every other body takes 0.9 s: with prefetch the next request, handed
-    out on time, waits for a send slot, and the one after it must still keep
-    the delay from the moment that one went."""
+    """Every other body takes twice the delay: with prefetch the next request,
+    handed out on time, waits for a send slot, and the one after it must
+    still keep the delay from the moment that one went."""
+    delay = 0.3
     hosts = local_hosts(
-        [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=0.9)]
+        [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=2 * delay)]
     )
-    await _crawl_one_host_at_one_request(hosts, 6, handler, 0.5)
+    await _crawl_one_host_at_one_request(hosts, 6, handler, delay)
     hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
     assert stats.served == 6
     gaps = _arrival_gaps(stats.arrivals)
-    assert min(gaps) >= 0.475, gaps
+    assert min(gaps) >= delay - 0.025, gaps
 
 
 @pytest.mark.crawl
@@ -991,7 +993,7 @@ async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
     scheduler hand out three while robots.txt came in, and they arrived at
     the host together (with Scrapy's HTTP/1.1 handler, which does not space
     what it sends)."""
-    hosts = local_hosts([HostSpec(latency=0.6, links=0)])
+    hosts = local_hosts([HostSpec(latency=0.4, links=0)])
     await crawl(
         hosts.start_urls(0, 5),
         SCHEDULER=SCHEDULER,
@@ -1099,8 +1101,8 @@ async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
 ) -> None:
     """As in stock Scrapy, a request answered or refused by a downloader
     middleware does not make the host's next request wait a delay (each of
-    them used to cost the crawl a whole DOWNLOAD_DELAY, 1 s here)."""
-    delay = 1.0
+    them used to cost the crawl a whole DOWNLOAD_DELAY, 0.6 s here)."""
+    delay = 0.6
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler = await _crawl_one_host_at_one_request(
         hosts, 8, handler, delay, DOWNLOADER_MIDDLEWARES={f"{__name__}._AnswerOddPages": 950}
@@ -1161,8 +1163,8 @@ def test_an_answer_marks_the_host_it_was_handed_out_for(monkeypatch: pytest.Monk
     request.meta["download_slot"] = "proxy-7"
     response = Response(request.url, request=request)
     scheduler._on_response_downloaded(response, request, PageSpider())
-    assert scheduler.store.policy("example.com").answering
-    assert scheduler.store.known_policy("proxy-7") is None
+    assert scheduler.store.host_state("example.com").answering
+    assert scheduler.store.known_state("proxy-7") is None
 
 
 @deferred_f_from_coro_f

@@ -85,7 +85,7 @@ def _urls(items: Path) -> list[str]:
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 def test_sigint_then_resume_fetches_every_page_once(tmp_path: Path) -> None:
     jobdir = tmp_path / "job"
-    spec = HostSpec(latency=0.1, pages=PAGES, links=3)
+    spec = HostSpec(latency=0.05, pages=PAGES, links=3)
     with LocalHosts([spec] * HOSTS) as hosts:
         served = lambda: sum(s.served for s in hosts.all_stats(arrivals=False))  # noqa: E731
         first = _crawl(hosts, jobdir, tmp_path / "first.jsonl", tmp_path / "first.log")

@@ -231,10 +231,10 @@ def test_host_state_survives(path: Path) -> None:
     store.set_interval("g", 2.0)
     store.close()
     again = open_store(path)
-    assert again.policy("h").limit == 3
-    assert again.policy("h").block_reason == "retry-after"
-    assert again.policy("h").blocked_until > again._mem.clock() + 50
-    assert again.policy("g").interval == 2.0
+    assert again.host_state("h").limit == 3
+    assert again.host_state("h").block_reason == "retry-after"
+    assert again.host_state("h").blocked_until > again._mem.clock() + 50
+    assert again.host_state("g").interval == 2.0
     again.close()
 
 
@@ -284,9 +284,9 @@ def test_what_the_middleware_learned_is_given_back_on_resume(path: Path) -> None
 
     again = open_store(path)
     assert again.queued("slow.example") == 5
-    assert again.policy("slow.example").limit == 1
+    assert again.host_state("slow.example").limit == 1
     # Nothing queued for idle.example: not loaded.
-    assert again.known_policy("idle.example") is None
+    assert again.known_state("idle.example") is None
     relearned = Learner()
     attach(again, relearned)
     assert relearned.given == {
@@ -329,7 +329,7 @@ def test_a_file_without_the_learned_column_gets_it(path: Path) -> None:
     assert [row[7] for row in old.host_rows()] == [None]
     old.close()
     again = open_store(path)
-    assert again.policy("h").limit == 3
+    assert again.host_state("h").limit == 3
     attach(again, Learner({"h": {"limit": 3}}))
     popped = again.pop()
     assert popped is not None

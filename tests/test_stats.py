@@ -84,7 +84,7 @@ class _StoreView:
         return self.store.hosts()
 
     def known_state(self, host: str) -> HostState | None:
-        return self.store.known_policy(host)
+        return self.store.known_state(host)
 
     def in_flight_cap(self, state: HostState) -> int:
         return self.store.in_flight_cap(state)

@@ -106,20 +106,20 @@ class RequestStore(Protocol[T]):
 
     # -- hosts -----------------------------------------------------------
 
-    def policy(self, key: str) -> HostState:
+    def host_state(self, key: str) -> HostState:
         """The state of *key*, made on first sight."""
 
-    def known_policy(self, key: str) -> HostState | None:
+    def known_state(self, key: str) -> HostState | None:
         """The state of *key* if the store knows the host."""
 
     def queued(self, key: str) -> int: ...
 
     def inflight(self, key: str) -> int: ...
 
-    def in_flight_cap(self, policy: HostState) -> int:
-        """How many requests a host in *policy* may have in flight now."""
+    def in_flight_cap(self, state: HostState) -> int:
+        """How many requests a host in *state* may have in flight now."""
 
-    def limit_filled(self, key: str) -> bool: ...
+    def is_full(self, key: str) -> bool: ...
 
     def note_full(self, key: str, now: float) -> None: ...
 

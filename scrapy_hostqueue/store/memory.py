@@ -5,7 +5,7 @@ Pure logic: no Scrapy or Twisted import, an injectable clock, opaque items.
 slot key).
 
 Every live host (queued work, work in flight, or an IDLE place) is in
-exactly one state:
+exactly one placement:
 
 * READY: queued work, in flight below its limit, not blocked, and either
   holding an active place or the active-host cap has room. It sits in the
@@ -211,13 +211,13 @@ class _Fifo(Generic[T]):
 
 class _Host(Generic[T]):
     __slots__ = (
+        "active",
+        "active_since",
         "inflight",
         "key",
-        "leased",
-        "leased_at",
         "overdue",
         "pending_start",
-        "policy",
+        "placement",
         "queued",
         "queues",
         "ranks",
@@ -226,9 +226,9 @@ class _Host(Generic[T]):
         "token",
     )
 
-    def __init__(self, key: str, policy: HostState) -> None:
+    def __init__(self, key: str, state: HostState) -> None:
         self.key = key
-        self.policy = policy
+        self.state = state
         self.queues: dict[int, _Fifo[T]] = {}
         self.ranks: list[int] = []  # heap of -rank, stale ranks skipped lazily
         self.queued = 0
@@ -238,13 +238,13 @@ class _Host(Generic[T]):
         self.overdue = 0
         #: Whether the host holds one of the active-host places, since when,
         #: and how many requests it was handed since it took it.
-        self.leased = False
-        self.leased_at = 0.0
+        self.active = False
+        self.active_since = 0.0
         self.served = 0
         #: With ``await_start``: when the hand-out whose start the host waits
         #: for was handed out (its ``last_start`` then), else None.
         self.pending_start: float | None = None
-        self.state = DRAINED
+        self.placement = DRAINED
         self.token = 0
 
     def head_rank(self) -> int:
@@ -276,12 +276,12 @@ class _Host(Generic[T]):
 class MemoryStore(Generic[T]):
     """Per-host queues plus the ring of ready hosts.
 
-    *policy_factory* makes the policy of a host seen for the first time.
+    *state_factory* makes the state of a host seen for the first time.
     *max_active* caps the hosts holding an active place (0: no cap); *turn*
     is how many requests a host is handed in one turn at a place, and
     *turn_seconds* (0: no bound) how long a turn lasts at most; *grace* is
     how long (seconds) a host with nothing left to do keeps its place.
-    *remember* bounds the policies kept for hosts that went idle, so that a
+    *remember* bounds the states kept for hosts that went idle, so that a
     crawl meeting a million hosts does not keep a million idle entries.
     Hosts compete in the ring by ``head rank // ring_granularity``: with 2,
     ranks ``2p`` and ``2p + 1`` order requests within a host but are one
@@ -290,7 +290,7 @@ class MemoryStore(Generic[T]):
 
     def __init__(
         self,
-        policy_factory: Callable[[str], HostState],
+        state_factory: Callable[[str], HostState],
         *,
         max_active: int = 0,
         turn: int = 1,
@@ -318,7 +318,7 @@ class MemoryStore(Generic[T]):
         self._ring_granularity = ring_granularity
         self.turn = turn
         self.turn_seconds = turn_seconds
-        self._policy_factory = policy_factory
+        self._state_factory = state_factory
         self.max_active = max_active
         #: Requests a host may have handed out beyond its limit; they wait
         #: for a send slot downstream (see HostQueueScheduler.acquire_send_slot).
@@ -339,7 +339,7 @@ class MemoryStore(Generic[T]):
         self.await_start = await_start
         self._remember = remember
         #: Called with a host's key when the frontier forgets the host for good
-        #: (its policy leaves both memories of idle hosts), so that state kept
+        #: (its state leaves both memories of idle hosts), so that state kept
         #: elsewhere about the host (the AIMD middleware's) lives exactly as long.
         self.on_forget: Callable[[str], None] | None = None
         #: What another part learned about a host, for a store that outlives
@@ -349,7 +349,7 @@ class MemoryStore(Generic[T]):
         self.clock = clock
         self._rng = rng or random.Random()
         self._hosts: dict[str, _Host[T]] = {}
-        # Policies of idle hosts, least recently used first, at most
+        # States of idle hosts, least recently used first, at most
         # `remember`; and those of idle hosts given up or blocked beyond the
         # moment they were pushed out of the first, at most `remember` more.
         self._retired: OrderedDict[str, HostState] = OrderedDict()
@@ -384,23 +384,23 @@ class MemoryStore(Generic[T]):
     def live_hosts(self) -> int:
         return len(self._hosts)
 
-    def policy(self, key: str) -> HostState:
-        """The policy of *key*, created from the factory on first sight."""
+    def host_state(self, key: str) -> HostState:
+        """The state of *key*, created from the factory on first sight."""
         host = self._hosts.get(key)
         if host is not None:
-            return host.policy
-        policy = self._retired.get(key)
-        if policy is not None:
+            return host.state
+        state = self._retired.get(key)
+        if state is not None:
             self._retired.move_to_end(key)
-            return policy
-        policy = self._kept.pop(key, None) or self._policy_factory(key)
-        self._remember_policy(key, policy)
-        return policy
+            return state
+        state = self._kept.pop(key, None) or self._state_factory(key)
+        self._remember_state(key, state)
+        return state
 
-    def limit_filled(self, key: str) -> bool:
+    def is_full(self, key: str) -> bool:
         """Whether *key* has its whole limit in flight now."""
         host = self._hosts.get(key)
-        return host is not None and host.inflight >= host.policy.limit
+        return host is not None and host.inflight >= host.state.limit
 
     def note_full(self, key: str, now: float) -> None:
         """Note *now* as the last moment *key* had its whole limit in flight
@@ -409,15 +409,15 @@ class MemoryStore(Generic[T]):
         if host is not None:
             self._note_full(host, now)
 
-    def in_flight_cap(self, policy: HostState) -> int:
-        """How many requests a host with *policy* may have in flight now: its
+    def in_flight_cap(self, state: HostState) -> int:
+        """How many requests a host with *state* may have in flight now: its
         limit, or ``silent_limit`` if that is lower and the host is silent,
         and at most its share of ``budget``. While hosts wait for a place,
         every place gets an equal part of the budget (``budget /
         max_active``, rounded up); otherwise what the active silent hosts do
         not take, divided by the other active hosts, rounded up."""
-        cap = policy.limit
-        if self.silent_limit and not policy.answering:
+        cap = state.limit
+        if self.silent_limit and not state.answering:
             cap = min(cap, self.silent_limit)
         if not self.budget:
             return cap
@@ -441,11 +441,11 @@ class MemoryStore(Generic[T]):
                 return share
         return cap
 
-    def known_policy(self, key: str) -> HostState | None:
-        """The policy of *key* if the frontier knows the host, without creating one."""
+    def known_state(self, key: str) -> HostState | None:
+        """The state of *key* if the frontier knows the host, without creating one."""
         host = self._hosts.get(key)
         if host is not None:
-            return host.policy
+            return host.state
         return self._retired.get(key) or self._kept.get(key)
 
     def queued(self, key: str) -> int:
@@ -456,31 +456,31 @@ class MemoryStore(Generic[T]):
         host = self._hosts.get(key)
         return host.inflight if host is not None else 0
 
-    def state(self, key: str) -> Placement | None:
+    def placement(self, key: str) -> Placement | None:
         host = self._hosts.get(key)
-        return host.state if host is not None else None
+        return host.placement if host is not None else None
 
-    def _policies(self) -> Iterator[tuple[str, HostState]]:
-        """``(key, policy)`` of every host, idle hosts that are still
+    def _states(self) -> Iterator[tuple[str, HostState]]:
+        """``(key, state)`` of every host, idle hosts that are still
         remembered included (O(hosts))."""
         for host in self._hosts.values():
-            yield host.key, host.policy
+            yield host.key, host.state
         for idle in (self._retired, self._kept):
             yield from idle.items()
 
     def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
-        """``(key, policy)`` of every host blocked beyond *now*, idle hosts
+        """``(key, state)`` of every host blocked beyond *now*, idle hosts
         that are still remembered included (O(hosts): for a crawl's close)."""
-        for key, policy in self._policies():
-            if policy.blocked_until > now:
-                yield key, policy
+        for key, state in self._states():
+            if state.blocked_until > now:
+                yield key, state
 
     def spaced(self, now: float) -> Iterator[tuple[str, float]]:
         """``(key, when)`` of every host whose next request may not start
         before *when*, later than *now*, for its interval between starts
         (O(hosts): for a crawl's close)."""
-        for key, policy in self._policies():
-            when = policy.spaced_until()
+        for key, state in self._states():
+            when = state.spaced_until()
             if when > now:
                 yield key, when
 
@@ -488,18 +488,18 @@ class MemoryStore(Generic[T]):
         """Start no request for *key* before *when*, as if its last request
         had started an interval before then (spacing restored after a stop);
         extends, never shortens, the wait its own starts set."""
-        policy = self.policy(key)
+        state = self.host_state(key)
         now = self.clock()
-        if when > max(now, policy.spaced_until()):
-            policy.last_start = now
-            policy.next_gap = when - now
+        if when > max(now, state.spaced_until()):
+            state.last_start = now
+            state.next_gap = when - now
             self._refresh(key)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        """``(key, queued, inflight, policy)`` of every live host (O(hosts): for
+        """``(key, queued, inflight, state)`` of every live host (O(hosts): for
         periodic reports, never on the request path)."""
         for host in self._hosts.values():
-            yield host.key, host.queued, host.inflight, host.policy
+            yield host.key, host.queued, host.inflight, host.state
 
     def items(self) -> Iterator[tuple[str, int, T]]:
         """``(key, rank, item)`` of every queued item, in serving order per host."""
@@ -514,7 +514,7 @@ class MemoryStore(Generic[T]):
         timers = self._timers
         while timers:
             when, _, token, host = timers[0]
-            if host.token == token and host.state in (BLOCKED, IDLE):
+            if host.token == token and host.placement in (BLOCKED, IDLE):
                 return when
             heapq.heappop(timers)
         return None
@@ -526,18 +526,20 @@ class MemoryStore(Generic[T]):
         equals. Returns False (and queues nothing) if the host was given up."""
         host = self._hosts.get(key)
         if host is None:
-            policy = self._recall(key)
-            if policy.given_up:
-                self._remember_policy(key, policy)
+            state = self._recall(key)
+            if state.given_up:
+                self._remember_state(key, state)
                 return False
-            host = self._hosts[key] = _Host(key, policy)
-        elif host.policy.given_up:
+            host = self._hosts[key] = _Host(key, state)
+        elif host.state.given_up:
             return False
         granularity = self._ring_granularity
         raises_head = host.queued and rank // granularity > host.head_rank() // granularity
         host.push(rank, item)
         self._queued += 1
-        if host.state in (DRAINED, IDLE) or (host.state in (READY, PREFETCH) and raises_head):
+        if host.placement in (DRAINED, IDLE) or (
+            host.placement in (READY, PREFETCH) and raises_head
+        ):
             self._place(host, self.clock())
         return True
 
@@ -558,7 +560,7 @@ class MemoryStore(Generic[T]):
             token, host = bucket.popleft()
             self._ring_entries -= 1
             if host.token == token:
-                if host.inflight and host.inflight >= self.in_flight_cap(host.policy):
+                if host.inflight and host.inflight >= self.in_flight_cap(host.state):
                     # Its share fell since it was placed (hosts came to wait
                     # for a place): placed again, behind the hosts that may
                     # send at once.
@@ -586,7 +588,7 @@ class MemoryStore(Generic[T]):
         must wait for a place (CAPPED: it holds none, perhaps with only
         adopted requests in flight, and the places are taken) or its turn is
         over (ENDING)."""
-        if not host.leased and 0 < self.max_active <= self.active:
+        if not host.active and 0 < self.max_active <= self.active:
             self._set_capped(host)
             return None
         if self._turn_over(host, now):
@@ -605,7 +607,7 @@ class MemoryStore(Generic[T]):
             host.overdue -= 1
         if not host.inflight:
             host.pending_start = None
-        if (host.inflight == host.overdue and host.state != CAPPED) or host.state in (
+        if (host.inflight == host.overdue and host.placement != CAPPED) or host.placement in (
             FULL,
             PREFETCH,
         ):
@@ -623,7 +625,7 @@ class MemoryStore(Generic[T]):
         if host is None or host.overdue >= host.inflight:
             raise KeyError(f"no request in flight for host {key!r} that is not overdue")
         host.overdue += 1
-        if host.overdue == host.inflight and host.state != CAPPED:
+        if host.overdue == host.inflight and host.placement != CAPPED:
             self._place(host, self.clock())
 
     def overdue(self, key: str) -> int:
@@ -680,14 +682,14 @@ class MemoryStore(Generic[T]):
         taken.reverse()
         return taken
 
-    # -- policy changes --------------------------------------------------
+    # -- state changes --------------------------------------------------
 
     def set_limit(self, key: str, limit: int) -> None:
         if limit < 1:
             raise ValueError(f"a host limit must be >= 1, got {limit!r}")
-        policy = self.policy(key)
-        if policy.limit != limit:
-            policy.limit = limit
+        state = self.host_state(key)
+        if state.limit != limit:
+            state.limit = limit
             self._refresh(key)
 
     def set_answering(self, key: str, answering: bool) -> None:
@@ -695,44 +697,44 @@ class MemoryStore(Generic[T]):
         silent (its last request failed to connect or timed out). A host the
         frontier does not know is left alone."""
         host = self._hosts.get(key)
-        policy = host.policy if host is not None else self.known_policy(key)
-        if policy is None or policy.answering == answering:
+        state = host.state if host is not None else self.known_state(key)
+        if state is None or state.answering == answering:
             return
         if host is None:
-            policy.answering = answering
+            state.answering = answering
             return
-        if host.leased:
+        if host.active:
             self._active_silent += -1 if answering else 1
-        capped = host.state == CAPPED
+        capped = host.placement == CAPPED
         if capped:
             self._uncap(host)  # counted in its old class
-        policy.answering = answering
+        state.answering = answering
         if capped:
             self._set_capped(host)  # into the FIFO of its class
-        elif host.state in (READY, PREFETCH) or (self.silent_limit and host.state == FULL):
+        elif host.placement in (READY, PREFETCH) or (self.silent_limit and host.placement == FULL):
             # Its rank in the ring changed, and with silent_limit, how many
             # requests it may have in flight.
             self._place(host, self.clock())
 
     def block_until(self, key: str, when: float, reason: str | None = None) -> None:
         """Start no request for *key* before *when* (extends, never shortens, a block)."""
-        policy = self.policy(key)
-        if when > policy.blocked_until:
-            policy.blocked_until = when
-            policy.block_reason = reason
+        state = self.host_state(key)
+        if when > state.blocked_until:
+            state.blocked_until = when
+            state.block_reason = reason
             self._refresh(key)
 
     def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
         """Set the minimum time between two request starts for *key*."""
         if interval < 0:
             raise ValueError(f"an interval must be >= 0, got {interval!r}")
-        policy = self.policy(key)
-        policy.interval = interval
+        state = self.host_state(key)
+        state.interval = interval
         if jitter is not None:
-            policy.jitter = jitter
+            state.jitter = jitter
         # The gap since the last start is measured against the new interval.
-        if policy.next_gap != interval:
-            policy.next_gap = interval
+        if state.next_gap != interval:
+            state.next_gap = interval
             self._refresh(key)
 
     def unstart(self, key: str, started_at: float) -> None:
@@ -759,17 +761,17 @@ class MemoryStore(Generic[T]):
         host = self._hosts.get(key)
         if host is None:
             return
-        policy = host.policy
+        state = host.state
         refresh = host.pending_start == started_at
         if refresh:
             host.pending_start = None
-        if policy.last_start == started_at:
+        if state.last_start == started_at:
             if now is None:
-                if policy.next_gap:
-                    policy.next_gap = 0.0
+                if state.next_gap:
+                    state.next_gap = 0.0
                     refresh = True
             elif now > started_at:
-                policy.last_start = now
+                state.last_start = now
                 refresh = True
         if refresh:
             self._refresh(key)
@@ -784,13 +786,13 @@ class MemoryStore(Generic[T]):
             host = self._hosts[key] = _Host(key, self._recall(key))
         host.inflight += 1
         self._note_full(host, now)
-        if host.policy.interval:
-            self._draw_gap(host.policy, now)
+        if host.state.interval:
+            self._draw_gap(host.state, now)
         self._place(host, now)
 
     def give_up(self, key: str) -> list[T]:
         """Refuse further work for *key* and return its queued items."""
-        self.policy(key).given_up = True
+        self.host_state(key).given_up = True
         return self.remove_queued(key)
 
     # -- internals -------------------------------------------------------
@@ -801,10 +803,10 @@ class MemoryStore(Generic[T]):
         # must now wait for a time: then it waits BLOCKED, not counted among
         # the hosts waiting for a place (which end busy hosts' turns).
         host = self._hosts.get(key)
-        if host is None or host.state == IDLE:
+        if host is None or host.placement == IDLE:
             return
         now = self.clock()
-        if host.state == CAPPED and host.policy.ready_at() <= now:
+        if host.placement == CAPPED and host.state.ready_at() <= now:
             return
         self._place(host, now)
 
@@ -819,24 +821,24 @@ class MemoryStore(Generic[T]):
     def _start(self, host: _Host[T], now: float) -> None:
         host.inflight += 1
         self._note_full(host, now)
-        if not host.leased:
-            host.leased = True
-            host.leased_at = now
+        if not host.active:
+            host.active = True
+            host.active_since = now
             host.served = 0
             self.active += 1
-            if not host.policy.answering:
+            if not host.state.answering:
                 self._active_silent += 1
             self.max_active_seen = max(self.max_active_seen, self.active)
         host.served += 1
-        policy = host.policy
-        self._draw_gap(policy, now)
-        if self.await_start and policy.next_gap:
+        state = host.state
+        self._draw_gap(state, now)
+        if self.await_start and state.next_gap:
             host.pending_start = now
 
     @staticmethod
     def _note_full(host: _Host[T], now: float) -> None:
-        if host.inflight >= host.policy.limit:
-            host.policy.full_at = now
+        if host.inflight >= host.state.limit:
+            host.state.full_at = now
 
     def _handed_out_at_most(self, host: _Host[T]) -> int:
         """In flight from which a host is handed nothing more: its limit plus
@@ -846,75 +848,75 @@ class MemoryStore(Generic[T]):
         one, held to ``silent_limit`` until it answers, nor one with overdue
         requests (its next one would wait for them to time out, holding
         download budget)."""
-        policy = host.policy
-        cap = self.in_flight_cap(policy)
-        if policy.interval or host.overdue or (self.silent_limit and not policy.answering):
+        state = host.state
+        cap = self.in_flight_cap(state)
+        if state.interval or host.overdue or (self.silent_limit and not state.answering):
             return cap
         return cap + self.prefetch
 
-    def _draw_gap(self, policy: HostState, now: float) -> None:
+    def _draw_gap(self, state: HostState, now: float) -> None:
         """A request started at *now*: draw the gap before the next may."""
-        policy.last_start = now
-        gap = policy.interval
-        if gap and policy.jitter:
-            gap = max(0.0, gap * (1 + self._rng.uniform(-policy.jitter, policy.jitter)))
-        policy.next_gap = gap
+        state.last_start = now
+        gap = state.interval
+        if gap and state.jitter:
+            gap = max(0.0, gap * (1 + self._rng.uniform(-state.jitter, state.jitter)))
+        state.next_gap = gap
 
     def _place(self, host: _Host[T], now: float) -> None:
-        if host.state == CAPPED:
+        if host.placement == CAPPED:
             self._uncap(host)
         # An IDLE host with nothing queued is placed only when its grace is
         # over (its timer): then it retires.
-        was_idle = host.state == IDLE
+        was_idle = host.placement == IDLE
         host.token += 1
         # Requests in flight that are overdue do not keep a place.
         working = host.inflight - host.overdue
         if not host.queued:
             if host.inflight:
-                host.state = DRAINED
+                host.placement = DRAINED
                 if not working:
                     self._leave(host, now)
                 return
-            if host.leased and self.grace and self.max_active and not was_idle:
-                host.state = IDLE
+            if host.active and self.grace and self.max_active and not was_idle:
+                host.placement = IDLE
                 self._push_timer(host, now + self.grace)
                 return
             self._retire(host)
             self._leave(host, now)
             return
-        policy = host.policy
-        ready_at = policy.ready_at()
+        state = host.state
+        ready_at = state.ready_at()
         if ready_at > now:
-            host.state = BLOCKED
+            host.placement = BLOCKED
             self._push_timer(host, ready_at)
             if not working:
                 self._leave(host, now)
-        elif host.leased and self._turn_done(host, now) and not working:
+        elif host.active and self._turn_done(host, now) and not working:
             # Its turn is over: behind the hosts waiting for a place.
             self._leave(host, now, requeue=True)
         elif self._turn_over(host, now):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
-            host.state = ENDING
+            host.placement = ENDING
         elif host.inflight >= self._handed_out_at_most(host) or host.pending_start is not None:
-            host.state = FULL
+            host.placement = FULL
             if not working:
                 # Filled by overdue requests: it waits for them without a place.
                 self._leave(host, now)
-        elif not host.leased and 0 < self.max_active <= self.active:
+        elif not host.active and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).
             self._set_capped(host)
-        elif host.inflight >= self.in_flight_cap(policy):
+        elif host.inflight >= self.in_flight_cap(state):
             # What it gets beyond its cap waits downstream, holding budget:
             # only when no host can send at once.
-            host.state = PREFETCH
+            host.placement = PREFETCH
             self._seq += 1
             rank = self._ring_rank(host)
             heapq.heappush(self._prefetchable, (-rank, self._seq, host.token, host))
             if self._crowded(len(self._prefetchable)):
                 self._compact()
         else:
-            host.state = READY
+            host.placement = READY
             rank = self._ring_rank(host)
             bucket = self._buckets.get(rank)
             if bucket is None:
@@ -936,15 +938,15 @@ class MemoryStore(Generic[T]):
         its place."""
         if host.served >= self.turn:
             return True
-        return 0 < self.turn_seconds <= now - host.leased_at
+        return 0 < self.turn_seconds <= now - host.active_since
 
     def _turn_over(self, host: _Host[T], now: float) -> bool:
         """Whether *host* has had its turn at its place while hosts wait for
         one: for an answering host, answering hosts, or silent hosts holding
         fewer than their share of the places."""
-        if not (self._waiting and host.leased and self._turn_done(host, now)):
+        if not (self._waiting and host.active and self._turn_done(host, now)):
             return False
-        if not host.policy.answering or self._waiting > self._waiting_silent:
+        if not host.state.answering or self._waiting > self._waiting_silent:
             return True
         return self._active_silent < self._silent_share
 
@@ -952,11 +954,11 @@ class MemoryStore(Generic[T]):
         """*host*, with nothing in flight but overdue requests, gives its
         active place up (if it holds one) to the first host waiting for one;
         with *requeue*, it waits behind them for its next turn."""
-        if not host.leased:
+        if not host.active:
             return
-        host.leased = False
+        host.active = False
         self.active -= 1
-        if not host.policy.answering:
+        if not host.state.answering:
             self._active_silent -= 1
         if requeue:
             self._set_capped(host)
@@ -965,25 +967,25 @@ class MemoryStore(Generic[T]):
     def _ring_rank(self, host: _Host[T]) -> int:
         """The rank *host* competes with across hosts (see ``ring_granularity``):
         answering hosts before silent ones of the same priority."""
-        return (host.head_rank() // self._ring_granularity) * 2 + host.policy.answering
+        return (host.head_rank() // self._ring_granularity) * 2 + host.state.answering
 
     def _uncap(self, host: _Host[T]) -> None:
         """Count CAPPED *host* no longer among the hosts waiting for a place
         (its FIFO entry goes stale with its next token); the caller places it."""
         self._waiting -= 1
-        if not host.policy.answering:
+        if not host.state.answering:
             self._waiting_silent -= 1
-        host.state = READY  # until placed
+        host.placement = READY  # until placed
 
     def _set_capped(self, host: _Host[T]) -> None:
-        if host.state == CAPPED:
+        if host.placement == CAPPED:
             self._uncap(host)
-        silent = not host.policy.answering
+        silent = not host.state.answering
         self._waiting += 1
         if silent:
             self._waiting_silent += 1
         host.token += 1
-        host.state = CAPPED
+        host.placement = CAPPED
         fifo = self._capped_silent if silent else self._capped
         fifo.append((host.token, host))
         if self._crowded(len(fifo)):
@@ -1006,7 +1008,7 @@ class MemoryStore(Generic[T]):
             token, host = fifo.popleft()
             if host.token == token:
                 self._place(host, now)
-                if host.state == READY:
+                if host.placement == READY:
                     return True
         return False
 
@@ -1014,7 +1016,7 @@ class MemoryStore(Generic[T]):
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, token, host = heapq.heappop(timers)
-            if host.token == token and host.state in (BLOCKED, IDLE):
+            if host.token == token and host.placement in (BLOCKED, IDLE):
                 self._place(host, now)
 
     def _crowded(self, size: int) -> bool:
@@ -1053,25 +1055,25 @@ class MemoryStore(Generic[T]):
         self._ring_entries = sum(len(bucket) for bucket in buckets.values())
 
     def _retire(self, host: _Host[T]) -> None:
-        host.state = DRAINED
+        host.placement = DRAINED
         del self._hosts[host.key]
-        self._remember_policy(host.key, host.policy)
+        self._remember_state(host.key, host.state)
 
     def _recall(self, key: str) -> HostState:
-        """The policy of *key*, which is not live, taken out of the memories
+        """The state of *key*, which is not live, taken out of the memories
         of idle hosts, or a new one."""
-        policy = self._retired.pop(key, None) or self._kept.pop(key, None)
-        return policy if policy is not None else self._policy_factory(key)
+        state = self._retired.pop(key, None) or self._kept.pop(key, None)
+        return state if state is not None else self._state_factory(key)
 
-    def _remember_policy(self, key: str, policy: HostState) -> None:
-        """Keep the policy of *key*, now idle, pushing the least recently used
+    def _remember_state(self, key: str, state: HostState) -> None:
+        """Keep the state of *key*, now idle, pushing the least recently used
         idle host out of the memory if it is full. A host pushed out while it
         is given up, or blocked beyond now, is kept in a second memory of the
         same size, which forgets the oldest: a broad crawl that retires many
         hosts in a row does not forget a Retry-After still running or a host
         it gave up."""
         retired = self._retired
-        retired[key] = policy
+        retired[key] = state
         retired.move_to_end(key)
         if len(retired) <= self._remember:
             return

@@ -171,8 +171,8 @@ class SqliteStore(Generic[T]):
     # -- requests ----------------------------------------------------------------
 
     def push(self, key: str, rank: int, item: T) -> bool:
-        policy = self._mem.known_policy(key)
-        if policy is not None and policy.given_up:
+        state = self._mem.known_state(key)
+        if state is not None and state.given_up:
             return False
         data = self._encode(item)
         if data is None:
@@ -361,11 +361,11 @@ class SqliteStore(Generic[T]):
 
     # -- hosts -----------------------------------------------------------------
 
-    def policy(self, key: str) -> HostState:
-        return self._mem.policy(key)
+    def host_state(self, key: str) -> HostState:
+        return self._mem.host_state(key)
 
-    def known_policy(self, key: str) -> HostState | None:
-        return self._mem.known_policy(key)
+    def known_state(self, key: str) -> HostState | None:
+        return self._mem.known_state(key)
 
     def queued(self, key: str) -> int:
         return self._mem.queued(key) + self._backlog.get(key, 0)
@@ -373,18 +373,18 @@ class SqliteStore(Generic[T]):
     def inflight(self, key: str) -> int:
         return self._mem.inflight(key)
 
-    def in_flight_cap(self, policy: HostState) -> int:
-        return self._mem.in_flight_cap(policy)
+    def in_flight_cap(self, state: HostState) -> int:
+        return self._mem.in_flight_cap(state)
 
-    def limit_filled(self, key: str) -> bool:
-        return self._mem.limit_filled(key)
+    def is_full(self, key: str) -> bool:
+        return self._mem.is_full(key)
 
     def note_full(self, key: str, now: float) -> None:
         self._mem.note_full(key, now)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        for key, queued, inflight, policy in self._mem.hosts():
-            yield key, queued + self._backlog.get(key, 0), inflight, policy
+        for key, queued, inflight, state in self._mem.hosts():
+            yield key, queued + self._backlog.get(key, 0), inflight, state
 
     def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
         return self._mem.blocked(now)
@@ -444,21 +444,21 @@ class SqliteStore(Generic[T]):
         spaced = dict(self._mem.spaced(now)) if spacing else {}
         export = self.export_learned
         for key in dirty | spaced.keys():
-            policy = self._mem.known_policy(key)
-            if policy is None:
+            state = self._mem.known_state(key)
+            if state is None:
                 continue
-            blocked = policy.blocked_until > now
+            blocked = state.blocked_until > now
             when = spaced.get(key)
             learned = export(key) if export is not None else self._learned.get(key)
             self.file.put_host(
                 (
                     key,
-                    policy.limit,
-                    policy.interval,
-                    policy.blocked_until + to_wall if blocked else None,
-                    policy.block_reason if blocked else None,
+                    state.limit,
+                    state.interval,
+                    state.blocked_until + to_wall if blocked else None,
+                    state.block_reason if blocked else None,
                     when + to_wall if when is not None else None,
-                    int(policy.given_up),
+                    int(state.given_up),
                     json.dumps(learned, separators=(",", ":")) if learned else None,
                 )
             )

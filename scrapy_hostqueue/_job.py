@@ -1,0 +1,211 @@
+"""The crawl's job on disk: what a crawl resumes from and leaves behind.
+
+With the in-memory store, ``JOBDIR/hostqueue.state`` (see ``_jobdir``) is read
+at the start and written at a graceful stop. With the SQLite store, the
+frontier file is the job: it is committed every ``COMMIT_INTERVAL`` (see
+``_frontier``), and a ``hostqueue.state`` the in-memory store left is taken
+over into it once. A ``JOBDIR`` this crawl cannot resume without losing
+requests is refused: the crawl closes before its first request and leaves
+the job as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from scrapy import signals
+from scrapy.exceptions import CloseSpider
+
+from scrapy_hostqueue._frontier import CommitTimer, memory_job_refusal, take_over_saved_job
+from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
+from scrapy_hostqueue.store.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+
+    from scrapy_hostqueue._frontier import RequestCodec
+    from scrapy_hostqueue.store import RequestStore
+
+logger = logging.getLogger(__name__)
+
+#: The ``finish_reason`` of a crawl that refused its JOBDIR.
+JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
+#: The ``finish_reason`` of a crawl whose ``JOBDIR/hostqueue.state`` cannot be
+#: read (damaged, from another version, or naming a callback the spider no
+#: longer has): it closes before any request, and the file is left as it was.
+JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
+#: The ``finish_reason`` of a crawl with the in-memory store on a JOBDIR that
+#: holds a frontier file: it closes before any request, the file as it was.
+JOBDIR_OF_SQLITE_FRONTIER = "hostqueue_jobdir_of_sqlite_frontier"
+
+
+class Job:
+    """Opens, resumes and saves the job of a crawl with *store* (in
+    *jobdir*, or in the SQLite store's frontier file, encoded by *codec*)."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        store: RequestStore[Request],
+        codec: RequestCodec | None,
+        jobdir: str | None,
+        *,
+        debug: bool,
+    ) -> None:
+        self._crawler = crawler
+        self._store = store
+        self._codec = codec
+        self.jobdir = jobdir
+        self._debug = debug
+        self._spider: Spider | None = None
+        self._commits: CommitTimer | None = None
+        #: The finish reason when the crawl must close before its first
+        #: request (a JOBDIR it cannot resume), else None.
+        self.refusal: str | None = None
+
+    def accept(self, spider: Spider) -> bool:
+        """Whether the crawl may go on with this JOBDIR; if not, it is
+        refused (see :meth:`refuse`)."""
+        refusal = scrapy_job_refusal(self.jobdir)
+        if refusal is not None:
+            logger.error(refusal)
+            self.refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
+            return False
+        if not isinstance(self._store, SqliteStore):
+            refusal = memory_job_refusal(self.jobdir)
+            if refusal is not None:
+                logger.error(refusal)
+                self.refuse(JOBDIR_OF_SQLITE_FRONTIER)
+                return False
+        self._spider = spider
+        return True
+
+    def resume(self, push: Callable[[Request], bool]) -> tuple[int, int]:
+        """Queue what the job saved with *push* (its requests, already seen
+        by the dupefilter) and restore its host blocks and spacing; start the
+        frontier file's commits. Returns the requests resumed and the host
+        blocks still in force."""
+        assert self._spider is not None
+        if isinstance(self._store, SqliteStore):
+            return self._open_frontier(self._store, push), 0
+        if not self.jobdir:
+            return 0, 0
+        path = state_path(self.jobdir)
+        try:
+            saved = load_state(path, self._spider)
+        except Exception as error:
+            # Closed before any request, without saving over the file: the
+            # job is left as it was, for the user to mend or drop.
+            logger.error(
+                "Cannot resume the job in JOBDIR %r: %s cannot be read (%s: %s). "
+                "The crawl closes before any request and leaves the file as it is. If "
+                "the spider lost a callback that queued requests name, give it "
+                "back; otherwise start a new JOBDIR, or delete %s to start "
+                "this job again from its start requests, losing the requests "
+                "queued in it (the dupefilter's requests.seen filters every "
+                "request it has seen before).",
+                self.jobdir,
+                path,
+                type(error).__name__,
+                error,
+                path,
+            )
+            self.refuse(JOBDIR_STATE_UNREADABLE)
+            return 0, 0
+        if saved is None:
+            return 0, 0
+        for request in saved.requests:
+            push(request)
+        for host, until, reason in saved.blocks:
+            self._store.block_until(host, until, reason)
+        for host, when in saved.spacing:
+            self._store.space_until(host, when)
+        return len(saved.requests), len(saved.blocks)
+
+    def _open_frontier(self, store: SqliteStore[Request], push: Callable[[Request], bool]) -> int:
+        """Start the frontier file's commits; take over a JOBDIR the in-memory
+        store saved. Returns the requests resumed."""
+        assert self._codec is not None and self._spider is not None
+        self._codec.spider = self._spider
+        resumed = store.resumed
+        if self.jobdir:
+            try:
+                taken = take_over_saved_job(self.jobdir, store, push, self._spider)
+            except Exception as error:
+                logger.error(
+                    "Cannot take over the job in JOBDIR %r: %s cannot be read (%s: %s). "
+                    "The crawl closes before any request and leaves the file as it is. "
+                    "Finish that job with HOSTQUEUE_FRONTIER = 'memory' (the store that "
+                    "saved it), or delete %s to go on without its queued requests.",
+                    self.jobdir,
+                    state_path(self.jobdir),
+                    type(error).__name__,
+                    error,
+                    state_path(self.jobdir),
+                )
+                self.refuse(JOBDIR_STATE_UNREADABLE)
+                return resumed
+            if taken is not None:
+                logger.info(
+                    "Took over %d queued requests saved in %s into the frontier file %s",
+                    taken,
+                    state_path(self.jobdir),
+                    store.file.path,
+                )
+                resumed += taken
+        self._commits = CommitTimer(self._crawler, store)
+        self._commits.start()
+        logger.info(
+            "HostQueueScheduler: frontier file %s (%s queued requests in it)",
+            store.file.path,
+            f"{len(store):,}",
+        )
+        return resumed
+
+    def refuse(self, reason: str) -> None:
+        """Close the crawl with *reason* once every component is open (the
+        engine's way for a spider_opened handler that raises CloseSpider),
+        before any request; :meth:`save` then leaves the job as it was."""
+        self.refusal = reason
+        self._crawler.signals.connect(self._close_refused, signal=signals.spider_opened)
+
+    def _close_refused(self, spider: Spider) -> None:
+        assert self.refusal is not None
+        raise CloseSpider(self.refusal)
+
+    def stop(self) -> None:
+        """Stop the frontier file's commits."""
+        if self._commits is not None:
+            self._commits.stop()
+
+    def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
+        """At the stop, write what the in-memory store holds (and *given_up*,
+        the requests of given-up hosts) to the JOBDIR. Returns how many
+        requests could not be serialised."""
+        if isinstance(self._store, SqliteStore):
+            return 0  # every change is in the frontier file already
+        if not (self.jobdir and self._spider is not None and self.refusal is None):
+            return 0
+        path = state_path(self.jobdir)
+        try:
+            return save_state(path, self._store, given_up, self._spider, debug=self._debug)
+        except Exception:
+            logger.exception(
+                "Could not save the queued requests to %s: they are lost at this "
+                "stop (requests.seen keeps their links from being found again "
+                "when the job resumes)",
+                path,
+            )
+            return 0
+
+
+__all__ = [
+    "JOBDIR_OF_SCRAPY_SCHEDULER",
+    "JOBDIR_OF_SQLITE_FRONTIER",
+    "JOBDIR_STATE_UNREADABLE",
+    "Job",
+]
