@@ -14,6 +14,7 @@ from scrapy.core.scheduler import BaseScheduler
 from scrapy.exceptions import CloseSpider
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.asyncio import call_later, create_looping_call
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -38,10 +39,12 @@ from scrapy_hostqueue._jobdir import (
 )
 from scrapy_hostqueue._overdue import WATCH_INTERVAL, OverdueWatch
 from scrapy_hostqueue._recorder import get_recorder
+from scrapy_hostqueue._redis_glue import LocalSeen, RedisFrontier
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestRecord, RequestTable
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
 from scrapy_hostqueue.sendgate import SendGate, UsesSendGate, gate_opens_at
 from scrapy_hostqueue.store import HostState, RequestStore
+from scrapy_hostqueue.store.redis import RedisStore
 from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 
 if TYPE_CHECKING:
@@ -163,6 +166,7 @@ class HostQueueScheduler(BaseScheduler):
         config: HostQueueConfig,
         jobdir: str | None = None,
         frontier: FrontierFile | None = None,
+        redis: RedisFrontier | None = None,
     ) -> None:
         self.crawler = crawler
         self.df = dupefilter
@@ -182,23 +186,31 @@ class HostQueueScheduler(BaseScheduler):
         # attach_policy).
         self._slot_prefetch = 0 if gate else config.prefetch
         # With a frontier file (JOBDIR, HOSTQUEUE_FRONTIER), the SQLite store.
-        self._codec = RequestCodec(self.stats, self.debug) if frontier is not None else None
-        self._queue_stat = "memory" if frontier is None else "disk"
-        self._store: RequestStore[Request] = make_store(
-            frontier,
-            self._codec,
-            self._new_state,
-            max_active=config.max_active_hosts,
-            turn=config.turn_requests,
-            grace=config.idle_grace,
-            prefetch=self.prefetch or self._slot_prefetch,
+        # With a Redis URL (HOSTQUEUE_FRONTIER), the Redis store.
+        self._redis = redis
+        shared = frontier is not None or redis is not None
+        self._codec = RequestCodec(self.stats, self.debug) if shared else None
+        self._queue_stat = "disk" if shared else "memory"
+        ring: dict[str, Any] = {
+            "max_active": config.max_active_hosts,
+            "turn": config.turn_requests,
+            "grace": config.idle_grace,
+            "prefetch": self.prefetch or self._slot_prefetch,
             # Without the send gate nothing downstream spaces the starts.
-            await_start=not self.prefetch,
-            remember=config.remember_hosts,
+            "await_start": not self.prefetch,
+            "remember": config.remember_hosts,
             # Across hosts only the priority counts: a host whose next request
             # is a start request takes its turn like any other.
-            ring_granularity=2,
-        )
+            "ring_granularity": 2,
+        }
+        self._store: RequestStore[Request]
+        if redis is None:
+            self._store = make_store(frontier, self._codec, self._new_state, **ring)
+        else:
+            assert self._codec is not None
+            self._store = redis.make_store(
+                self._codec, self._fingerprint(dupefilter), self._new_state, **ring
+            )
         self._records = RequestTable()
         self._budget = max(0, config.global_concurrency)
         self.gate = SendGate(
@@ -238,15 +250,34 @@ class HostQueueScheduler(BaseScheduler):
         config = HostQueueConfig.from_settings(crawler.settings)
         _warn_unused_queue_settings(crawler.settings)
         frontier = open_frontier(config.frontier_path)
+        redis = RedisFrontier.open(crawler, config) if config.frontier_url else None
         dupefilter: BaseDupeFilter
-        if frontier is not None and uses_scrapy_dupefilter(crawler):
+        if redis is not None and uses_scrapy_dupefilter(crawler):
+            # Each process drops its own duplicates; the push script in Redis
+            # drops the others' (see _fingerprint).
+            dupefilter = FrontierDupeFilter(crawler, LocalSeen())
+        elif frontier is not None and uses_scrapy_dupefilter(crawler):
             # The seen fingerprints live in the frontier file, committed with
             # their requests, instead of in JOBDIR/requests.seen.
             dupefilter = FrontierDupeFilter(crawler, frontier.seen)
         else:
             dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
             dupefilter = build_from_crawler(dupefilter_cls, crawler)
-        return cls(crawler, dupefilter, config, job_dir(crawler.settings), frontier)
+        return cls(crawler, dupefilter, config, job_dir(crawler.settings), frontier, redis)
+
+    def _fingerprint(self, dupefilter: BaseDupeFilter) -> Any:
+        """What the Redis store dedupes a request by across processes: its
+        fingerprint, or None (not filtered) for ``dont_filter`` requests and
+        crawls with a dupefilter of their own."""
+        if not isinstance(dupefilter, FrontierDupeFilter):
+            return lambda request: None
+        fingerprinter = self.crawler.request_fingerprinter
+        assert fingerprinter is not None
+
+        def fingerprint(request: Request) -> bytes | None:
+            return None if request.dont_filter else fingerprinter.fingerprint(request)
+
+        return fingerprint
 
     # -- Scrapy scheduler interface ------------------------------------------
 
@@ -257,7 +288,7 @@ class HostQueueScheduler(BaseScheduler):
             logger.error(refusal)
             self._refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
             return None
-        if not isinstance(self._store, SqliteStore):
+        if not isinstance(self._store, (SqliteStore, RedisStore)):
             refusal = memory_job_refusal(self.jobdir)
             if refusal is not None:
                 logger.error(refusal)
@@ -287,7 +318,11 @@ class HostQueueScheduler(BaseScheduler):
             )
         cfg = self.config
         resumed = blocks = 0
-        if isinstance(self._store, SqliteStore):
+        if self._redis is not None:
+            assert self._codec is not None
+            self._codec.spider = spider
+            self._redis.start(lambda: internals.wake_engine(self.crawler))
+        elif isinstance(self._store, SqliteStore):
             resumed = self._open_frontier(spider)
         elif self.jobdir:
             path = state_path(self.jobdir)
@@ -410,7 +445,18 @@ class HostQueueScheduler(BaseScheduler):
                 duty()
             except Exception:
                 logger.exception("HostQueueScheduler: error while closing (%s)", duty.__name__)
+        if self._redis is not None and self._opened:
+            return deferred_from_coro(self._close_shared(reason))
         return self.df.close(reason)
+
+    async def _close_shared(self, reason: str) -> None:
+        """Hand back to the shared frontier what this process holds, then
+        close the dupefilter."""
+        assert self._redis is not None
+        await self._redis.close(self.stats)
+        closed = self.df.close(reason)
+        if closed is not None:
+            await maybe_deferred_to_future(closed)
 
     def _stop_timers(self) -> None:
         if self._wakeup is not None:
@@ -427,8 +473,8 @@ class HostQueueScheduler(BaseScheduler):
         self._undo_hook = self._undo_done = None
 
     def _save_job(self) -> None:
-        if isinstance(self._store, SqliteStore):
-            return  # every change is in the frontier file already
+        if isinstance(self._store, (SqliteStore, RedisStore)):
+            return  # every change is in the frontier file or Redis already
         if not (self.jobdir and self._opened and self._refusal is None):
             return
         path = state_path(self.jobdir)
