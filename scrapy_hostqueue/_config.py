@@ -219,6 +219,9 @@ def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -
     return frozenset(codes)
 
 
+_FRONTIER_FORMS = "'memory', 'sqlite', 'sqlite:///path' or 'redis://host:port/db'"
+
+
 def _frontier_path(settings: BaseSettings) -> str | None:
     """Where the frontier lives: None for memory, else the SQLite file."""
     value = _raw(settings, "HOSTQUEUE_FRONTIER")
@@ -228,9 +231,7 @@ def _frontier_path(settings: BaseSettings) -> str | None:
     if value is None or value == "":
         return os.path.join(jobdir, FRONTIER_FILE) if jobdir else None
     if not isinstance(value, str):
-        raise HostQueueSettingsError(
-            f"HOSTQUEUE_FRONTIER must be 'memory', 'sqlite', 'sqlite:///path' or 'redis://host:port/db', got {value!r}"
-        )
+        raise HostQueueSettingsError(f"HOSTQUEUE_FRONTIER must be {_FRONTIER_FORMS}, got {value!r}")
     if value == "memory":
         return None
     if value == "sqlite":
@@ -244,9 +245,7 @@ def _frontier_path(settings: BaseSettings) -> str | None:
         return None
     if value.startswith("sqlite://") and len(value) > len("sqlite://"):
         return value[len("sqlite://") :]
-    raise HostQueueSettingsError(
-        f"HOSTQUEUE_FRONTIER must be 'memory', 'sqlite', 'sqlite:///path' or 'redis://host:port/db', got {value!r}"
-    )
+    raise HostQueueSettingsError(f"HOSTQUEUE_FRONTIER must be {_FRONTIER_FORMS}, got {value!r}")
 
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

@@ -41,8 +41,9 @@ LOCAL_SEEN = 500_000
 def redis_client_module() -> Any:
     """The ``redis`` package, or a one-line error saying how to install it."""
     try:
-        import redis
-        import redis.asyncio  # noqa: F401 - the store's task uses it
+        # Lazily: the package works without the client for the other stores.
+        import redis  # noqa: PLC0415
+        import redis.asyncio  # noqa: PLC0415
     except ImportError:
         raise RedisFrontierError(
             "HOSTQUEUE_FRONTIER names a Redis server, and the redis client is not "
@@ -117,9 +118,7 @@ class RedisFrontier:
             url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
         )
         try:
-            proc = register(
-                client, crawl_id, int((time.time() + config.lease_timeout) * 1000)
-            )
+            proc = register(client, crawl_id, int((time.time() + config.lease_timeout) * 1000))
         except redis.RedisError as error:
             raise RedisFrontierError(
                 f"cannot use the shared frontier at {shown_url(url)} ({error}): start Redis "
@@ -179,8 +178,7 @@ class RedisFrontier:
         store = self.store
         if store is None or self._client is None:
             return
-        redis = redis_client_module()
-        problem = await store.close_async(self._client, redis_errors(redis))
+        problem = await store.close_async(self._client)
         if problem is not None:
             logger.error("Could not hand back to the shared frontier: %s", problem)
         for name, value in store.counts.items():
@@ -188,7 +186,7 @@ class RedisFrontier:
                 stats.set_value(stat_key(f"redis/{name}_count"), value)
         try:
             await self._client.aclose()
-        except Exception:  # noqa: BLE001 - closing a connection that is gone
+        except Exception:  # closing a connection that is gone
             logger.debug("Closing the Redis client failed", exc_info=True)
 
 

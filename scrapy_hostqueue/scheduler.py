@@ -159,7 +159,7 @@ class HostQueueScheduler(BaseScheduler):
     download handler. This class is the Scrapy glue between them.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - one optional store each
         self,
         crawler: Crawler,
         dupefilter: BaseDupeFilter,

