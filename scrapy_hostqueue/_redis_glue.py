@@ -44,6 +44,8 @@ def redis_client_module() -> Any:
         # Lazily: the package works without the client for the other stores.
         import redis  # noqa: PLC0415
         import redis.asyncio  # noqa: PLC0415
+        import redis.asyncio.retry  # noqa: PLC0415
+        import redis.backoff  # noqa: PLC0415
     except ImportError:
         raise RedisFrontierError(
             "HOSTQUEUE_FRONTIER names a Redis server, and the redis client is not "
@@ -158,8 +160,13 @@ class RedisFrontier:
         Redis gave this process work, or the crawl finished."""
         assert self.store is not None
         redis = redis_client_module()
+        # No retries inside the client: the store's task retries, with its
+        # back-off and its log lines, and sends a failed batch again whole.
         self._client = redis.asyncio.Redis.from_url(
-            self.url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
+            self.url,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=CONNECT_TIMEOUT,
+            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
         )
         self.store.on_work = wake
         self.store.start(self._client, redis_errors(redis))

@@ -8,8 +8,10 @@ the hosts run in a child process of their own and count what they served.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests._redis import RedisServer, redis_server
+from tests._redis import CuttableProxy, RedisServer, redis_server
+from tests.crawling import ADDON, HostsFactory, crawl
 
 redis = pytest.importorskip("redis")
 
@@ -202,3 +206,75 @@ def test_a_process_killed_mid_crawl_loses_nothing(server: RedisServer, tmp_path:
         assert set(host.pages) == {f"/page/{n}" for n in range(pages)}, host.hostname
         refetched += sum(count - 1 for count in host.pages.values())
     assert refetched <= held, (refetched, held)
+
+
+@deferred_f_from_coro_f
+async def test_losing_redis_mid_crawl_pauses_and_loses_nothing(
+    server: RedisServer, local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    pages = 60
+    hosts = local_hosts([HostSpec(latency=0.02, pages=pages)] * 3)
+    proxy = CuttableProxy(server.port)
+    proxy.start()
+
+    async def cut_when_busy() -> None:
+        deadline = time.monotonic() + 30
+        while sum(s.served for s in hosts.all_stats(arrivals=False)) < 40:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.01)
+        proxy.cut(1.5)
+
+    cutter = asyncio.ensure_future(cut_when_busy())
+    try:
+        crawler = await crawl(
+            [hosts.page_url(i, 0) for i in range(len(hosts))],
+            follow=True,
+            ADDONS=ADDON,
+            HOSTQUEUE_FRONTIER=proxy.url,
+            HOSTQUEUE_CRAWL_ID="outage",
+            HOSTQUEUE_REDIS_FINISH_GRACE=0.5,
+            HOSTQUEUE_TIMELINE_FILE="",
+        )
+    finally:
+        cutter.cancel()
+        proxy.close()
+    assert proxy.cuts == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("Lost the shared frontier") for m in messages) == 1, messages
+    assert sum(m.startswith("The shared frontier at Redis is back") for m in messages) == 1
+    assert crawler.stats is not None
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    for host in hosts.all_stats(arrivals=False):
+        assert set(host.pages) == {f"/page/{n}" for n in range(pages)}, host.hostname
+        assert max(host.pages.values()) == 1
+
+
+def test_redis_unreachable_at_start_up_is_one_error_line(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scrapy",
+            "crawl",
+            "pages",
+            "-a",
+            "start_urls=http://127.0.0.1:9/",
+            "-s",
+            f"HOSTQUEUE_FRONTIER=redis://127.0.0.1:{port}/0",
+        ],
+        cwd=PROJECT_DIR,
+        env=child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert f"cannot use the shared frontier at redis://127.0.0.1:{port}/0" in errors[0]
+    assert "Traceback" not in done.stderr
