@@ -46,7 +46,13 @@ def server() -> Iterator[RedisServer]:
 
 
 def _worker(
-    server: RedisServer, hosts: LocalHosts, tmp_path: Path, n: int, crawl_id: str, **extra: Any
+    server: RedisServer,
+    hosts: LocalHosts,
+    tmp_path: Path,
+    n: int,
+    crawl_id: str,
+    start: list[str] | None = None,
+    **extra: Any,
 ) -> subprocess.Popen[bytes]:
     settings = {
         "HOSTQUEUE_FRONTIER": server.url,
@@ -68,7 +74,7 @@ def _worker(
         "crawl",
         "pages",
         "-a",
-        "start_urls=" + ",".join(hosts.page_url(i, 0) for i in range(len(hosts))),
+        "start_urls=" + ",".join(start or [hosts.page_url(i, 0) for i in range(len(hosts))]),
     ]
     for name, value in settings.items():
         command += ["-s", f"{name}={value}"]
@@ -278,3 +284,25 @@ def test_redis_unreachable_at_start_up_is_one_error_line(tmp_path: Path) -> None
     assert len(errors) == 1, done.stderr[-3000:]
     assert f"cannot use the shared frontier at redis://127.0.0.1:{port}/0" in errors[0]
     assert "Traceback" not in done.stderr
+
+
+def test_urls_pushed_from_outside_are_crawled(server: RedisServer, tmp_path: Path) -> None:
+    specs = [HostSpec(latency=0.01, pages=20)] * 2
+    with LocalHosts(specs, process=True) as hosts:
+        pushed = subprocess.run(
+            [sys.executable, "-m", "scrapy_hostqueue", "push", server.url, "--crawl-id", "fed"],
+            input=f"{hosts.page_url(1, 0)}\n{hosts.page_url(1, 0)}\n",
+            env=child_environment(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert pushed.stdout.strip() == "queued 1, 1 already seen"
+        # The worker starts from the first host only; the second comes from Redis.
+        worker = _worker(server, hosts, tmp_path, 0, "fed", [hosts.page_url(0, 0)])
+        _wait([worker], tmp_path)
+        hosts.wait_idle(10)
+        stats = hosts.all_stats(arrivals=False)
+    for host, spec in zip(stats, specs, strict=True):
+        assert set(host.pages) == {f"/page/{n}" for n in range(spec.pages or 0)}

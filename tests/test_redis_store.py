@@ -3,6 +3,7 @@ stand for two processes; the task's steps are run one at a time."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store import HostState, MemoryStore
 from scrapy_hostqueue.store._redisdb import (
     LAYOUT_VERSION,
@@ -259,3 +261,25 @@ async def test_a_batch_sent_twice_changes_nothing_more(server: RedisServer, sync
     await a.step(beat=False)
     assert (_stats(sync), sync.zrange(P + "q:h1", 0, -1)) == before
     await a.aclose()
+
+
+def test_push_and_frontier_commands(
+    server: RedisServer, sync: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "http://127.0.0.2:8000/page/"
+    assert cli(["push", server.url, "--crawl-id", CRAWL, url + "1", url + "2", url + "1"]) == 0
+    assert capsys.readouterr().out.strip() == "queued 2, 1 already seen"
+    assert cli(["push", server.url, "--crawl-id", CRAWL, url + "2"]) == 0
+    assert capsys.readouterr().out.strip() == "queued 0, 1 already seen"
+    proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
+    sync.hset(P + "state", "127.0.0.2", '{"limit":3,"blocked_until":%f}' % (time.time() + 60))
+    assert cli(["frontier", server.url, "--crawl-id", CRAWL]) == 0
+    out = capsys.readouterr().out
+    assert "2 requests queued and 0 leased" in out
+    assert re.search(r"127\.0\.0\.2 +2 queued +0 leased", out), out
+    assert f"  {proc}  alive, 0 leased, 0 hosts held" in out
+    assert "blocked hosts:\n  127.0.0.2  until" in out
+    assert "127.0.0.2  limit 3" in out
+    with pytest.raises(SystemExit):
+        cli(["frontier", server.url])
+    assert "needs --crawl-id" in capsys.readouterr().err
