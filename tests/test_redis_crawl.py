@@ -51,6 +51,7 @@ def _worker(
     tmp_path: Path,
     n: int,
     crawl_id: str,
+    *,
     start: list[str] | None = None,
     **extra: Any,
 ) -> subprocess.Popen[bytes]:
@@ -300,7 +301,7 @@ def test_urls_pushed_from_outside_are_crawled(server: RedisServer, tmp_path: Pat
         )
         assert pushed.stdout.strip() == "queued 1, 1 already seen"
         # The worker starts from the first host only; the second comes from Redis.
-        worker = _worker(server, hosts, tmp_path, 0, "fed", [hosts.page_url(0, 0)])
+        worker = _worker(server, hosts, tmp_path, 0, "fed", start=[hosts.page_url(0, 0)])
         _wait([worker], tmp_path)
         hosts.wait_idle(10)
         stats = hosts.all_stats(arrivals=False)
