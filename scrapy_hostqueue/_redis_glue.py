@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 5.0
 #: Fingerprints this process remembers having pushed (its own duplicates are
 #: dropped here, without a trip to Redis); past this the memory starts over.
-LOCAL_SEEN = 500_000
+LOCAL_SEEN = 100_000
 
 
 def redis_client_module() -> Any:

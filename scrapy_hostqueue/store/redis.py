@@ -610,7 +610,8 @@ class RedisStore(Generic[T]):
             _, rid, _fp, key, rank, keep, _data, item = op
             self._unanswered -= 1
             held = self._held.get(key)
-            if keep and held is not None:
+            if keep and held is not None and held.pending:
+                # (A host held again after this process lost it counts anew.)
                 held.pending -= 1
             status = int(result)
             if status == 2 and held is not None:
