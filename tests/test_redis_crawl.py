@@ -146,8 +146,8 @@ def test_three_processes_hold_one_limit_per_host(server: RedisServer, tmp_path: 
 def test_a_retry_after_seen_by_one_process_holds_for_all(
     server: RedisServer, tmp_path: Path
 ) -> None:
-    throttling = HostSpec(latency=0.05, pages=40, throttle_above=2, retry_after="2")
-    specs = [throttling] + [HostSpec(latency=0.02, pages=40)] * 2
+    throttling = HostSpec(latency=0.05, pages=24, throttle_above=2, retry_after="2")
+    specs = [throttling] + [HostSpec(latency=0.02, pages=24)] * 2
     with LocalHosts(specs, process=True) as hosts:
         workers = [_worker(server, hosts, tmp_path, n, "retry") for n in range(WORKERS)]
         _wait(workers, tmp_path)

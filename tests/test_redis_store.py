@@ -177,14 +177,14 @@ async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
     popped = a.store.pop()
     assert popped is not None
     a.store.ack(popped[1])
-    a.store.block_until("h1", a.store._mem.clock() + 1.5, "retry-after")
+    a.store.block_until("h1", a.store._mem.clock() + 0.5, "retry-after")
     assert await a.store.close_async(a.client) is None
     assert sync.zscore(P + "procs", a.store.proc) is None
     assert _stats(sync)["queued"] == 4
     # Blocked: not claimable before the block ends, then with its block.
     await b.step()
     assert b.store.held_hosts == []
-    time.sleep(1.6)
+    time.sleep(0.6)
     await b.step()
     assert b.store.held_hosts == ["h1"]
     assert sorted(b.pop_all()) == [f"h1/{n}" for n in range(1, 5)]
