@@ -283,3 +283,27 @@ def test_push_and_frontier_commands(
     with pytest.raises(SystemExit):
         cli(["frontier", server.url])
     assert "needs --crawl-id" in capsys.readouterr().err
+
+
+@deferred_f_from_coro_f
+async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync))
+    for n in range(3):
+        a.store.push("h1", 0, f"h1/{n}")
+    a.shas = await a.store._load_scripts(a.client)
+    a.store._claim_after = float("inf")  # pushed, not claimed
+    await a.store._step(a.client, a.shas, beat=True, totals=False)
+    assert a.store.held_hosts == []
+    # A claim whose answer never came back: Redis handed the host out.
+    await a.client.evalsha(a.shas["claim"], 1, P, a.store.proc, int(time.time() * 1000), 4, 16)
+    assert sync.hget(P + "owner", "h1") == a.store.proc.encode()
+    assert a.store.held_hosts == []
+    await a.store._resync(a.client, a.shas)
+    assert sync.hget(P + "owner", "h1") is None
+    assert _stats(sync)["queued"] == 3
+    await a.step()
+    assert a.store.held_hosts == ["h1"]
+    assert sorted(a.pop_all()) == ["h1/0", "h1/1", "h1/2"]
+    await a.aclose()
