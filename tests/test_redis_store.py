@@ -4,6 +4,8 @@ stand for two processes; the task's steps are run one at a time."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -307,3 +309,22 @@ async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
     assert a.store.held_hosts == ["h1"]
     assert sorted(a.pop_all()) == ["h1/0", "h1/1", "h1/2"]
     await a.aclose()
+
+
+def test_the_package_works_without_the_redis_client() -> None:
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import scrapy_hostqueue, scrapy_hostqueue.scheduler\n"
+        "from scrapy_hostqueue._redis_glue import redis_client_module\n"
+        "try:\n"
+        "    redis_client_module()\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == (
+        "RedisFrontierError HOSTQUEUE_FRONTIER names a Redis server, and the redis client "
+        "is not installed: pip install 'scrapy-hostqueue[redis]'"
+    )

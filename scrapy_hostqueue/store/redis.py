@@ -188,6 +188,7 @@ class RedisStore(Generic[T]):
             "lost_leases": 0,
         }
         self._wake_task: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
         self._closing = False
 
     # -- the RequestStore attributes, the memory store's -----------------------
@@ -853,7 +854,7 @@ class RedisStore(Generic[T]):
         Returns None, or why it could not (Redis away)."""
         self._closing = True
         self._kick()
-        task = getattr(self, "_task", None)
+        task = self._task
         if task is not None:
             try:
                 await asyncio.wait_for(task, timeout)
