@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from scrapy_hostqueue._recorder import stat_key
 from scrapy_hostqueue.store._redisdb import RedisFrontierError, register
+from scrapy_hostqueue.store._redislink import RedisLink
 from scrapy_hostqueue.store.memory import MemoryStore
 from scrapy_hostqueue.store.redis import RedisStore
 
@@ -104,6 +105,7 @@ class RedisFrontier:
         self.config = config
         self.store: RedisStore[Request] | None = None
         self._client: Any = None
+        self._link: RedisLink | None = None
 
     @classmethod
     def open(cls, crawler: Crawler, config: HostQueueConfig) -> RedisFrontier:
@@ -169,7 +171,8 @@ class RedisFrontier:
             retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
         )
         self.store.on_work = wake
-        self.store.start(self._client, redis_errors(redis))
+        self._link = RedisLink(self.store, self._client, redis_errors(redis))
+        self._link.start()
         logger.info(
             "HostQueueScheduler: shared frontier at %s, crawl id %r, this process %s, "
             "at most %d hosts held at once, leases expire %g s after a process stops",
@@ -183,9 +186,9 @@ class RedisFrontier:
     async def close(self, stats: Any) -> None:
         """Hand back what this process holds and leave the crawl."""
         store = self.store
-        if store is None or self._client is None:
+        if store is None or self._link is None:
             return
-        problem = await store.close_async(self._client)
+        problem = await self._link.close()
         if problem is not None:
             logger.error("Could not hand back to the shared frontier: %s", problem)
         for name, value in store.counts.items():

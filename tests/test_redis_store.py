@@ -21,6 +21,7 @@ from scrapy_hostqueue.store._redisdb import (
     prefix,
     register,
 )
+from scrapy_hostqueue.store._redislink import RedisLink
 from scrapy_hostqueue.store.redis import RedisStore
 from tests._redis import RedisServer, redis_server
 
@@ -65,13 +66,11 @@ class Process:
     def __init__(self, url: str, store: RedisStore[str]) -> None:
         self.store = store
         self.client = redis.asyncio.Redis.from_url(url)
-        self.shas: dict[str, str] = {}
+        self.link = RedisLink(store, self.client, (redis.exceptions.ConnectionError,))
 
     async def step(self, *, beat: bool = True, totals: bool = True) -> None:
-        if not self.shas:
-            self.shas = await self.store._load_scripts(self.client)
         self.store._claim_after = 0.0
-        await self.store._step(self.client, self.shas, beat=beat, totals=totals)
+        await self.link.step(beat=beat, totals=totals)
 
     def pop_all(self) -> list[str]:
         out = []
@@ -180,7 +179,7 @@ async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
     assert popped is not None
     a.store.ack(popped[1])
     a.store.block_until("h1", a.store._mem.clock() + 0.5, "retry-after")
-    assert await a.store.close_async(a.client) is None
+    assert await a.link.close() is None
     assert sync.zscore(P + "procs", a.store.proc) is None
     assert _stats(sync)["queued"] == 4
     # Blocked: not claimable before the block ends, then with its block.
@@ -207,7 +206,7 @@ async def test_state_and_learned_blob_travel_with_the_host(server: RedisServer, 
     await a.step()
     a.store.set_limit("h1", 3)
     a.store.set_interval("h1", 0.25)
-    assert await a.store.close_async(a.client) is None
+    assert await a.link.close() is None
     await b.step()
     assert b.store.held_hosts == ["h1"]
     policy = b.store.policy("h1")
@@ -255,10 +254,10 @@ async def test_a_batch_sent_twice_changes_nothing_more(server: RedisServer, sync
     a = Process(server.url, _store(sync))
     a.store.push("h1", 0, "h1/0")
     a.store.push("h2", 0, "h2/0")
-    ops = list(a.store._log)
+    ops = list(a.store.outbox)
     await a.step()
     before = _stats(sync), sync.zrange(P + "q:h1", 0, -1)
-    a.store._log[:0] = ops
+    a.store.outbox[:0] = ops
     a.store._unanswered += len(ops)
     await a.step(beat=False)
     assert (_stats(sync), sync.zrange(P + "q:h1", 0, -1)) == before
@@ -294,15 +293,16 @@ async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
     a = Process(server.url, _store(sync))
     for n in range(3):
         a.store.push("h1", 0, f"h1/{n}")
-    a.shas = await a.store._load_scripts(a.client)
     a.store._claim_after = float("inf")  # pushed, not claimed
-    await a.store._step(a.client, a.shas, beat=True, totals=False)
+    await a.link.step(beat=True, totals=False)
     assert a.store.held_hosts == []
     # A claim whose answer never came back: Redis handed the host out.
-    await a.client.evalsha(a.shas["claim"], 1, P, a.store.proc, int(time.time() * 1000), 4, 16)
+    assert a.link.shas is not None
+    claim = a.link.shas["claim"]
+    await a.client.evalsha(claim, 1, P, a.store.proc, int(time.time() * 1000), 4, 16)
     assert sync.hget(P + "owner", "h1") == a.store.proc.encode()
     assert a.store.held_hosts == []
-    await a.store._resync(a.client, a.shas)
+    await a.link.resync()
     assert sync.hget(P + "owner", "h1") is None
     assert _stats(sync)["queued"] == 3
     await a.step()

@@ -17,9 +17,10 @@ is claimable again only when the block ends. One busy host is not shared by
 several processes within its limit: a host needs one process only.
 
 **Synchronous methods, asynchronous Redis.** The store's methods act on local
-state and append to an ordered outbound log; :meth:`RedisStore.run`, an
-asyncio task, sends the log in batches (a pipeline of Lua scripts), claims
-hosts when this process holds fewer than it can work, reads the next
+state and append to an ordered outbound log; an asyncio task (``RedisLink``,
+in :mod:`scrapy_hostqueue.store._redislink`) sends the log in batches (a
+pipeline of Lua scripts), claims hosts when this process holds fewer than it
+can work, reads the next
 requests of the hosts it holds, renews this process's heartbeat and reclaims
 what processes whose heartbeat expired held. The log keeps at-least-once: a
 request's acknowledgement reaches Redis after the requests its callback
@@ -40,8 +41,6 @@ the requests it holds and hands out nothing new from Redis.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -49,7 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from scrapy_hostqueue.store._redisdb import RANK_LIMIT, SCRIPTS, prefix, split_value
+from scrapy_hostqueue.store._redisdb import RANK_LIMIT, prefix, split_value
 from scrapy_hostqueue.store.memory import HostState, MemoryStore
 
 __all__ = ["HOLD_GRACE", "RELEASE_BLOCKED", "RedisStore"]
@@ -68,19 +67,12 @@ HOLD_GRACE = 0.5
 #: A held host that must wait longer than this (seconds) is given back, to be
 #: claimable again when its wait ends.
 RELEASE_BLOCKED = 1.0
-#: Seconds between two steps of the task when nothing wakes it.
-TICK = 0.05
-#: Seconds between two reads of the crawl-wide totals.
-TOTALS_INTERVAL = 0.25
 #: Seconds before a claim that found no host is tried again.
 CLAIM_RETRY = 0.2
 #: Seconds between two saves of the state of hosts that changed.
 SAVE_INTERVAL = 1.0
-#: Operations per batch, and per script call.
+#: Operations sent in one step of the task.
 BATCH = 2_000
-CHUNK = 200
-#: A process that wanted hosts within this many milliseconds is waiting.
-HUNGRY_MS = 2_000
 
 
 class _Entry(Generic[T]):
@@ -160,7 +152,7 @@ class RedisStore(Generic[T]):
         self._held: dict[str, _Held] = {}
         self._known: set[str] = set()  # ids leased to this process it knows of
         self._leases: dict[int, tuple[T, str, str, int]] = {}  # handed out, by id(item)
-        self._log: list[tuple[Any, ...]] = []
+        self.outbox: list[tuple[Any, ...]] = []
         self._next_id = 0
         self._unanswered = 0  # pushes sent or to send, not answered yet
         self._dirty: set[str] = set()
@@ -187,9 +179,11 @@ class RedisStore(Generic[T]):
             "outages": 0,
             "lost_leases": 0,
         }
-        self._wake_task: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        #: Called when the task should step now (the local ring is starving,
+        #: the log is long); set by the task.
+        self.wake: Callable[[], None] | None = None
+        #: Set at close: no more claims.
+        self.closing = False
 
     # -- the RequestStore attributes, the memory store's -----------------------
 
@@ -274,21 +268,23 @@ class RedisStore(Generic[T]):
             assert held is not None
             held.pending += 1
         fingerprint = self._fingerprint(item) or b""
-        self._log.append(("push", rid, fingerprint, key, rank, keep, data, item if keep else None))
+        self.outbox.append(
+            ("push", rid, fingerprint, key, rank, keep, data, item if keep else None)
+        )
         self._unanswered += 1
         if self._finished:
             self._finished = False
             self._quiet_since = None
-        if len(self._log) >= BATCH:
-            self._kick()
+        if len(self.outbox) >= BATCH:
+            self.kick()
         return True
 
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
         popped = self._mem.pop(now)
         if popped is None:
-            if self._log or self._wants_hosts():
+            if self.outbox or self._wants_hosts():
                 # Starving: send what waits and claim now, not at the next tick.
-                self._kick()
+                self.kick()
             return None
         key, entry = popped
         item = entry.item
@@ -302,7 +298,7 @@ class RedisStore(Generic[T]):
                 held.unacked += 1
                 held.served += 1
                 if held.remote and self._mem.queued(key) <= REFILL_AT:
-                    self._kick()
+                    self.kick()
         return key, item
 
     def finish(self, key: str, overdue: bool = False) -> None:
@@ -323,7 +319,7 @@ class RedisStore(Generic[T]):
         held = self._held.get(key)
         if held is not None:
             held.unacked -= 1
-        self._log.append(("ack", rid))
+        self.outbox.append(("ack", rid))
 
     def release(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
@@ -359,7 +355,7 @@ class RedisStore(Generic[T]):
         if held is not None:
             held.remote = 0
         self._dirty.add(key)
-        self._log.append(("give_up", key))
+        self.outbox.append(("give_up", key))
         return items
 
     def items(self) -> Iterator[tuple[str, int, T]]:
@@ -434,7 +430,7 @@ class RedisStore(Generic[T]):
         self._mem.unstart(key, started_at)
 
     def close(self) -> None:
-        """Nothing to do here: :meth:`close_async` hands back what the process
+        """Nothing to do here: ``RedisLink.close`` hands back what the process
         holds."""
 
     # -- host state in Redis -----------------------------------------------------
@@ -497,13 +493,13 @@ class RedisStore(Generic[T]):
 
     # -- what the task does, synchronously ---------------------------------------
 
-    def _kick(self) -> None:
-        if self._wake_task is not None:
-            self._wake_task.set()
+    def kick(self) -> None:
+        if self.wake is not None:
+            self.wake()
 
     def _wants_hosts(self) -> int:
         """How many hosts this process would claim now."""
-        if self._closing or not self.connected:
+        if self.closing or not self.connected:
             return 0
         working = sum(1 for held in self._held.values() if not held.draining)
         return max(0, self.max_hold - working)
@@ -533,7 +529,7 @@ class RedisStore(Generic[T]):
                 continue
             if held.remote and queued <= REFILL_AT and not held.draining and not long_wait:
                 held.refilling = True
-                self._log.append(("refill", key, self._window - queued))
+                self.outbox.append(("refill", key, self._window - queued))
             elif (
                 self._others_hungry
                 and held.served >= self.turn
@@ -549,12 +545,12 @@ class RedisStore(Generic[T]):
             for key in self._dirty:
                 if key in self._held:
                     state, ready = self._state(key)
-                    self._log.append(("give_back", key, state, ready, False, ()))
+                    self.outbox.append(("give_back", key, state, ready, False, ()))
             self._dirty.clear()
         want = self._wants_hosts()
         if want and not self._claiming and now >= self._claim_after:
             self._claiming = True
-            self._log.append(("claim", want, self._window))
+            self.outbox.append(("claim", want, self._window))
 
     def _give_back_window(self, key: str, *, release: bool) -> None:
         entries = self._mem.remove_queued(key)
@@ -567,7 +563,7 @@ class RedisStore(Generic[T]):
                 self._mem.push(key, entry.rank, entry)  # nowhere else to keep it
         state, ready = self._state(key)
         self._dirty.discard(key)
-        self._log.append(("give_back", key, state, ready, release, tuple(ids)))
+        self.outbox.append(("give_back", key, state, ready, release, tuple(ids)))
         held = self._held.get(key)
         if held is not None:
             held.remote += len(ids)
@@ -577,7 +573,7 @@ class RedisStore(Generic[T]):
         del self._held[key]
         self.counts["released_hosts"] += 1
 
-    def _lost(self) -> None:
+    def lost(self) -> None:
         """This process's heartbeat expired and what it held was reclaimed:
         forget the windows (their requests are queued in Redis again)."""
         self.counts["lost_leases"] += 1
@@ -604,7 +600,7 @@ class RedisStore(Generic[T]):
             self._mem.push(key, rank, _Entry(rid, rank, None, data))
         return len(items) // 2
 
-    def _answered(self, op: tuple[Any, ...], result: Any) -> bool:
+    def answered(self, op: tuple[Any, ...], result: Any) -> bool:
         """Apply the answer to *op*; True if it gave this process work."""
         kind = op[0]
         if kind == "push":
@@ -629,7 +625,7 @@ class RedisStore(Generic[T]):
         if kind == "claim":
             self._claiming = False
             if result == -1:
-                self._lost()
+                self.lost()
                 return False
             got = 0
             for host, state, left, items in result:
@@ -663,7 +659,7 @@ class RedisStore(Generic[T]):
             return self._add_window(key, items) > 0
         return False
 
-    def _failed(self, ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    def failed(self, ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """The ops of a batch that failed, to send again: claims and refills
         are dropped (the tick asks again)."""
         kept = []
@@ -678,15 +674,16 @@ class RedisStore(Generic[T]):
                 kept.append(op)
         return kept
 
-    def _totals(self, queued: Any, leased: Any, hungry: int, now: float) -> bool:
-        """The crawl-wide totals were read: True if the crawl just finished."""
+    def totals(self, queued: Any, leased: Any, hungry: int, now: float) -> bool:
+        """The crawl-wide totals were read (*hungry*: processes that wanted
+        hosts lately, this one included): True if the crawl just finished."""
         self.remote_queued = int(queued or 0)
         self.remote_leased = int(leased or 0)
-        self._others_hungry = hungry > 0
+        self._others_hungry = hungry - (1 if self._hungry else 0) > 0
         quiet = (
             self.remote_queued <= 0
             and self.remote_leased <= 0
-            and not self._log
+            and not self.outbox
             and not self._unanswered
             and not len(self._mem)
         )
@@ -701,185 +698,23 @@ class RedisStore(Generic[T]):
             return True
         return False
 
-    # -- the task --------------------------------------------------------------
+    def clock(self) -> float:
+        return self._mem.clock()
 
-    async def run(self, client: Any, redis_errors: tuple[type[BaseException], ...]) -> None:
-        """Talk to Redis until :meth:`close_async`: send the log, claim,
-        refill, renew the heartbeat, read the totals. *client* is a
-        ``redis.asyncio.Redis``; *redis_errors* the errors that mean Redis is
-        away (the client's connection and timeout errors)."""
-        self._wake_task = asyncio.Event()
-        shas: dict[str, str] | None = None
-        backoff = 0.1
-        outage_at: float | None = None
-        next_beat = 0.0
-        next_totals = 0.0
-        resync = False
-        while not self._closing:
-            try:
-                if shas is None:
-                    shas = await self._load_scripts(client)
-                if resync:
-                    await self._resync(client, shas)
-                    resync = False
-                now = self._mem.clock()
-                beat = now >= next_beat
-                totals = now >= next_totals
-                await self._step(client, shas, beat=beat, totals=totals)
-                if beat:
-                    next_beat = now + self.lease_timeout / 3
-                if totals:
-                    next_totals = now + TOTALS_INTERVAL
-            except Exception as error:
-                if not isinstance(error, redis_errors):
-                    logger.error("The shared frontier at Redis failed: %r", error)
-                if outage_at is None:
-                    outage_at = time.monotonic()
-                    self.connected = False
-                    self.counts["outages"] += 1
-                    logger.warning(
-                        "Lost the shared frontier at Redis (%s): handing out no new work "
-                        "from it, retrying; acknowledgements and new requests wait here",
-                        error,
-                    )
-                resync = True
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                if type(error).__name__ == "NoScriptError":
-                    shas = None  # Redis restarted: load them again
-                continue
-            if outage_at is not None:
-                logger.warning(
-                    "The shared frontier at Redis is back after %.1f s",
-                    time.monotonic() - outage_at,
-                )
-                outage_at = None
-                self.connected = True
-                backoff = 0.1
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake_task.wait(), TICK)
-            self._wake_task.clear()
+    def wall(self) -> float:
+        return self._wall()
 
-    @staticmethod
-    async def _load_scripts(client: Any) -> dict[str, str]:
-        return {name: await client.script_load(source) for name, source in SCRIPTS.items()}
-
-    async def _step(self, client: Any, shas: dict[str, str], *, beat: bool, totals: bool) -> None:
-        now = self._mem.clock()
-        self.tick(now)
-        ops = self._log[:BATCH]
-        if not ops and not beat and not totals:
-            return
-        p = self.prefix
-        pipe = client.pipeline(transaction=False)
-        plan: list[tuple[str, list[tuple[Any, ...]]]] = []
-        i = 0
-        while i < len(ops):
-            kind = ops[i][0]
-            j = i + 1
-            if kind in ("push", "ack"):
-                while j < len(ops) and j - i < CHUNK and ops[j][0] == kind:
-                    j += 1
-            group = ops[i:j]
-            if kind == "push":
-                args: list[Any] = [self.proc]
-                for op in group:
-                    _, rid, fp, key, rank, keep, data, _item = op
-                    args += [rid, fp, key, rank, "1" if keep else "0", data]
-            elif kind == "ack":
-                args = [self.proc] + [op[1] for op in group]
-            elif kind == "give_back":
-                _, key, state, ready, release, ids = group[0]
-                args = [self.proc, key, state, ready, "1" if release else "0", *ids]
-            elif kind == "claim":
-                wall_ms = int(self._wall() * 1000)
-                args = [self.proc, wall_ms, group[0][1], group[0][2]]
-            elif kind == "refill":
-                args = [self.proc, group[0][1], group[0][2]]
-            else:  # give_up
-                args = [group[0][1]]
-            pipe.evalsha(shas[kind], 1, p, *args)
-            plan.append((kind, group))
-            i = j
-        if beat:
-            wall_ms = int(self._wall() * 1000)
-            expiry = wall_ms + int(self.lease_timeout * 1000)
-            pipe.evalsha(shas["heartbeat"], 1, p, self.proc, wall_ms, expiry)
-        if totals:
-            pipe.hmget(p + "stats", "queued", "leased")
-            others = int(self._wall() * 1000) - HUNGRY_MS
-            pipe.zcount(p + "hungry", others, "+inf")
-        try:
-            results = await pipe.execute(raise_on_error=True)
-        except BaseException:
-            kept = self._failed(ops)
-            self._log[: len(ops)] = kept
-            raise
-        del self._log[: len(ops)]
-        work = False
-        for (kind, group), result in zip(plan, results, strict=False):
-            if kind == "push":
-                for op, status in zip(group, result, strict=True):
-                    work = self._answered(op, status) or work
-            elif kind != "ack":
-                work = self._answered(group[0], result) or work
-        rest = results[len(plan) :]
-        if beat:
-            alive, _reclaimed = rest.pop(0)
-            if not int(alive):
-                self._lost()
-        if totals:
-            (queued, leased), hungry = rest
-            hungry = int(hungry) - (1 if self._hungry else 0)
-            if self._totals(queued, leased, hungry, now):
-                work = True
-        if work and self.on_work is not None:
-            self.on_work()
-
-    async def _resync(self, client: Any, shas: dict[str, str]) -> None:
-        known = list(self._known)
+    def resync_args(self) -> list[Any]:
+        """What this process knows it holds, for the resync script: the host
+        count, the hosts, then the request ids."""
         hosts = list(self._held)
-        await client.evalsha(shas["resync"], 1, self.prefix, self.proc, len(hosts), *hosts, *known)
+        return [len(hosts), *hosts, *self._known]
 
-    def start(
-        self, client: Any, redis_errors: tuple[type[BaseException], ...]
-    ) -> asyncio.Task[None]:
-        """Start :meth:`run` as a task of the running loop."""
-        self._task = asyncio.ensure_future(self.run(client, redis_errors))
-        return self._task
-
-    async def close_async(self, client: Any, timeout: float = 10.0) -> str | None:
-        """Stop the task; send what the log holds; give back every held host
-        (its window back to its queue, its state saved) and unregister.
-        Returns None, or why it could not (Redis away)."""
-        self._closing = True
-        self._kick()
-        task = self._task
-        if task is not None:
-            try:
-                await asyncio.wait_for(task, timeout)
-            except Exception:  # it stopped, whatever it was doing
-                logger.debug("The shared frontier's task ended with an error", exc_info=True)
+    def hand_back_all(self) -> None:
+        """Give every held host back (a graceful close)."""
         for key, held in list(self._held.items()):
             self._hand_back(key, held)
-        deadline = time.monotonic() + timeout
-        try:
-            shas = await self._load_scripts(client)
-            while self._log:
-                if time.monotonic() > deadline:
-                    raise asyncio.TimeoutError
-                await self._step(client, shas, beat=False, totals=False)
-            await client.evalsha(shas["leave"], 1, self.prefix, self.proc)
-        except Exception as error:  # Redis away, or refusing
-            acks = sum(1 for op in self._log if op[0] == "ack")
-            pushes = sum(1 for op in self._log if op[0] == "push")
-            return (
-                f"{error or 'timed out'}: {acks} acknowledgements and {pushes} new requests "
-                "could not be sent; what this process held goes back to the crawl when its "
-                f"lease expires (HOSTQUEUE_LEASE_TIMEOUT = {self.lease_timeout:g} s)"
-            )
-        return None
 
-    def wants_nothing(self) -> bool:
-        """Whether the log is empty (for tests)."""
-        return not self._log and not self._unanswered
+    def pending(self) -> bool:
+        """Whether the log holds anything, or pushes wait for an answer."""
+        return bool(self.outbox) or bool(self._unanswered)
