@@ -714,7 +714,3 @@ class RedisStore(Generic[T]):
         """Give every held host back (a graceful close)."""
         for key, held in list(self._held.items()):
             self._hand_back(key, held)
-
-    def pending(self) -> bool:
-        """Whether the log holds anything, or pushes wait for an answer."""
-        return bool(self.outbox) or bool(self._unanswered)
