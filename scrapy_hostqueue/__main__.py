@@ -2,7 +2,9 @@
 
 ``plot FILE -o OUT.png|OUT.html`` draws a host timeline
 (``HOSTQUEUE_TIMELINE_FILE``); the chart itself is :mod:`scrapy_hostqueue.plot`.
-``frontier PATH`` prints what a frontier file (``HOSTQUEUE_FRONTIER``) holds.
+``frontier PATH`` prints what a frontier file (``HOSTQUEUE_FRONTIER``) holds;
+``frontier redis://... --crawl-id ID`` what a shared crawl holds, and ``push
+redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue._redis_cli`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from scrapy_hostqueue import _redis_cli
 from scrapy_hostqueue._frontier_report import report
 from scrapy_hostqueue.plot import PlotError, plot
+from scrapy_hostqueue.store._redisdb import RedisFrontierError
 from scrapy_hostqueue.store._sqlfile import FrontierFileError
 from scrapy_hostqueue.timeline import TimelineError
 
@@ -52,18 +56,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         "crawl runs on it.",
     )
     frontier_parser.add_argument(
-        "path", help="the frontier file, its JOBDIR, or sqlite:///path/to/frontier.db"
+        "path",
+        help="the frontier file, its JOBDIR, sqlite:///path/to/frontier.db, or "
+        "redis://host:port/db with --crawl-id",
     )
     frontier_parser.add_argument(
         "--top", type=int, default=10, help="hosts listed per section (default 10)"
     )
-    args = parser.parse_args(argv)
+    frontier_parser.add_argument("--crawl-id", help="the shared crawl (HOSTQUEUE_CRAWL_ID)")
+    push_parser = commands.add_parser(
+        "push",
+        help="add URLs to a shared crawl on Redis",
+        description="Queue URLs in a shared crawl (HOSTQUEUE_FRONTIER = 'redis://...'), "
+        "through its dupefilter, for its spider's default callback.",
+    )
+    push_parser.add_argument("url", help="redis://host:port/db")
+    push_parser.add_argument("--crawl-id", required=True, help="HOSTQUEUE_CRAWL_ID")
+    push_parser.add_argument("urls", nargs="*", help="URLs; none: one a line on standard input")
+    push_parser.add_argument("--priority", type=int, default=0, help="Request.priority")
+    # URLs may come after --crawl-id, where argparse no longer takes them.
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.command != "push" or any(arg.startswith("-") for arg in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "push":
+        urls = args.urls + extra or [line.strip() for line in sys.stdin if line.strip()]
+        try:
+            queued, duplicates = _redis_cli.push(
+                args.url, args.crawl_id, urls, priority=args.priority
+            )
+        except (RedisFrontierError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"queued {queued}, {duplicates} already seen")
+        return 0
     if args.command == "frontier":
         if args.top < 1:
             parser.error("--top must be >= 1")
+        shared = args.path.startswith(("redis://", "rediss://", "unix://"))
+        if shared and not args.crawl_id:
+            parser.error("a Redis URL needs --crawl-id")
         try:
-            print(report(args.path, top=args.top))
-        except FrontierFileError as error:
+            if shared:
+                print(_redis_cli.report(args.path, args.crawl_id, top=args.top))
+            else:
+                print(report(args.path, top=args.top))
+        except (FrontierFileError, RedisFrontierError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         return 0

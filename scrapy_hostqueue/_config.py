@@ -252,6 +252,9 @@ def _status_codes(settings: BaseSettings, name: str, default: tuple[int, ...]) -
     return frozenset(codes)
 
 
+_FRONTIER_FORMS = "'memory', 'sqlite', 'sqlite:///path' or 'redis://host:port/db'"
+
+
 def _frontier_path(settings: BaseSettings) -> str | None:
     """Where the frontier lives: None for memory, else the SQLite file."""
     value = _raw(settings, "HOSTQUEUE_FRONTIER")
@@ -261,9 +264,7 @@ def _frontier_path(settings: BaseSettings) -> str | None:
     if value is None or value == "":
         return os.path.join(jobdir, FRONTIER_FILE) if jobdir else None
     if not isinstance(value, str):
-        raise HostQueueSettingsError(
-            f"HOSTQUEUE_FRONTIER must be 'memory', 'sqlite' or 'sqlite:///path', got {value!r}"
-        )
+        raise HostQueueSettingsError(f"HOSTQUEUE_FRONTIER must be {_FRONTIER_FORMS}, got {value!r}")
     if value == "memory":
         return None
     if value == "sqlite":
@@ -273,16 +274,33 @@ def _frontier_path(settings: BaseSettings) -> str | None:
                 "set: set JOBDIR, or name a file with 'sqlite:///path/to/frontier.db'"
             )
         return os.path.join(jobdir, FRONTIER_FILE)
-    if value.startswith(("redis://", "rediss://", "unix://")):
-        raise HostQueueSettingsError(
-            f"HOSTQUEUE_FRONTIER = {value!r}: this version of scrapy-hostqueue has no "
-            "Redis store; use 'memory', 'sqlite' or 'sqlite:///path'"
-        )
+    if value.startswith(_REDIS_SCHEMES):
+        return None
     if value.startswith("sqlite://") and len(value) > len("sqlite://"):
         return value[len("sqlite://") :]
-    raise HostQueueSettingsError(
-        f"HOSTQUEUE_FRONTIER must be 'memory', 'sqlite' or 'sqlite:///path', got {value!r}"
-    )
+    raise HostQueueSettingsError(f"HOSTQUEUE_FRONTIER must be {_FRONTIER_FORMS}, got {value!r}")
+
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _frontier_url(settings: BaseSettings) -> str | None:
+    """The Redis URL of a shared frontier, or None."""
+    value = _raw(settings, "HOSTQUEUE_FRONTIER")
+    if isinstance(value, str) and value.startswith(_REDIS_SCHEMES):
+        return value
+    return None
+
+
+def _crawl_id(settings: BaseSettings) -> str | None:
+    value = _raw(settings, "HOSTQUEUE_CRAWL_ID")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or any(c in value for c in "{}\n"):
+        raise HostQueueSettingsError(
+            f"HOSTQUEUE_CRAWL_ID must be a name without braces or line breaks, got {value!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -296,7 +314,12 @@ class HostQueueConfig:
     idle_grace: float  # seconds a host with nothing left to do keeps its place
     prefetch: int  # requests per host handed out beyond the limit (own handler only)
     remember_hosts: int
-    frontier_path: str | None  # None: the in-memory store; else the SQLite file
+    frontier_path: str | None  # None: the in-memory or Redis store; else the SQLite file
+    frontier_url: str | None  # the Redis URL of a shared frontier, else None
+    crawl_id: str | None  # None: the spider's name
+    lease_timeout: float  # seconds a dead process's hosts and requests stay leased
+    redis_finish_grace: float  # seconds the shared crawl must be empty before closing
+    redis_wait_for_urls: bool  # never close when the shared crawl is empty
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
     max_overdue: int  # overdue requests kept out of CONCURRENT_REQUESTS, 0 = none
@@ -385,6 +408,15 @@ class HostQueueConfig:
             prefetch=_integer(settings, "HOSTQUEUE_PREFETCH", 1, minimum=0),
             remember_hosts=_integer(settings, "HOSTQUEUE_REMEMBER_HOSTS", 10_000),
             frontier_path=_frontier_path(settings),
+            frontier_url=_frontier_url(settings),
+            crawl_id=_crawl_id(settings),
+            lease_timeout=_number(
+                settings, "HOSTQUEUE_LEASE_TIMEOUT", 30.0, minimum=1.0, maximum=_MAX_WAIT
+            ),
+            redis_finish_grace=_number(
+                settings, "HOSTQUEUE_REDIS_FINISH_GRACE", 3.0, maximum=_MAX_WAIT
+            ),
+            redis_wait_for_urls=_boolean(settings, "HOSTQUEUE_REDIS_WAIT_FOR_URLS", False),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
             max_overdue=_integer(

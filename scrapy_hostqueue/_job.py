@@ -19,6 +19,7 @@ from scrapy.exceptions import CloseSpider
 
 from scrapy_hostqueue._frontier import CommitTimer, memory_job_refusal, take_over_saved_job
 from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
+from scrapy_hostqueue.store.redis import RedisStore
 from scrapy_hostqueue.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
@@ -67,6 +68,11 @@ class Job:
         #: request (a JOBDIR it cannot resume), else None.
         self.refusal: str | None = None
 
+    @property
+    def opened(self) -> bool:
+        """Whether the crawl was accepted (:meth:`accept`)."""
+        return self._spider is not None
+
     def accept(self, spider: Spider) -> bool:
         """Whether the crawl may go on with this JOBDIR; if not, it is
         refused (see :meth:`refuse`)."""
@@ -75,7 +81,7 @@ class Job:
             logger.error(refusal)
             self.refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
             return False
-        if not isinstance(self._store, SqliteStore):
+        if not isinstance(self._store, (SqliteStore, RedisStore)):
             refusal = memory_job_refusal(self.jobdir)
             if refusal is not None:
                 logger.error(refusal)
@@ -186,8 +192,8 @@ class Job:
         """At the stop, write what the in-memory store holds (and *given_up*,
         the requests of given-up hosts) to the JOBDIR. Returns how many
         requests could not be serialised."""
-        if isinstance(self._store, SqliteStore):
-            return 0  # every change is in the frontier file already
+        if isinstance(self._store, (SqliteStore, RedisStore)):
+            return 0  # every change is in the frontier file or Redis already
         if not (self.jobdir and self._spider is not None and self.refusal is None):
             return 0
         path = state_path(self.jobdir)

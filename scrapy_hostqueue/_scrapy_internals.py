@@ -28,6 +28,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue._config import HostQueueSettingsError
+from scrapy_hostqueue.store._redisdb import RedisFrontierError
 from scrapy_hostqueue.store._sqlfile import FrontierFileError
 
 if TYPE_CHECKING:
@@ -153,7 +154,12 @@ def check_compatible(*, handler: bool = False) -> None:
 # -- refusing to start ---------------------------------------------------------
 
 #: The errors a component refuses to start with, reported as one line.
-_REFUSALS = (HostQueueSettingsError, UnsupportedDependencyError, FrontierFileError)
+_REFUSALS = (
+    HostQueueSettingsError,
+    UnsupportedDependencyError,
+    FrontierFileError,
+    RedisFrontierError,
+)
 
 
 def refuses_at_start_up(func: Callable[_P, _R]) -> Callable[_P, _R]:

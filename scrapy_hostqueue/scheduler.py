@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import Request, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.utils.asyncio import call_later
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.job import job_dir
 from scrapy.utils.misc import build_from_crawler, load_object
 
@@ -27,6 +28,7 @@ from scrapy_hostqueue._job import Job
 from scrapy_hostqueue._jobdir import STATE_FILE
 from scrapy_hostqueue._overdue import OverdueRequests
 from scrapy_hostqueue._recorder import get_recorder
+from scrapy_hostqueue._redis_glue import LocalSeen, RedisFrontier
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, RequestTable, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
 from scrapy_hostqueue.sendgate import SendGate, handlers_gate_sends
@@ -81,13 +83,14 @@ class HostQueueScheduler(BaseScheduler):
     Scrapy glue between them.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - one optional store each
         self,
         crawler: Crawler,
         dupefilter: BaseDupeFilter,
         config: HostQueueConfig,
         jobdir: str | None = None,
         frontier: FrontierFile | None = None,
+        redis: RedisFrontier | None = None,
     ) -> None:
         self.crawler = crawler
         self.df = dupefilter
@@ -107,24 +110,32 @@ class HostQueueScheduler(BaseScheduler):
         # attach_policy).
         self._slot_prefetch = 0 if gate else config.prefetch
         # With a frontier file (JOBDIR, HOSTQUEUE_FRONTIER), the SQLite store.
-        self._codec = RequestCodec(self.stats, self.debug) if frontier is not None else None
-        self._queue_stat = "memory" if frontier is None else "disk"
-        self._store: RequestStore[Request] = make_store(
-            frontier,
-            self._codec,
-            self._new_state,
-            max_active=config.max_active_hosts,
-            turn=config.turn_requests,
-            turn_seconds=config.turn_seconds,
-            grace=config.idle_grace,
-            prefetch=self.prefetch or self._slot_prefetch,
+        # With a Redis URL (HOSTQUEUE_FRONTIER), the Redis store.
+        self._redis = redis
+        shared = frontier is not None or redis is not None
+        self._codec = RequestCodec(self.stats, self.debug) if shared else None
+        self._queue_stat = "disk" if shared else "memory"
+        ring: dict[str, Any] = {
+            "max_active": config.max_active_hosts,
+            "turn": config.turn_requests,
+            "turn_seconds": config.turn_seconds,
+            "grace": config.idle_grace,
+            "prefetch": self.prefetch or self._slot_prefetch,
             # Without the send gate nothing downstream spaces the starts.
-            await_start=not self.prefetch,
-            remember=config.remember_hosts,
+            "await_start": not self.prefetch,
+            "remember": config.remember_hosts,
             # Across hosts only the priority counts: a host whose next request
             # is a start request takes its turn like any other.
-            ring_granularity=2,
-        )
+            "ring_granularity": 2,
+        }
+        self._store: RequestStore[Request]
+        if redis is None:
+            self._store = make_store(frontier, self._codec, self._new_state, **ring)
+        else:
+            assert self._codec is not None
+            self._store = redis.make_store(
+                self._codec, self._fingerprint(dupefilter), self._new_state, **ring
+            )
         self._records = RequestTable()
         self._budget = max(0, config.global_concurrency)
         self.gate = SendGate(
@@ -164,15 +175,34 @@ class HostQueueScheduler(BaseScheduler):
         config = HostQueueConfig.from_settings(crawler.settings)
         warn_unused_queue_settings(crawler.settings, logger)
         frontier = open_frontier(config.frontier_path)
+        redis = RedisFrontier.open(crawler, config) if config.frontier_url else None
         dupefilter: BaseDupeFilter
-        if frontier is not None and uses_scrapy_dupefilter(crawler):
+        if redis is not None and uses_scrapy_dupefilter(crawler):
+            # Each process drops its own duplicates; the push script in Redis
+            # drops the others' (see _fingerprint).
+            dupefilter = FrontierDupeFilter(crawler, LocalSeen())
+        elif frontier is not None and uses_scrapy_dupefilter(crawler):
             # The seen fingerprints live in the frontier file, committed with
             # their requests, instead of in JOBDIR/requests.seen.
             dupefilter = FrontierDupeFilter(crawler, frontier.seen)
         else:
             dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
             dupefilter = build_from_crawler(dupefilter_cls, crawler)
-        return cls(crawler, dupefilter, config, job_dir(crawler.settings), frontier)
+        return cls(crawler, dupefilter, config, job_dir(crawler.settings), frontier, redis)
+
+    def _fingerprint(self, dupefilter: BaseDupeFilter) -> Any:
+        """What the Redis store dedupes a request by across processes: its
+        fingerprint, or None (not filtered) for ``dont_filter`` requests and
+        crawls with a dupefilter of their own."""
+        if not isinstance(dupefilter, FrontierDupeFilter):
+            return lambda request: None
+        fingerprinter = self.crawler.request_fingerprinter
+        assert fingerprinter is not None
+
+        def fingerprint(request: Request) -> bytes | None:
+            return None if request.dont_filter else fingerprinter.fingerprint(request)
+
+        return fingerprint
 
     # -- Scrapy scheduler interface ------------------------------------------
 
@@ -202,7 +232,13 @@ class HostQueueScheduler(BaseScheduler):
                 self._follow_autothrottle, signal=signals.response_downloaded
             )
         cfg = self.config
-        resumed, blocks = self._job.resume(self._push)
+        if self._redis is not None:
+            assert self._codec is not None
+            self._codec.spider = spider
+            self._redis.start(lambda: internals.wake_engine(self.crawler))
+            resumed = blocks = 0
+        else:
+            resumed, blocks = self._job.resume(self._push)
         logger.info(
             "HostQueueScheduler: per-host limit %s (unless DOWNLOAD_SLOTS or the AIMD "
             "middleware set it), max active hosts %s, prefetch %s, delays owned by %s%s",
@@ -240,7 +276,18 @@ class HostQueueScheduler(BaseScheduler):
                 duty()
             except Exception:
                 logger.exception("HostQueueScheduler: error while closing (%s)", duty.__name__)
+        if self._redis is not None and self._job.opened:
+            return deferred_from_coro(self._close_shared(reason))
         return self.df.close(reason)
+
+    async def _close_shared(self, reason: str) -> None:
+        """Hand back to the shared frontier what this process holds, then
+        close the dupefilter."""
+        assert self._redis is not None
+        await self._redis.close(self.stats)
+        closed = self.df.close(reason)
+        if closed is not None:
+            await maybe_deferred_to_future(closed)
 
     def _stop_timers(self) -> None:
         if self._wakeup is not None:

@@ -272,8 +272,6 @@ def test_the_frontier_is_in_jobdir_unless_told_otherwise(
     ("value", "words"),
     [
         ("sqlite", "JOBDIR, which is not set"),
-        ("redis://localhost:6379/0", "no Redis store"),
-        ("rediss://example:6380", "no Redis store"),
         ("postgres://x", "must be 'memory', 'sqlite'"),
         ("sqlite://", "must be 'memory', 'sqlite'"),
         (3, "must be 'memory', 'sqlite'"),
@@ -281,3 +279,13 @@ def test_the_frontier_is_in_jobdir_unless_told_otherwise(
 )
 def test_a_frontier_this_version_cannot_use_is_refused(value: Any, words: str) -> None:
     assert words in refused("HOSTQUEUE_FRONTIER", value)
+
+
+@pytest.mark.parametrize("url", ["redis://localhost:6379/0", "rediss://example:6380"])
+def test_a_redis_url_names_a_shared_frontier(url: str) -> None:
+    got = config(HOSTQUEUE_FRONTIER=url, JOBDIR="job")
+    assert (got.frontier_url, got.frontier_path) == (url, None)
+    assert got.lease_timeout == 30.0
+    assert config().frontier_url is None
+    assert "HOSTQUEUE_CRAWL_ID" in refused("HOSTQUEUE_CRAWL_ID", "a{b}")
+    assert "HOSTQUEUE_LEASE_TIMEOUT" in refused("HOSTQUEUE_LEASE_TIMEOUT", 0)

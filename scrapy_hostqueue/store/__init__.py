@@ -4,7 +4,9 @@ The scheduler talks to its store only through :class:`RequestStore`, so the
 store can be swapped without touching the scheduler: the in-memory store
 (:mod:`scrapy_hostqueue.store.memory`) keeps everything in this process; the
 SQLite store (:mod:`scrapy_hostqueue.store.sqlite`, the default with
-``JOBDIR``) keeps the same contract in a file that survives the process.
+``JOBDIR``) keeps the same contract in a file that survives the process; the
+Redis store (:mod:`scrapy_hostqueue.store.redis`) shares it between the
+processes of one crawl, each working the hosts it has leased.
 
 The contract is at-least-once. A request handed out by :meth:`RequestStore.pop`
 stays the store's, leased, until the scheduler acknowledges it

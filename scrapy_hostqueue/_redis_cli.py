@@ -1,0 +1,169 @@
+"""``python -m scrapy_hostqueue push|frontier redis://...``: feed a shared
+crawl from outside, and see what it holds.
+
+Synchronous ``redis`` client: these are commands, not a crawl.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+from scrapy import Request
+from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.request import fingerprint
+
+from scrapy_hostqueue._redis_glue import redis_client_module, shown_url
+from scrapy_hostqueue.store._redisdb import (
+    LAYOUT_VERSION,
+    SCRIPTS,
+    RedisFrontierError,
+    prefix,
+    split_value,
+)
+
+#: Requests per push script call.
+_CHUNK = 200
+
+
+def _client(url: str) -> Any:
+    redis = redis_client_module()
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        raise RedisFrontierError(f"cannot reach Redis at {shown_url(url)} ({error})") from None
+    return client
+
+
+def _check_layout(client: Any, url: str, crawl_id: str) -> None:
+    version = client.get(prefix(crawl_id) + "version")
+    if version is not None and version.decode() != LAYOUT_VERSION:
+        raise RedisFrontierError(
+            f"crawl id {crawl_id!r} at {shown_url(url)} has frontier layout "
+            f"{version.decode()}, this scrapy-hostqueue uses {LAYOUT_VERSION}"
+        )
+
+
+def push(url: str, crawl_id: str, urls: Iterable[str], *, priority: int = 0) -> tuple[int, int]:
+    """Queue a request for each of *urls* in the crawl, through its
+    dupefilter, as its spider's default callback would get them. Returns
+    ``(queued, duplicates)``."""
+    client = _client(url)
+    try:
+        _check_layout(client, url, crawl_id)
+        p = prefix(crawl_id)
+        client.set(p + "version", LAYOUT_VERSION, nx=True)
+        script = client.register_script(SCRIPTS["push"])
+        source = f"cli{client.incr(p + 'procseq')}"
+        args: list[Any] = []
+        statuses: Counter[int] = Counter()
+        for n, address in enumerate(urls):
+            request = Request(address.strip(), priority=priority)
+            host = urlparse_cached(request).hostname or ""
+            data = pickle.dumps(request.to_dict(), protocol=4)
+            args += [f"{source}.{n}", fingerprint(request), host, priority * 2 + 1, "0", data]
+            if len(args) >= 6 * _CHUNK:
+                statuses.update(script(keys=[p], args=[source, *args]))
+                args = []
+        if args:
+            statuses.update(script(keys=[p], args=[source, *args]))
+        return statuses[1], statuses[0]
+    finally:
+        client.close()
+
+
+def _when(ms: float, now: float) -> str:
+    wall = ms / 1000
+    moment = datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{moment} (in {wall - now:,.1f} s)"
+
+
+def report(url: str, crawl_id: str, *, top: int = 10) -> str:
+    """What the shared crawl *crawl_id* holds, as text."""
+    client = _client(url)
+    try:
+        _check_layout(client, url, crawl_id)
+        return _report(client, url, crawl_id, top)
+    finally:
+        client.close()
+
+
+def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
+    p = prefix(crawl_id)
+    now = time.time()
+    stats = {k.decode(): int(v) for k, v in client.hgetall(p + "stats").items()}
+    procs = [(m.decode(), score) for m, score in client.zrange(p + "procs", 0, -1, withscores=True)]
+    lines = [
+        f"shared frontier {shown_url(url)}, crawl id {crawl_id!r}",
+        f"  {stats.get('queued', 0):,} requests queued and {stats.get('leased', 0):,} leased; "
+        f"{stats.get('pushed', 0):,} pushed, {stats.get('duplicates', 0):,} duplicates dropped, "
+        f"{stats.get('acked', 0):,} done, {stats.get('reclaimed', 0):,} taken back from "
+        f"processes that stopped; {client.scard(p + 'seen'):,} fingerprints seen",
+    ]
+    leased: Counter[str] = Counter()
+    if procs:
+        lines.append(f"processes ({len(procs)}):")
+        for proc, expiry in procs:
+            held = sorted(h.decode() for h in client.smembers(p + f"held:{proc}"))
+            ids = list(client.smembers(p + f"lease:{proc}"))
+            for value in client.hmget(p + "r", ids) if ids else []:
+                if value is not None:
+                    leased[split_value(value)[0]] += 1
+            state = "alive" if expiry / 1000 > now else "heartbeat expired"
+            shown = ", ".join(held[:top]) + (", ..." if len(held) > top else "")
+            lines.append(
+                f"  {proc}  {state}, {len(ids):,} leased, {len(held)} hosts held: {shown or '-'}"
+            )
+    queued = {
+        host.decode(): int(count)
+        for host, count in client.zrevrange(p + "qcount", 0, top - 1, withscores=True)
+    }
+    busiest = sorted(queued.keys() | leased.keys(), key=lambda h: (-queued.get(h, 0), h))[:top]
+    if busiest:
+        owners = {k.decode(): v.decode() for k, v in client.hgetall(p + "owner").items()}
+        lines.append(f"queued and leased per host (top {len(busiest)}):")
+        width = max(len(host) for host in busiest)
+        for host in busiest:
+            owner = owners.get(host)
+            lines.append(
+                f"  {host:<{width}}  {queued.get(host, 0):>9,} queued  "
+                f"{leased.get(host, 0):>6,} leased" + (f"  held by {owner}" if owner else "")
+            )
+    states = {k.decode(): json.loads(v) for k, v in client.hgetall(p + "state").items()}
+    blocked = sorted(
+        (
+            (host, state)
+            for host, state in states.items()
+            if (state.get("blocked_until") or 0) > now
+        ),
+        key=lambda item: item[1]["blocked_until"],
+    )
+    if blocked:
+        lines.append("blocked hosts:")
+        for host, state in blocked[:top]:
+            lines.append(
+                f"  {host}  until {_when(state['blocked_until'] * 1000, now)}, "
+                f"{state.get('reason') or 'blocked'}"
+            )
+    given_up = sorted(h.decode() for h in client.smembers(p + "gaveup"))
+    if given_up:
+        lines.append(f"given-up hosts ({len(given_up):,}): " + ", ".join(given_up[:top]))
+    learned = sorted(states.items())
+    if learned:
+        lines.append(f"learned limits and intervals ({len(learned):,} hosts):")
+        for host, state in learned[:top]:
+            interval = state.get("interval")
+            extra = f", interval {interval:g} s" if interval else ""
+            if state.get("learned"):
+                extra += f", learned {json.dumps(state['learned'], sort_keys=True)}"
+            lines.append(f"  {host}  limit {state.get('limit')}{extra}")
+    return "\n".join(lines)
+
+
+__all__ = ["push", "report"]

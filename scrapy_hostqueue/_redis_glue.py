@@ -1,0 +1,203 @@
+"""Scrapy glue of the Redis store (``HOSTQUEUE_FRONTIER = "redis://..."``):
+checking Redis at start-up, the store's codec and fingerprints, the
+dupefilter in front of the shared one, the store's task, and the graceful
+hand-back at close.
+
+The ``redis`` client is imported here, lazily: the package imports and runs
+without it for the memory and SQLite stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from scrapy_hostqueue._recorder import stat_key
+from scrapy_hostqueue.store._redisdb import RedisFrontierError, register
+from scrapy_hostqueue.store._redislink import RedisLink
+from scrapy_hostqueue.store.memory import MemoryStore
+from scrapy_hostqueue.store.redis import RedisStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+    from scrapy_hostqueue._config import HostQueueConfig
+    from scrapy_hostqueue._frontier import RequestCodec
+    from scrapy_hostqueue.store import HostState
+
+logger = logging.getLogger(__name__)
+
+#: Seconds connecting to Redis may take at start-up.
+CONNECT_TIMEOUT = 5.0
+#: Fingerprints this process remembers having pushed (its own duplicates are
+#: dropped here, without a trip to Redis); past this the memory starts over.
+LOCAL_SEEN = 100_000
+
+
+def redis_client_module() -> Any:
+    """The ``redis`` package, or a one-line error saying how to install it."""
+    try:
+        # Lazily: the package works without the client for the other stores.
+        import redis  # noqa: PLC0415
+        import redis.asyncio  # noqa: PLC0415
+        import redis.asyncio.retry  # noqa: PLC0415
+        import redis.backoff  # noqa: PLC0415
+    except ImportError:
+        raise RedisFrontierError(
+            "HOSTQUEUE_FRONTIER names a Redis server, and the redis client is not "
+            "installed: pip install 'scrapy-hostqueue[redis]'"
+        ) from None
+    return redis
+
+
+def shown_url(url: str) -> str:
+    """*url* without its password, for log lines."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
+    """The client's errors that mean Redis is away, or restarted."""
+    return (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.NoScriptError,
+        OSError,
+    )
+
+
+class LocalSeen:
+    """The fingerprints this process pushed, as the dupefilter's first,
+    local, answer: a request seen here is a duplicate; one not seen here is
+    pushed, and the shared seen set in Redis decides."""
+
+    def __init__(self, limit: int = LOCAL_SEEN) -> None:
+        self._seen: set[bytes] = set()
+        self._limit = limit
+
+    def __call__(self, fingerprint: bytes) -> bool:
+        if fingerprint in self._seen:
+            return True
+        if len(self._seen) >= self._limit:
+            self._seen.clear()
+        self._seen.add(fingerprint)
+        return False
+
+
+class RedisFrontier:
+    """One process's part in a shared crawl: registered with Redis at
+    start-up (:meth:`open`), then its store's task (:meth:`start`) until the
+    graceful hand-back (:meth:`close`)."""
+
+    def __init__(self, url: str, crawl_id: str, proc: str, config: HostQueueConfig) -> None:
+        self.url = url
+        self.crawl_id = crawl_id
+        self.proc = proc
+        self.config = config
+        self.store: RedisStore[Request] | None = None
+        self._client: Any = None
+        self._link: RedisLink | None = None
+
+    @classmethod
+    def open(cls, crawler: Crawler, config: HostQueueConfig) -> RedisFrontier:
+        """Connect, check the crawl's layout and register this process; a
+        :class:`RedisFrontierError` with one line if Redis cannot be used.
+
+        A synchronous client, once, before the crawl runs: the component is
+        being built and nothing else runs on the loop yet."""
+        assert config.frontier_url is not None
+        redis = redis_client_module()
+        url = config.frontier_url
+        crawl_id = config.crawl_id or crawler.spidercls.name
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
+        )
+        try:
+            proc = register(client, crawl_id, int((time.time() + config.lease_timeout) * 1000))
+        except redis.RedisError as error:
+            raise RedisFrontierError(
+                f"cannot use the shared frontier at {shown_url(url)} ({error}): start Redis "
+                "there, or fix HOSTQUEUE_FRONTIER"
+            ) from None
+        except ValueError as error:  # a malformed URL
+            raise RedisFrontierError(f"HOSTQUEUE_FRONTIER {shown_url(url)}: {error}") from None
+        finally:
+            client.close()
+        return cls(url, crawl_id, proc, config)
+
+    def make_store(
+        self,
+        codec: RequestCodec,
+        fingerprint: Callable[[Request], bytes | None],
+        state_factory: Callable[[str], HostState],
+        **kwargs: Any,
+    ) -> RedisStore[Request]:
+        cfg = self.config
+        self.store = RedisStore(
+            MemoryStore(state_factory, **kwargs),
+            self.crawl_id,
+            self.proc,
+            codec.encode,
+            codec.decode,
+            fingerprint,
+            max_hold=cfg.max_active_hosts or cfg.global_concurrency or 16,
+            lease_timeout=cfg.lease_timeout,
+            finish_grace=cfg.redis_finish_grace,
+            wait_for_urls=cfg.redis_wait_for_urls,
+            turn=cfg.turn_requests,
+        )
+        return self.store
+
+    def start(self, wake: Callable[[], None]) -> None:
+        """Start the store's task on the running loop; *wake* is called when
+        Redis gave this process work, or the crawl finished."""
+        assert self.store is not None
+        redis = redis_client_module()
+        # No retries inside the client: the store's task retries, with its
+        # back-off and its log lines, and sends a failed batch again whole.
+        self._client = redis.asyncio.Redis.from_url(
+            self.url,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=CONNECT_TIMEOUT,
+            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+        )
+        self.store.on_work = wake
+        self._link = RedisLink(self.store, self._client, redis_errors(redis))
+        self._link.start()
+        logger.info(
+            "HostQueueScheduler: shared frontier at %s, crawl id %r, this process %s, "
+            "at most %d hosts held at once, leases expire %g s after a process stops",
+            shown_url(self.url),
+            self.crawl_id,
+            self.proc,
+            self.store.max_hold,
+            self.config.lease_timeout,
+        )
+
+    async def close(self, stats: Any) -> None:
+        """Hand back what this process holds and leave the crawl."""
+        store = self.store
+        if store is None or self._link is None:
+            return
+        problem = await self._link.close()
+        if problem is not None:
+            logger.error("Could not hand back to the shared frontier: %s", problem)
+        for name, value in store.counts.items():
+            if value:
+                stats.set_value(stat_key(f"redis/{name}_count"), value)
+        try:
+            await self._client.aclose()
+        except Exception:  # closing a connection that is gone
+            logger.debug("Closing the Redis client failed", exc_info=True)
+
+
+__all__ = ["LocalSeen", "RedisFrontier", "redis_client_module", "shown_url"]

@@ -1,0 +1,386 @@
+"""The Redis layout of a shared crawl and the Lua scripts that change it.
+
+Pure: no Scrapy or Twisted import, and no import of the ``redis`` client
+either (the caller passes its client in), so the package imports without it.
+
+Every key of a crawl starts with ``hq:{<crawl id>}:``: one hash tag, so a
+crawl's keys share one Redis Cluster slot and the multi-key scripts stay
+legal there. Keys (after the prefix):
+
+``version``     the layout version; another one is refused
+``procs``       zset: process id -> heartbeat expiry (ms since the epoch)
+``procseq``     counter giving processes their ids
+``r``           hash: request id -> ``"<rank> <host>\\n"`` + the encoded request
+``q:<host>``    zset: the host's queued request ids, in serving order
+``qcount``      zset: host -> requests queued (the report's per-host counts)
+``avail``       zset: host -> when it may be claimed (ms): hosts with queued
+                requests that no process holds
+``owner``       hash: host -> the process holding it
+``held:<proc>`` set: the hosts a process holds
+``lease:<proc>`` set: the request ids a process has leased
+``state``       hash: host -> its state as JSON (limit, block, spacing,
+                learned), written when a process saves or gives the host back
+``ready``       hash: host -> when it may be claimed again (ms), if later than now
+``seen``        set: fingerprints of the requests pushed (the dupefilter)
+``gaveup``      set: hosts given up (their requests are refused)
+``hungry``      zset: process -> when it last wanted hosts and found none (ms)
+``stats``       hash: crawl-wide counters (``queued``, ``leased``, ``pushed``,
+                ``duplicates``, ``acked``, ``reclaimed``, ``claims``)
+
+A request id is ``<proc>.<n>``, chosen by the process that pushes it, so
+that every script is idempotent: a batch whose answer was lost with the
+connection is sent again as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The layout of the keys; a crawl id written with another is refused.
+LAYOUT_VERSION = "1"
+
+#: Redis sorted-set scores are doubles: a request's score is ``-rank * ORDER
+#: + order``, exact while ``|rank| < RANK_LIMIT``.
+_ORDER = 1_000_000_000
+RANK_LIMIT = 4_000_000
+
+
+def prefix(crawl_id: str) -> str:
+    """The key prefix of *crawl_id* (with its hash tag)."""
+    return f"hq:{{{crawl_id}}}:"
+
+
+class RedisFrontierError(Exception):
+    """The shared frontier cannot be used (Redis unreachable, a crawl id of
+    another layout, the client missing). The message is one line saying
+    what to do."""
+
+
+_COMMON = """
+local P = KEYS[1]
+local function hinc(field, n)
+  if n ~= 0 then redis.call('HINCRBY', P..'stats', field, n) end
+end
+local function parse(v)
+  local nl = string.find(v, '\\n', 1, true)
+  local head = string.sub(v, 1, nl - 1)
+  local sp = string.find(head, ' ', 1, true)
+  return string.sub(head, sp + 1), tonumber(string.sub(head, 1, sp - 1))
+end
+local function ready_at(host)
+  return tonumber(redis.call('HGET', P..'ready', host) or '0')
+end
+local function enqueue(host, id, rank)
+  local order = redis.call('INCR', P..'order') %% %(order)d
+  local score = string.format('%%.0f', -rank * %(order)d + order)
+  if redis.call('ZADD', P..'q:'..host, score, id) == 0 then return end
+  redis.call('ZINCRBY', P..'qcount', 1, host)
+  hinc('queued', 1)
+  if redis.call('HEXISTS', P..'owner', host) == 0 then
+    redis.call('ZADD', P..'avail', 'NX', ready_at(host), host)
+  end
+end
+local function take(proc, host, n)
+  local popped = redis.call('ZPOPMIN', P..'q:'..host, n)
+  local out = {}
+  local k = 0
+  for i = 1, #popped, 2 do
+    local id = popped[i]
+    local v = redis.call('HGET', P..'r', id)
+    if v then
+      redis.call('SADD', P..'lease:'..proc, id)
+      out[#out + 1] = id
+      out[#out + 1] = v
+    end
+    k = k + 1
+  end
+  if k > 0 then
+    hinc('queued', -k)
+    hinc('leased', #out / 2)
+    if tonumber(redis.call('ZINCRBY', P..'qcount', -k, host)) <= 0 then
+      redis.call('ZREM', P..'qcount', host)
+    end
+  end
+  return out
+end
+local function give_back(proc, id)
+  if redis.call('SREM', P..'lease:'..proc, id) == 0 then return 0 end
+  hinc('leased', -1)
+  local v = redis.call('HGET', P..'r', id)
+  if v then
+    local host, rank = parse(v)
+    enqueue(host, id, rank)
+  end
+  return 1
+end
+local function release(proc, host)
+  if redis.call('HGET', P..'owner', host) ~= proc then return 0 end
+  redis.call('HDEL', P..'owner', host)
+  redis.call('SREM', P..'held:'..proc, host)
+  if redis.call('ZCARD', P..'q:'..host) > 0 then
+    redis.call('ZADD', P..'avail', ready_at(host), host)
+  end
+  return 1
+end
+local function leave(proc)
+  local n = 0
+  for _, id in ipairs(redis.call('SMEMBERS', P..'lease:'..proc)) do
+    n = n + give_back(proc, id)
+  end
+  for _, host in ipairs(redis.call('SMEMBERS', P..'held:'..proc)) do
+    release(proc, host)
+  end
+  redis.call('DEL', P..'lease:'..proc, P..'held:'..proc)
+  redis.call('ZREM', P..'procs', proc)
+  redis.call('ZREM', P..'hungry', proc)
+  return n
+end
+""".replace("%(order)d", str(_ORDER)).replace("%%", "%")
+
+#: ARGV: proc, then (id, fingerprint or "", host, rank, keep "1"/"0", data)
+#: per request. Per request: 0 a duplicate, 1 queued, 2 leased to *proc*
+#: (it holds the host and asked to keep it), 3 refused (host given up).
+PUSH = (
+    _COMMON
+    + """
+local proc = ARGV[1]
+local out = {}
+for i = 2, #ARGV, 6 do
+  local id, fp, host, rank, keep = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local status
+  if redis.call('HEXISTS', P..'r', id) == 1 then
+    status = redis.call('SISMEMBER', P..'lease:'..proc, id) == 1 and 2 or 1
+  elseif redis.call('SISMEMBER', P..'gaveup', host) == 1 then
+    status = 3
+  elseif fp ~= '' and redis.call('SADD', P..'seen', fp) == 0 then
+    status = 0
+    hinc('duplicates', 1)
+  else
+    redis.call('HSET', P..'r', id, rank..' '..host..'\\n'..ARGV[i + 5])
+    hinc('pushed', 1)
+    if keep == '1' and redis.call('HGET', P..'owner', host) == proc then
+      redis.call('SADD', P..'lease:'..proc, id)
+      hinc('leased', 1)
+      status = 2
+    else
+      enqueue(host, id, tonumber(rank))
+      status = 1
+    end
+  end
+  out[#out + 1] = status
+end
+return out
+"""
+)
+
+#: ARGV: proc, ids. Ends each lease (a request leased elsewhere since, after
+#: this process lost it, is left to its new holder).
+ACK = (
+    _COMMON
+    + """
+local proc = ARGV[1]
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if redis.call('SREM', P..'lease:'..proc, id) == 1 then
+    redis.call('HDEL', P..'r', id)
+    hinc('leased', -1)
+    hinc('acked', 1)
+  else
+    local v = redis.call('HGET', P..'r', id)
+    if v then
+      local host = parse(v)
+      if redis.call('ZREM', P..'q:'..host, id) == 1 then
+        redis.call('HDEL', P..'r', id)
+        hinc('queued', -1)
+        hinc('acked', 1)
+        if tonumber(redis.call('ZINCRBY', P..'qcount', -1, host)) <= 0 then
+          redis.call('ZREM', P..'qcount', host)
+        end
+      end
+    end
+  end
+end
+return 1
+"""
+)
+
+#: ARGV: proc, host, state JSON ("" keeps it), ready ms, release "1"/"0",
+#: then ids to give back. Saves the host's state; gives the ids back to the
+#: queue; with release, the host goes back to the claimable ones.
+GIVE_BACK = (
+    _COMMON
+    + """
+local proc, host, state, ready, rel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+if state ~= '' then redis.call('HSET', P..'state', host, state) end
+if ready > 0 then
+  redis.call('HSET', P..'ready', host, ready)
+else
+  redis.call('HDEL', P..'ready', host)
+end
+for i = 6, #ARGV do give_back(proc, ARGV[i]) end
+if rel == '1' then release(proc, host) end
+return 1
+"""
+)
+
+#: ARGV: proc, now ms, hosts wanted, requests per host. Returns -1 if the
+#: process is not registered (its heartbeat expired), else per host claimed:
+#: host, state JSON, requests left queued, {id, value, ...}.
+CLAIM = (
+    _COMMON
+    + """
+local proc, now, n, w = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if not redis.call('ZSCORE', P..'procs', proc) then return -1 end
+local out = {}
+local got = 0
+local hosts = redis.call('ZRANGEBYSCORE', P..'avail', '-inf', now, 'LIMIT', 0, n)
+for _, host in ipairs(hosts) do
+  redis.call('ZREM', P..'avail', host)
+  if redis.call('HEXISTS', P..'owner', host) == 0 and redis.call('ZCARD', P..'q:'..host) > 0 then
+    redis.call('HSET', P..'owner', host, proc)
+    redis.call('SADD', P..'held:'..proc, host)
+    local items = take(proc, host, w)
+    out[#out + 1] = {host, redis.call('HGET', P..'state', host) or '',
+                     redis.call('ZCARD', P..'q:'..host), items}
+    got = got + 1
+  end
+end
+hinc('claims', got)
+if got < n then
+  redis.call('ZADD', P..'hungry', now, proc)
+else
+  redis.call('ZREM', P..'hungry', proc)
+end
+return out
+"""
+)
+
+#: ARGV: proc, host, n. The next *n* requests of a host the process holds:
+#: {left queued, {id, value, ...}}, or -1 if it does not hold the host.
+REFILL = (
+    _COMMON
+    + """
+local proc, host, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('HGET', P..'owner', host) ~= proc then return -1 end
+local items = take(proc, host, n)
+return {redis.call('ZCARD', P..'q:'..host), items}
+"""
+)
+
+#: ARGV: proc, now ms, expiry ms. Renews the heartbeat; reclaims what
+#: processes whose heartbeat expired held. Returns {1 if *proc* was still
+#: registered else 0, requests reclaimed}.
+HEARTBEAT = (
+    _COMMON
+    + """
+local proc, now, expiry = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local alive = redis.call('ZSCORE', P..'procs', proc) and 1 or 0
+local n = 0
+for _, dead in ipairs(redis.call('ZRANGEBYSCORE', P..'procs', '-inf', now, 'LIMIT', 0, 8)) do
+  if dead ~= proc then
+    local k = leave(dead)
+    hinc('reclaimed', k)
+    n = n + k
+  end
+end
+redis.call('ZADD', P..'procs', expiry, proc)
+return {alive, n}
+"""
+)
+
+#: ARGV: proc, then the host count, hosts, then ids: what the process knows
+#: it holds. Gives back leases and releases hosts it does not know of (their
+#: claim or refill answer was lost with the connection).
+RESYNC = (
+    _COMMON
+    + """
+local proc = ARGV[1]
+local nh = tonumber(ARGV[2])
+local hosts, ids = {}, {}
+for i = 3, 2 + nh do hosts[ARGV[i]] = true end
+for i = 3 + nh, #ARGV do ids[ARGV[i]] = true end
+local n = 0
+for _, id in ipairs(redis.call('SMEMBERS', P..'lease:'..proc)) do
+  if not ids[id] then n = n + give_back(proc, id) end
+end
+for _, host in ipairs(redis.call('SMEMBERS', P..'held:'..proc)) do
+  if not hosts[host] then release(proc, host) end
+end
+return n
+"""
+)
+
+#: ARGV: proc. Gives back everything the process holds and unregisters it.
+LEAVE = (
+    _COMMON
+    + """
+return leave(ARGV[1])
+"""
+)
+
+#: ARGV: host. Refuses the host's requests from now on and drops those queued.
+GIVE_UP = (
+    _COMMON
+    + """
+local host = ARGV[1]
+redis.call('SADD', P..'gaveup', host)
+local ids = redis.call('ZRANGE', P..'q:'..host, 0, -1)
+for _, id in ipairs(ids) do redis.call('HDEL', P..'r', id) end
+redis.call('DEL', P..'q:'..host)
+redis.call('ZREM', P..'qcount', host)
+redis.call('ZREM', P..'avail', host)
+hinc('queued', -#ids)
+hinc('refused', #ids)
+return #ids
+"""
+)
+
+SCRIPTS = {
+    "push": PUSH,
+    "ack": ACK,
+    "give_back": GIVE_BACK,
+    "claim": CLAIM,
+    "refill": REFILL,
+    "heartbeat": HEARTBEAT,
+    "resync": RESYNC,
+    "leave": LEAVE,
+    "give_up": GIVE_UP,
+}
+
+
+def split_value(value: bytes) -> tuple[str, int, bytes]:
+    """``(host, rank, data)`` of a request's value in the ``r`` hash."""
+    head, _, data = value.partition(b"\n")
+    rank, _, host = head.partition(b" ")
+    return host.decode(), int(rank), data
+
+
+def register(client: Any, crawl_id: str, expiry_ms: int) -> str:
+    """Check the layout of *crawl_id* with a synchronous *client* (at
+    start-up, before the crawl runs), register this process and return its
+    id. Raises :class:`RedisFrontierError`."""
+    p = prefix(crawl_id)
+    client.set(p + "version", LAYOUT_VERSION, nx=True)
+    version = client.get(p + "version")
+    if isinstance(version, bytes):
+        version = version.decode()
+    if version != LAYOUT_VERSION:
+        raise RedisFrontierError(
+            f"crawl id {crawl_id!r} on this Redis was written with frontier layout "
+            f"{version}, this scrapy-hostqueue uses layout {LAYOUT_VERSION}: finish it with "
+            "the version that wrote it, or choose another HOSTQUEUE_CRAWL_ID"
+        )
+    proc = str(client.incr(p + "procseq"))
+    client.zadd(p + "procs", {proc: expiry_ms})
+    return proc
+
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "RANK_LIMIT",
+    "SCRIPTS",
+    "RedisFrontierError",
+    "prefix",
+    "register",
+    "split_value",
+]

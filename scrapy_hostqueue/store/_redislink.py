@@ -1,0 +1,225 @@
+"""The asyncio half of the Redis store: the task that talks to Redis.
+
+:class:`RedisLink` sends the store's outbound log in batches (one pipeline of
+Lua scripts per step), and in the same step claims hosts, reads the next
+requests of held hosts, renews the heartbeat and reads the crawl-wide totals;
+it retries with a back-off while Redis is away, and hands everything back at
+a graceful close. The ``redis`` client is passed in (a
+``redis.asyncio.Redis``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy_hostqueue.store._redisdb import SCRIPTS
+from scrapy_hostqueue.store.redis import BATCH
+
+if TYPE_CHECKING:
+    from scrapy_hostqueue.store.redis import RedisStore
+
+__all__ = ["RedisLink"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two steps when nothing wakes the task.
+TICK = 0.05
+#: Seconds between two reads of the crawl-wide totals.
+TOTALS_INTERVAL = 0.25
+#: Operations per script call.
+CHUNK = 200
+#: A process that wanted hosts within this many milliseconds is waiting.
+HUNGRY_MS = 2_000
+
+
+class RedisLink:
+    """Runs *store*'s exchanges with Redis through *client*; *errors* are the
+    client's errors that mean Redis is away (or restarted)."""
+
+    def __init__(
+        self, store: RedisStore[Any], client: Any, errors: tuple[type[BaseException], ...]
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.errors = errors
+        self.shas: dict[str, str] | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        store.wake = self._wake.set
+
+    def start(self) -> asyncio.Task[None]:
+        """Start :meth:`run` as a task of the running loop."""
+        self._task = asyncio.ensure_future(self.run())
+        return self._task
+
+    async def run(self) -> None:
+        """Step until the store closes; through an outage, log once and retry
+        with a back-off, then resync and send the failed batch again."""
+        store = self.store
+        backoff = 0.1
+        outage_at: float | None = None
+        next_beat = next_totals = 0.0
+        resync = False
+        while not store.closing:
+            try:
+                if self.shas is None:
+                    self.shas = await self.load_scripts()
+                if resync:
+                    await self.resync()
+                    resync = False
+                now = store.clock()
+                beat, totals = now >= next_beat, now >= next_totals
+                await self.step(beat=beat, totals=totals)
+                if beat:
+                    next_beat = now + store.lease_timeout / 3
+                if totals:
+                    next_totals = now + TOTALS_INTERVAL
+            except Exception as error:
+                if not isinstance(error, self.errors):
+                    logger.error("The shared frontier at Redis failed: %r", error)
+                if outage_at is None:
+                    outage_at = time.monotonic()
+                    store.connected = False
+                    store.counts["outages"] += 1
+                    logger.warning(
+                        "Lost the shared frontier at Redis (%s): handing out no new work "
+                        "from it, retrying; acknowledgements and new requests wait here",
+                        error,
+                    )
+                resync = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                if type(error).__name__ == "NoScriptError":
+                    self.shas = None  # Redis restarted: load them again
+                continue
+            if outage_at is not None:
+                logger.warning(
+                    "The shared frontier at Redis is back after %.1f s",
+                    time.monotonic() - outage_at,
+                )
+                outage_at = None
+                store.connected = True
+                backoff = 0.1
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK)
+            self._wake.clear()
+
+    async def load_scripts(self) -> dict[str, str]:
+        return {name: await self.client.script_load(src) for name, src in SCRIPTS.items()}
+
+    async def step(self, *, beat: bool, totals: bool) -> None:
+        """One exchange: what the log holds (up to :data:`BATCH` operations),
+        then the heartbeat (*beat*) and the totals (*totals*)."""
+        store = self.store
+        if self.shas is None:
+            self.shas = await self.load_scripts()
+        shas = self.shas
+        now = store.clock()
+        store.tick(now)
+        ops = store.outbox[:BATCH]
+        if not ops and not beat and not totals:
+            return
+        p, proc = store.prefix, store.proc
+        wall_ms = int(store.wall() * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        plan: list[tuple[str, list[tuple[Any, ...]]]] = []
+        i = 0
+        while i < len(ops):
+            kind = ops[i][0]
+            j = i + 1
+            if kind in ("push", "ack"):
+                while j < len(ops) and j - i < CHUNK and ops[j][0] == kind:
+                    j += 1
+            group = ops[i:j]
+            if kind == "push":
+                args: list[Any] = [proc]
+                for _, rid, fp, key, rank, keep, data, _item in group:
+                    args += [rid, fp, key, rank, "1" if keep else "0", data]
+            elif kind == "ack":
+                args = [proc] + [op[1] for op in group]
+            elif kind == "give_back":
+                _, key, state, ready, release, ids = group[0]
+                args = [proc, key, state, ready, "1" if release else "0", *ids]
+            elif kind == "claim":
+                args = [proc, wall_ms, group[0][1], group[0][2]]
+            elif kind == "refill":
+                args = [proc, group[0][1], group[0][2]]
+            else:  # give_up
+                args = [group[0][1]]
+            pipe.evalsha(shas[kind], 1, p, *args)
+            plan.append((kind, group))
+            i = j
+        if beat:
+            expiry = wall_ms + int(store.lease_timeout * 1000)
+            pipe.evalsha(shas["heartbeat"], 1, p, proc, wall_ms, expiry)
+        if totals:
+            pipe.hmget(p + "stats", "queued", "leased")
+            pipe.zcount(p + "hungry", wall_ms - HUNGRY_MS, "+inf")
+        try:
+            results = await pipe.execute(raise_on_error=True)
+        except BaseException:
+            store.outbox[: len(ops)] = store.failed(ops)
+            raise
+        del store.outbox[: len(ops)]
+        work = False
+        for (kind, group), result in zip(plan, results, strict=False):
+            if kind == "push":
+                for op, status in zip(group, result, strict=True):
+                    work = store.answered(op, status) or work
+            elif kind != "ack":
+                work = store.answered(group[0], result) or work
+        rest = results[len(plan) :]
+        if beat:
+            alive, _reclaimed = rest.pop(0)
+            if not int(alive):
+                store.lost()
+        if totals:
+            (queued, leased), hungry = rest
+            work = store.totals(queued, leased, int(hungry), now) or work
+        if work and store.on_work is not None:
+            store.on_work()
+
+    async def resync(self) -> None:
+        """Give back what Redis handed this process that it never heard of
+        (an answer lost with the connection)."""
+        if self.shas is None:
+            self.shas = await self.load_scripts()
+        store = self.store
+        await self.client.evalsha(
+            self.shas["resync"], 1, store.prefix, store.proc, *store.resync_args()
+        )
+
+    async def close(self, timeout: float = 10.0) -> str | None:
+        """Stop the task; send what the log holds; give back every held host
+        (its window back to its queue, its state saved) and unregister.
+        Returns None, or why it could not (Redis away)."""
+        store = self.store
+        store.closing = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout)
+            except Exception:  # it stopped, whatever it was doing
+                logger.debug("The shared frontier's task ended with an error", exc_info=True)
+        store.hand_back_all()
+        deadline = time.monotonic() + timeout
+        try:
+            self.shas = await self.load_scripts()
+            while store.outbox:
+                if time.monotonic() > deadline:
+                    raise asyncio.TimeoutError
+                await self.step(beat=False, totals=False)
+            await self.client.evalsha(self.shas["leave"], 1, store.prefix, store.proc)
+        except Exception as error:  # Redis away, or refusing
+            acks = sum(1 for op in store.outbox if op[0] == "ack")
+            pushes = sum(1 for op in store.outbox if op[0] == "push")
+            return (
+                f"{error or 'timed out'}: {acks} acknowledgements and {pushes} new requests "
+                "could not be sent; what this process held goes back to the crawl when its "
+                f"lease expires (HOSTQUEUE_LEASE_TIMEOUT = {store.lease_timeout:g} s)"
+            )
+        return None

@@ -1,0 +1,716 @@
+"""The Redis store: one crawl shared by several processes, one budget per host.
+
+Pure logic plus an asyncio task: no Scrapy or Twisted import, and the
+``redis`` client is passed in (see :mod:`scrapy_hostqueue._redis_glue`).
+
+**Exclusive host leases.** A process *claims* hosts that have queued
+requests (see :mod:`scrapy_hostqueue.store._redisdb` for the keys), works
+them with the in-memory store's ring, the AIMD middleware and the send gate
+as a single process does, and gives a host back when it has been idle for
+:data:`HOLD_GRACE` seconds, must wait longer than :data:`RELEASE_BLOCKED`
+seconds (a Retry-After), has had its turn while other processes wait for
+hosts, or at a graceful close. A host is worked by one process at a time, so
+its limit, its block and its spacing hold for the crawl as a whole: its state
+(limit, block and spacing as wall-clock times, what the AIMD middleware
+learned) travels with it through Redis, and a host blocked by a Retry-After
+is claimable again only when the block ends. One busy host is not shared by
+several processes within its limit: a host needs one process only.
+
+**Synchronous methods, asynchronous Redis.** The store's methods act on local
+state and append to an ordered outbound log; an asyncio task (``RedisLink``,
+in :mod:`scrapy_hostqueue.store._redislink`) sends the log in batches (a
+pipeline of Lua scripts), claims hosts when this process holds fewer than it
+can work, reads the next
+requests of the hosts it holds, renews this process's heartbeat and reclaims
+what processes whose heartbeat expired held. The log keeps at-least-once: a
+request's acknowledgement reaches Redis after the requests its callback
+produced. A process holds only a *window* of each host's queue.
+
+**Dupefilter.** The push script adds the request's fingerprint to the
+crawl's seen set and queues the request only if it is new, atomically. A
+request pushed for a host this process holds is kept (leased to this
+process in the same script) only once Redis has said it is new, so a page is
+never crawled twice because two processes found its link at once.
+
+**Faults.** Every script is idempotent (request ids are chosen by the
+pushing process): a batch whose answer was lost with the connection is sent
+again once Redis is back, after a resync that gives back what this process
+was given and never heard of. While Redis is away the process goes on with
+the requests it holds and hands out nothing new from Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from scrapy_hostqueue.store._redisdb import RANK_LIMIT, prefix, split_value
+from scrapy_hostqueue.store.memory import HostState, MemoryStore
+
+__all__ = ["HOLD_GRACE", "RELEASE_BLOCKED", "RedisStore"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Requests of a host read from Redis at once, and the count at which more are.
+WINDOW = 16
+REFILL_AT = 2
+#: A held host keeps at most this many requests pushed for it in memory.
+ACTIVE_WINDOW = 64
+#: Seconds a held host with nothing to do stays held before it is given back.
+HOLD_GRACE = 0.5
+#: A held host that must wait longer than this (seconds) is given back, to be
+#: claimable again when its wait ends.
+RELEASE_BLOCKED = 1.0
+#: Seconds before a claim that found no host is tried again.
+CLAIM_RETRY = 0.2
+#: Seconds between two saves of the state of hosts that changed.
+SAVE_INTERVAL = 1.0
+#: Operations sent in one step of the task.
+BATCH = 2_000
+
+
+class _Entry(Generic[T]):
+    """A request in a host's window: its id in Redis ("" for one kept in
+    memory only, its codec could not encode it), rank, and the request or
+    its encoded form."""
+
+    __slots__ = ("data", "item", "rank", "rid")
+
+    def __init__(self, rid: str, rank: int, item: T | None, data: bytes | None = None) -> None:
+        self.rid = rid
+        self.rank = rank
+        self.item = item
+        self.data = data
+
+
+@dataclass
+class _Held:
+    """A host this process holds."""
+
+    remote: int = 0  # requests queued for it in Redis (as last heard)
+    pending: int = 0  # pushes for it kept here once Redis answers
+    unacked: int = 0  # handed out, not acknowledged
+    served: int = 0  # handed out since the claim
+    idle_since: float | None = None
+    refilling: bool = False
+    draining: bool = False
+
+
+class RedisStore(Generic[T]):
+    """A :class:`~scrapy_hostqueue.store.RequestStore` on a shared Redis.
+
+    *memory* keeps the ring and the state of the hosts this process holds;
+    *proc* is this process's id in the crawl (see
+    :func:`~scrapy_hostqueue.store._redisdb.register`); *encode*, *decode*
+    turn items into bytes and back (*encode* returns None for an item it
+    cannot encode: it stays in memory only); *fingerprint* gives an item's
+    fingerprint, or None for one the dupefilter must not filter.
+    """
+
+    #: What the AIMD middleware learned about a host (JSON-able), saved with
+    #: the host's state; and restoring it when this process takes a host over.
+    export_learned: Callable[[str], dict[str, float] | None] | None = None
+    import_learned: Callable[[str, dict[str, float]], None] | None = None
+
+    def __init__(  # noqa: PLR0917 - the parts of the store, then options
+        self,
+        memory: MemoryStore[_Entry[T]],
+        crawl_id: str,
+        proc: str,
+        encode: Callable[[T], bytes | None],
+        decode: Callable[[bytes], T],
+        fingerprint: Callable[[T], bytes | None],
+        *,
+        max_hold: int,
+        lease_timeout: float = 30.0,
+        finish_grace: float = 3.0,
+        wait_for_urls: bool = False,
+        turn: int = 100,
+        window: int = WINDOW,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._mem = memory
+        self.crawl_id = crawl_id
+        self.prefix = prefix(crawl_id)
+        self.proc = proc
+        self._encode = encode
+        self._decode = decode
+        self._fingerprint = fingerprint
+        self.max_hold = max(1, max_hold)
+        self.lease_timeout = lease_timeout
+        self.finish_grace = finish_grace
+        self.wait_for_urls = wait_for_urls
+        self.turn = turn
+        self._window = max(2, window)
+        self._wall = wall_clock
+        self._held: dict[str, _Held] = {}
+        self._known: set[str] = set()  # ids leased to this process it knows of
+        self._leases: dict[int, tuple[T, str, str, int]] = {}  # handed out, by id(item)
+        self.outbox: list[tuple[Any, ...]] = []
+        self._next_id = 0
+        self._unanswered = 0  # pushes sent or to send, not answered yet
+        self._dirty: set[str] = set()
+        self._claiming = False
+        self._claim_after = 0.0
+        self._saved_at = 0.0
+        # Crawl-wide, as last read from Redis.
+        self.remote_queued = 0
+        self.remote_leased = 0
+        self._others_hungry = False
+        self._hungry = False
+        self._quiet_since: float | None = None
+        self._finished = False
+        #: Called when this process got work from Redis, or the crawl finished.
+        self.on_work: Callable[[], None] | None = None
+        #: Whether Redis answers (False during an outage).
+        self.connected = True
+        #: Counters for the stats: duplicates Redis dropped, hosts claimed...
+        self.counts: dict[str, int] = {
+            "duplicates": 0,
+            "claimed_hosts": 0,
+            "released_hosts": 0,
+            "refused": 0,
+            "outages": 0,
+            "lost_leases": 0,
+        }
+        #: Called when the task should step now (the local ring is starving,
+        #: the log is long); set by the task.
+        self.wake: Callable[[], None] | None = None
+        #: Set at close: no more claims.
+        self.closing = False
+
+    # -- the RequestStore attributes, the memory store's -----------------------
+
+    @property
+    def prefetch(self) -> int:
+        return self._mem.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._mem.prefetch = value
+
+    @property
+    def budget(self) -> int:
+        return self._mem.budget
+
+    @budget.setter
+    def budget(self, value: int) -> None:
+        self._mem.budget = value
+
+    @property
+    def silent_limit(self) -> int:
+        return self._mem.silent_limit
+
+    @silent_limit.setter
+    def silent_limit(self, value: int) -> None:
+        self._mem.silent_limit = value
+
+    @property
+    def on_forget(self) -> Callable[[str], None] | None:
+        return self._mem.on_forget
+
+    @on_forget.setter
+    def on_forget(self, value: Callable[[str], None] | None) -> None:
+        self._mem.on_forget = value
+
+    @property
+    def active(self) -> int:
+        return self._mem.active
+
+    def __len__(self) -> int:
+        """Requests queued here, pushed and not answered yet, and queued in
+        the shared crawl (as last read); plus one while the crawl is not
+        finished (requests leased elsewhere may yet bring more), so that the
+        scheduler keeps the crawl open."""
+        return (
+            len(self._mem)
+            + self._unanswered
+            + max(0, self.remote_queued)
+            + (0 if self.finished() else 1)
+        )
+
+    @property
+    def held_hosts(self) -> list[str]:
+        return list(self._held)
+
+    def finished(self) -> bool:
+        """Whether the shared crawl had nothing queued or leased anywhere for
+        ``finish_grace`` seconds (never with ``wait_for_urls``)."""
+        return self._finished
+
+    # -- requests ----------------------------------------------------------------
+
+    def push(self, key: str, rank: int, item: T) -> bool:
+        state = self._mem.known_state(key)
+        if state is not None and state.given_up:
+            return False
+        data = self._encode(item)
+        if data is None:
+            # Kept in memory only, worked without a claim: rare (a meta that
+            # cannot be pickled), and lost with the process.
+            return self._mem.push(key, rank, _Entry("", rank, item))
+        rank = max(-RANK_LIMIT, min(RANK_LIMIT, rank))
+        self._next_id += 1
+        rid = f"{self.proc}.{self._next_id}"
+        held = self._held.get(key)
+        keep = (
+            held is not None
+            and not held.draining
+            and self._mem.queued(key) + held.pending < ACTIVE_WINDOW
+        )
+        if keep:
+            assert held is not None
+            held.pending += 1
+        fingerprint = self._fingerprint(item) or b""
+        self.outbox.append(
+            ("push", rid, fingerprint, key, rank, keep, data, item if keep else None)
+        )
+        self._unanswered += 1
+        if self._finished:
+            self._finished = False
+            self._quiet_since = None
+        if len(self.outbox) >= BATCH:
+            self.kick()
+        return True
+
+    def pop(self, now: float | None = None) -> tuple[str, T] | None:
+        popped = self._mem.pop(now)
+        if popped is None:
+            if self.outbox or self._wants_hosts():
+                # Starving: send what waits and claim now, not at the next tick.
+                self.kick()
+            return None
+        key, entry = popped
+        item = entry.item
+        if item is None:
+            assert entry.data is not None
+            item = self._decode(entry.data)
+        if entry.rid:
+            self._leases[id(item)] = (item, entry.rid, key, entry.rank)
+            held = self._held.get(key)
+            if held is not None:
+                held.unacked += 1
+                held.served += 1
+                if held.remote and self._mem.queued(key) <= REFILL_AT:
+                    self.kick()
+        return key, item
+
+    def finish(self, key: str, overdue: bool = False) -> None:
+        self._mem.finish(key, overdue)
+
+    def set_overdue(self, key: str) -> None:
+        self._mem.set_overdue(key)
+
+    def overdue(self, key: str) -> int:
+        return self._mem.overdue(key)
+
+    def ack(self, item: T) -> None:
+        lease = self._leases.pop(id(item), None)
+        if lease is None:
+            return
+        _item, rid, key, _rank = lease
+        self._known.discard(rid)
+        held = self._held.get(key)
+        if held is not None:
+            held.unacked -= 1
+        self.outbox.append(("ack", rid))
+
+    def release(self, key: str, rank: int, item: T) -> None:
+        lease = self._leases.pop(id(item), None)
+        if lease is None:
+            self._mem.push(key, rank, _Entry("", rank, item))
+            return
+        # Back in its host's window, still leased to this process.
+        held = self._held.get(key)
+        if held is not None:
+            held.unacked -= 1
+        self._mem.push(key, rank, _Entry(lease[1], rank, item))
+
+    def adopt(self, key: str, now: float) -> None:
+        self._mem.adopt(key, now)
+
+    def give_up(self, key: str) -> list[T]:
+        """Refuse *key* from now on, crawl-wide; returns the requests of its
+        window, each leased until acknowledged (they go to their errbacks).
+        Those queued in Redis are dropped there."""
+        entries = self._mem.give_up(key)
+        items = []
+        held = self._held.get(key)
+        for entry in entries:
+            item = entry.item
+            if item is None:
+                assert entry.data is not None
+                item = self._decode(entry.data)
+            if entry.rid:
+                self._leases[id(item)] = (item, entry.rid, key, entry.rank)
+                if held is not None:
+                    held.unacked += 1
+            items.append(item)
+        if held is not None:
+            held.remote = 0
+        self._dirty.add(key)
+        self.outbox.append(("give_up", key))
+        return items
+
+    def items(self) -> Iterator[tuple[str, int, T]]:
+        """``(key, rank, item)`` of the requests in this process's windows."""
+        for key, rank, entry in self._mem.items():
+            item = entry.item
+            if item is None:
+                assert entry.data is not None
+                item = self._decode(entry.data)
+            yield key, rank, item
+
+    # -- hosts -----------------------------------------------------------------
+
+    def host_state(self, key: str) -> HostState:
+        return self._mem.host_state(key)
+
+    def known_state(self, key: str) -> HostState | None:
+        return self._mem.known_state(key)
+
+    def queued(self, key: str) -> int:
+        held = self._held.get(key)
+        return self._mem.queued(key) + (held.remote if held is not None else 0)
+
+    def inflight(self, key: str) -> int:
+        return self._mem.inflight(key)
+
+    def in_flight_cap(self, state: HostState) -> int:
+        return self._mem.in_flight_cap(state)
+
+    def is_full(self, key: str) -> bool:
+        return self._mem.is_full(key)
+
+    def note_full(self, key: str, now: float) -> None:
+        self._mem.note_full(key, now)
+
+    def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
+        for key, queued, inflight, state in self._mem.hosts():
+            held = self._held.get(key)
+            yield key, queued + (held.remote if held is not None else 0), inflight, state
+
+    def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
+        return self._mem.blocked(now)
+
+    def spaced(self, now: float) -> Iterator[tuple[str, float]]:
+        return self._mem.spaced(now)
+
+    def next_wakeup(self) -> float | None:
+        return self._mem.next_wakeup()
+
+    def set_limit(self, key: str, limit: int) -> None:
+        self._mem.set_limit(key, limit)
+        self._dirty.add(key)
+
+    def set_answering(self, key: str, answering: bool) -> None:
+        self._mem.set_answering(key, answering)
+
+    def block_until(self, key: str, when: float, reason: str | None = None) -> None:
+        self._mem.block_until(key, when, reason)
+        self._dirty.add(key)
+
+    def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
+        self._mem.set_interval(key, interval, jitter)
+        self._dirty.add(key)
+
+    def space_until(self, key: str, when: float) -> None:
+        self._mem.space_until(key, when)
+
+    def started(self, key: str, started_at: float, now: float) -> None:
+        self._mem.started(key, started_at, now)
+
+    def unstart(self, key: str, started_at: float) -> None:
+        self._mem.unstart(key, started_at)
+
+    def close(self) -> None:
+        """Nothing to do here: ``RedisLink.close`` hands back what the process
+        holds."""
+
+    # -- host state in Redis -----------------------------------------------------
+
+    def _state(self, key: str) -> tuple[str, int]:
+        """The state of *key* as JSON, and when it may be claimed again (ms
+        since the epoch, 0: now)."""
+        state = self._mem.known_state(key)
+        if state is None:
+            return "", 0
+        now = self._mem.clock()
+        to_wall = self._wall() - now
+        saved: dict[str, Any] = {"limit": state.limit}
+        if state.interval:
+            saved["interval"] = state.interval
+        ready = 0.0
+        if state.blocked_until > now:
+            saved["blocked_until"] = state.blocked_until + to_wall
+            saved["reason"] = state.block_reason
+            ready = state.blocked_until
+        spaced = state.spaced_until()
+        if spaced > now:
+            saved["spaced_until"] = spaced + to_wall
+            ready = max(ready, spaced)
+        if state.given_up:
+            saved["given_up"] = True
+        if self.export_learned is not None:
+            learned = self.export_learned(key)
+            if learned is not None:
+                saved["learned"] = learned
+        ready_ms = int((ready + to_wall) * 1000) if ready > now else 0
+        return json.dumps(saved, separators=(",", ":")), ready_ms
+
+    def _take_over(self, key: str, raw: bytes | str) -> None:
+        """Apply the state *key* had when its last holder saved it."""
+        self._mem.host_state(key)  # made now if new, with the configured limit
+        if not raw:
+            return
+        try:
+            state = json.loads(raw)
+        except ValueError:
+            return
+        now = self._mem.clock()
+        to_monotonic = now - self._wall()
+        limit = state.get("limit")
+        if isinstance(limit, int) and limit >= 1:
+            self._mem.set_limit(key, limit)
+        interval = state.get("interval")
+        if isinstance(interval, (int, float)) and interval > 0:
+            self._mem.set_interval(key, float(interval))
+        blocked = state.get("blocked_until")
+        if isinstance(blocked, (int, float)) and blocked + to_monotonic > now:
+            self._mem.block_until(key, blocked + to_monotonic, state.get("reason"))
+        spaced = state.get("spaced_until")
+        if isinstance(spaced, (int, float)) and spaced + to_monotonic > now:
+            self._mem.space_until(key, spaced + to_monotonic)
+        learned = state.get("learned")
+        if self.import_learned is not None and isinstance(learned, dict):
+            self.import_learned(key, learned)
+
+    # -- what the task does, synchronously ---------------------------------------
+
+    def kick(self) -> None:
+        if self.wake is not None:
+            self.wake()
+
+    def _wants_hosts(self) -> int:
+        """How many hosts this process would claim now."""
+        if self.closing or not self.connected:
+            return 0
+        working = sum(1 for held in self._held.values() if not held.draining)
+        return max(0, self.max_hold - working)
+
+    def tick(self, now: float) -> None:
+        """Append to the log what the held hosts need now: refills, saves,
+        hand-backs; and a claim if this process can work more hosts."""
+        mem = self._mem
+        for key, held in list(self._held.items()):
+            queued = mem.queued(key)
+            inflight = mem.inflight(key)
+            state = mem.known_state(key)
+            if held.refilling:
+                continue
+            busy = bool(inflight or held.unacked or held.pending)
+            ready_at = state.ready_at() if state is not None else 0.0
+            long_wait = ready_at > now + RELEASE_BLOCKED
+            if not busy and (held.draining or long_wait):
+                self._hand_back(key, held)
+                continue
+            if queued or held.remote or busy:
+                held.idle_since = None
+            elif held.idle_since is None:
+                held.idle_since = now
+            elif now - held.idle_since >= HOLD_GRACE:
+                self._hand_back(key, held)
+                continue
+            if held.remote and queued <= REFILL_AT and not held.draining and not long_wait:
+                held.refilling = True
+                self.outbox.append(("refill", key, self._window - queued))
+            elif (
+                self._others_hungry
+                and held.served >= self.turn
+                and not held.draining
+                and (queued or held.remote)
+            ):
+                # Its turn is over and other processes wait for hosts: it is
+                # handed nothing more here, and given back once it is quiet.
+                held.draining = True
+                self._give_back_window(key, release=False)
+        if self._dirty and now - self._saved_at >= SAVE_INTERVAL:
+            self._saved_at = now
+            for key in self._dirty:
+                if key in self._held:
+                    saved, ready = self._state(key)
+                    self.outbox.append(("give_back", key, saved, ready, False, ()))
+            self._dirty.clear()
+        want = self._wants_hosts()
+        if want and not self._claiming and now >= self._claim_after:
+            self._claiming = True
+            self.outbox.append(("claim", want, self._window))
+
+    def _give_back_window(self, key: str, *, release: bool) -> None:
+        entries = self._mem.remove_queued(key)
+        ids = []
+        for entry in entries:
+            if entry.rid:
+                ids.append(entry.rid)
+                self._known.discard(entry.rid)
+            else:
+                self._mem.push(key, entry.rank, entry)  # nowhere else to keep it
+        saved, ready = self._state(key)
+        self._dirty.discard(key)
+        self.outbox.append(("give_back", key, saved, ready, release, tuple(ids)))
+        held = self._held.get(key)
+        if held is not None:
+            held.remote += len(ids)
+
+    def _hand_back(self, key: str, held: _Held) -> None:
+        self._give_back_window(key, release=True)
+        del self._held[key]
+        self.counts["released_hosts"] += 1
+
+    def lost(self) -> None:
+        """This process's heartbeat expired and what it held was reclaimed:
+        forget the windows (their requests are queued in Redis again)."""
+        self.counts["lost_leases"] += 1
+        logger.warning(
+            "The shared frontier %s took back the %d hosts this process held: its "
+            "heartbeat expired (HOSTQUEUE_LEASE_TIMEOUT = %g s); requests in flight "
+            "finish, those in its windows go to other processes",
+            self.crawl_id,
+            len(self._held),
+            self.lease_timeout,
+        )
+        for key in list(self._held):
+            for entry in self._mem.remove_queued(key):
+                if not entry.rid:
+                    self._mem.push(key, entry.rank, entry)
+        self._held.clear()
+        self._known.clear()
+
+    def _add_window(self, key: str, items: list[bytes]) -> int:
+        for i in range(0, len(items), 2):
+            rid = items[i].decode()
+            _host, rank, data = split_value(items[i + 1])
+            self._known.add(rid)
+            self._mem.push(key, rank, _Entry(rid, rank, None, data))
+        return len(items) // 2
+
+    def answered(self, op: tuple[Any, ...], result: Any) -> bool:
+        """Apply the answer to *op*; True if it gave this process work."""
+        kind = op[0]
+        if kind == "push":
+            _, rid, _fp, key, rank, keep, _data, item = op
+            self._unanswered -= 1
+            held = self._held.get(key)
+            if keep and held is not None and held.pending:
+                # (A host held again after this process lost it counts anew.)
+                held.pending -= 1
+            status = int(result)
+            if status == 2 and held is not None:
+                self._known.add(rid)
+                self._mem.push(key, rank, _Entry(rid, rank, item))
+                return True
+            if status == 1 and held is not None:
+                held.remote += 1
+            elif status == 0:
+                self.counts["duplicates"] += 1
+            elif status == 3:
+                self.counts["refused"] += 1
+            return False
+        if kind == "claim":
+            self._claiming = False
+            if result == -1:
+                self.lost()
+                return False
+            got = 0
+            for host, state, left, items in result:
+                key = host.decode()
+                if key in self._held:
+                    continue
+                self._held[key] = _Held(remote=int(left))
+                self._take_over(key, state)
+                self._add_window(key, items)
+                got += 1
+            self.counts["claimed_hosts"] += got
+            self._hungry = got < op[1]
+            if self._hungry:
+                self._claim_after = self._mem.clock() + CLAIM_RETRY
+            return got > 0
+        if kind == "refill":
+            key = op[1]
+            held = self._held.get(key)
+            if held is None:
+                return False
+            held.refilling = False
+            if result == -1:
+                # Taken back (this process's heartbeat expired).
+                for entry in self._mem.remove_queued(key):
+                    if entry.rid:
+                        self._known.discard(entry.rid)
+                del self._held[key]
+                return False
+            left, items = result
+            held.remote = int(left)
+            return self._add_window(key, items) > 0
+        return False
+
+    def failed(self, ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """The ops of a batch that failed, to send again: claims and refills
+        are dropped (the tick asks again)."""
+        kept = []
+        for op in ops:
+            if op[0] == "claim":
+                self._claiming = False
+            elif op[0] == "refill":
+                held = self._held.get(op[1])
+                if held is not None:
+                    held.refilling = False
+            else:
+                kept.append(op)
+        return kept
+
+    def totals(self, queued: Any, leased: Any, hungry: int, now: float) -> bool:
+        """The crawl-wide totals were read (*hungry*: processes that wanted
+        hosts lately, this one included): True if the crawl just finished."""
+        self.remote_queued = int(queued or 0)
+        self.remote_leased = int(leased or 0)
+        self._others_hungry = hungry - (1 if self._hungry else 0) > 0
+        quiet = (
+            self.remote_queued <= 0
+            and self.remote_leased <= 0
+            and not self.outbox
+            and not self._unanswered
+            and not len(self._mem)
+        )
+        if not quiet or self.wait_for_urls:
+            self._quiet_since = None
+            self._finished = False
+            return False
+        if self._quiet_since is None:
+            self._quiet_since = now
+        if not self._finished and now - self._quiet_since >= self.finish_grace:
+            self._finished = True
+            return True
+        return False
+
+    def clock(self) -> float:
+        return self._mem.clock()
+
+    def wall(self) -> float:
+        return self._wall()
+
+    def resync_args(self) -> list[Any]:
+        """What this process knows it holds, for the resync script: the host
+        count, the hosts, then the request ids."""
+        hosts = list(self._held)
+        return [len(hosts), *hosts, *self._known]
+
+    def hand_back_all(self) -> None:
+        """Give every held host back (a graceful close)."""
+        for key, held in list(self._held.items()):
+            self._hand_back(key, held)

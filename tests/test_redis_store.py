@@ -1,0 +1,330 @@
+"""The Redis store against a real ``redis-server``: two stores on one crawl
+stand for two processes; the task's steps are run one at a time."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from scrapy_hostqueue.__main__ import main as cli
+from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store._redisdb import (
+    LAYOUT_VERSION,
+    RedisFrontierError,
+    prefix,
+    register,
+)
+from scrapy_hostqueue.store._redislink import RedisLink
+from scrapy_hostqueue.store.redis import RedisStore
+from tests._redis import RedisServer, redis_server
+
+redis = pytest.importorskip("redis")
+
+CRAWL = "unit"
+P = prefix(CRAWL)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with redis_server() as running:
+        yield running
+
+
+@pytest.fixture
+def sync(server: RedisServer) -> Iterator[Any]:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def _store(sync: Any, **kwargs: Any) -> RedisStore[str]:
+    proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
+    options: dict[str, Any] = {"max_hold": 4, "finish_grace": 0.0}
+    options.update(kwargs)
+    return RedisStore(
+        MemoryStore(lambda key: HostState(8)),
+        CRAWL,
+        proc,
+        str.encode,
+        bytes.decode,
+        lambda item: item.encode(),
+        **options,
+    )
+
+
+class Process:
+    """A store and an asyncio client, stepped by hand."""
+
+    def __init__(self, url: str, store: RedisStore[str]) -> None:
+        self.store = store
+        self.client = redis.asyncio.Redis.from_url(url)
+        self.link = RedisLink(store, self.client, (redis.exceptions.ConnectionError,))
+
+    async def step(self, *, beat: bool = True, totals: bool = True) -> None:
+        self.store._claim_after = 0.0
+        await self.link.step(beat=beat, totals=totals)
+
+    def pop_all(self) -> list[str]:
+        out = []
+        while (popped := self.store.pop()) is not None:
+            out.append(popped[1])
+        return out
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _stats(sync: Any) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in sync.hgetall(P + "stats").items()}
+
+
+@deferred_f_from_coro_f
+async def test_push_dedupes_across_processes_and_claims_are_exclusive(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync))
+    b = Process(server.url, _store(sync))
+    for url in ("h1/a", "h1/b", "h1/a", "h2/a"):
+        a.store.push(url.split("/")[0], 0, url)
+    b.store.push("h1", 0, "h1/b")
+    await a.step()
+    await b.step()
+    stats = _stats(sync)
+    assert stats["pushed"] == 3
+    assert stats["duplicates"] == 2
+    # a pushed first and claimed both hosts; b got none.
+    await a.step()
+    await b.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    assert b.store.held_hosts == []
+    assert sorted(a.pop_all()) == ["h1/a", "h1/b", "h2/a"]
+    assert b.pop_all() == []
+    assert sync.hgetall(P + "owner") == {b"h1": a.store.proc.encode(), b"h2": a.store.proc.encode()}
+    await a.aclose()
+    await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_a_child_of_a_held_host_stays_here_and_acks_end_leases(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync))
+    a.store.push("h1", 0, "h1/0")
+    await a.step()
+    await a.step()
+    (first,) = a.pop_all()
+    assert first == "h1/0"
+    a.store.push("h1", 0, "h1/1")
+    a.store.push("h1", 0, "h1/0")  # a duplicate: dropped in Redis
+    a.store.ack(first)
+    await a.step()
+    (second,) = a.pop_all()
+    assert second == "h1/1"
+    stats = _stats(sync)
+    assert (stats["queued"], stats["leased"], stats["acked"], stats["duplicates"]) == (0, 1, 1, 1)
+    a.store.ack(second)
+    await a.step()
+    assert _stats(sync)["leased"] == 0
+    assert sync.hlen(P + "r") == 0
+    await a.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_a_dead_process_hosts_and_requests_go_to_the_others(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync))
+    b = Process(server.url, _store(sync))
+    for n in range(3):
+        a.store.push("h1", 0, f"h1/{n}")
+    await a.step()
+    await a.step()
+    handed = a.pop_all()
+    assert len(handed) == 3
+    await b.step()
+    assert b.store.held_hosts == []
+    # a stops renewing its heartbeat: its lease expires.
+    sync.zadd(P + "procs", {a.store.proc: 1})
+    await b.step()  # the heartbeat reclaims
+    await b.step()  # the claim
+    assert b.store.held_hosts == ["h1"]
+    assert sorted(b.pop_all()) == sorted(handed)
+    assert _stats(sync)["reclaimed"] == 3
+    # a hears it was taken back at its next heartbeat, and forgets the host.
+    await a.step()
+    assert a.store.held_hosts == []
+    await a.aclose()
+    await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync, window=2))
+    b = Process(server.url, _store(sync))
+    for n in range(5):
+        a.store.push("h1", 0, f"h1/{n}")
+    await a.step()
+    await a.step()
+    popped = a.store.pop()
+    assert popped is not None
+    a.store.ack(popped[1])
+    a.store.block_until("h1", a.store._mem.clock() + 0.5, "retry-after")
+    assert await a.link.close() is None
+    assert sync.zscore(P + "procs", a.store.proc) is None
+    assert _stats(sync)["queued"] == 4
+    # Blocked: not claimable before the block ends, then with its block.
+    await b.step()
+    assert b.store.held_hosts == []
+    time.sleep(0.6)
+    await b.step()
+    assert b.store.held_hosts == ["h1"]
+    assert sorted(b.pop_all()) == [f"h1/{n}" for n in range(1, 5)]
+    await a.aclose()
+    await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_state_and_learned_blob_travel_with_the_host(server: RedisServer, sync: Any) -> None:
+    a = Process(server.url, _store(sync))
+    b = Process(server.url, _store(sync))
+    learned: dict[str, dict[str, float]] = {}
+    a.store.export_learned = lambda host: {"limit": 3.0, "latency": 0.2}
+    b.store.import_learned = learned.__setitem__
+    a.store.push("h1", 0, "h1/0")
+    a.store.push("h1", 0, "h1/1")
+    await a.step()
+    await a.step()
+    a.store.set_limit("h1", 3)
+    a.store.set_interval("h1", 0.25)
+    assert await a.link.close() is None
+    await b.step()
+    assert b.store.held_hosts == ["h1"]
+    state = b.store.host_state("h1")
+    assert (state.limit, state.interval) == (3, 0.25)
+    assert learned == {"h1": {"limit": 3.0, "latency": 0.2}}
+    await a.aclose()
+    await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_the_crawl_finishes_when_nothing_is_queued_or_leased(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync))
+    waiting = Process(server.url, _store(sync, wait_for_urls=True))
+    a.store.push("h1", 0, "h1/0")
+    await a.step()
+    await a.step()
+    assert len(a.store) > 0 and not a.store.finished()
+    request = a.pop_all()[0]
+    await a.step()
+    assert not a.store.finished()  # leased
+    a.store.ack(request)
+    await a.step()
+    await a.step()
+    assert a.store.finished() and len(a.store) == 0
+    await waiting.step()
+    await waiting.step()
+    assert not waiting.store.finished()
+    await a.aclose()
+    await waiting.aclose()
+
+
+def test_a_crawl_id_of_another_layout_is_refused(sync: Any) -> None:
+    sync.set(P + "version", "0")
+    with pytest.raises(RedisFrontierError, match="layout 0, this scrapy-hostqueue uses layout"):
+        register(sync, CRAWL, 0)
+    sync.set(P + "version", LAYOUT_VERSION)
+    assert register(sync, CRAWL, 0)
+
+
+@deferred_f_from_coro_f
+async def test_a_batch_sent_twice_changes_nothing_more(server: RedisServer, sync: Any) -> None:
+    """What a lost answer does: the batch is sent again as it was."""
+    a = Process(server.url, _store(sync))
+    a.store.push("h1", 0, "h1/0")
+    a.store.push("h2", 0, "h2/0")
+    ops = list(a.store.outbox)
+    await a.step()
+    before = _stats(sync), sync.zrange(P + "q:h1", 0, -1)
+    a.store.outbox[:0] = ops
+    a.store._unanswered += len(ops)
+    await a.step(beat=False)
+    assert (_stats(sync), sync.zrange(P + "q:h1", 0, -1)) == before
+    await a.aclose()
+
+
+def test_push_and_frontier_commands(
+    server: RedisServer, sync: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = "http://127.0.0.2:8000/page/"
+    assert cli(["push", server.url, "--crawl-id", CRAWL, url + "1", url + "2", url + "1"]) == 0
+    assert capsys.readouterr().out.strip() == "queued 2, 1 already seen"
+    assert cli(["push", server.url, "--crawl-id", CRAWL, url + "2"]) == 0
+    assert capsys.readouterr().out.strip() == "queued 0, 1 already seen"
+    proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
+    sync.hset(P + "state", "127.0.0.2", '{"limit":3,"blocked_until":%f}' % (time.time() + 60))
+    assert cli(["frontier", server.url, "--crawl-id", CRAWL]) == 0
+    out = capsys.readouterr().out
+    assert "2 requests queued and 0 leased" in out
+    assert re.search(r"127\.0\.0\.2 +2 queued +0 leased", out), out
+    assert f"  {proc}  alive, 0 leased, 0 hosts held" in out
+    assert "blocked hosts:\n  127.0.0.2  until" in out
+    assert "127.0.0.2  limit 3" in out
+    with pytest.raises(SystemExit):
+        cli(["frontier", server.url])
+    assert "needs --crawl-id" in capsys.readouterr().err
+
+
+@deferred_f_from_coro_f
+async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync))
+    for n in range(3):
+        a.store.push("h1", 0, f"h1/{n}")
+    a.store._claim_after = float("inf")  # pushed, not claimed
+    await a.link.step(beat=True, totals=False)
+    assert a.store.held_hosts == []
+    # A claim whose answer never came back: Redis handed the host out.
+    assert a.link.shas is not None
+    claim = a.link.shas["claim"]
+    await a.client.evalsha(claim, 1, P, a.store.proc, int(time.time() * 1000), 4, 16)
+    assert sync.hget(P + "owner", "h1") == a.store.proc.encode()
+    assert a.store.held_hosts == []
+    await a.link.resync()
+    assert sync.hget(P + "owner", "h1") is None
+    assert _stats(sync)["queued"] == 3
+    await a.step()
+    assert a.store.held_hosts == ["h1"]
+    assert sorted(a.pop_all()) == ["h1/0", "h1/1", "h1/2"]
+    await a.aclose()
+
+
+def test_the_package_works_without_the_redis_client() -> None:
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "import scrapy_hostqueue, scrapy_hostqueue.scheduler\n"
+        "from scrapy_hostqueue._redis_glue import redis_client_module\n"
+        "try:\n"
+        "    redis_client_module()\n"
+        "except Exception as error:\n"
+        "    print(type(error).__name__, error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == (
+        "RedisFrontierError HOSTQUEUE_FRONTIER names a Redis server, and the redis client "
+        "is not installed: pip install 'scrapy-hostqueue[redis]'"
+    )
