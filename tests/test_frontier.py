@@ -2044,6 +2044,33 @@ def test_silent_hosts_holding_their_share_of_places_leave_answering_hosts_theirs
     assert [host for host, _ in drain_pops(frontier)] == ["x2"]
 
 
+def test_places_freed_at_once_give_silent_hosts_no_more_than_their_share() -> None:
+    # The two hanging requests time out together, then both sites end their
+    # turns, before the engine asks for a request: four places are free at
+    # once. Silent hosts let out of the line for them count at their first
+    # request, so the first two took the share and the sites get the others.
+    frontier, _ = make(limit=1, max_active=4, turn=2)
+    push_answering_sites(frontier, "ab")
+    for i in range(6):
+        frontier.push(f"x{i}", 0, f"x{i}")
+    assert sorted(host for host, _ in drain_pops(frontier)) == ["a", "b", "x0", "x1"]
+    for _ in range(3):  # the sites' turns are over
+        for host in "ab":
+            frontier.finish(host)
+        assert sorted(host for host, _ in drain_pops(frontier)) == ["a", "b"]
+    for host in ("x0", "x1", "a", "b"):
+        frontier.finish(host)
+    served = sorted(host for host, _ in drain_pops(frontier))
+    assert served == ["a", "b", "x2", "x3"]
+    # The two sent back stay at the head of the line, ahead of the others.
+    frontier.push("x6", 0, "x6")
+    later = []
+    for host in ("x2", "x3"):
+        frontier.finish(host)
+        later += [host for host, _ in drain_pops(frontier)]
+    assert sorted(later) == ["x4", "x5"]
+
+
 def test_silent_hosts_still_get_places_from_busy_answering_hosts() -> None:
     frontier, _ = make(limit=1, max_active=2, turn=2)
     push_answering_sites(frontier, "ab")

@@ -591,6 +591,15 @@ class MemoryStore(Generic[T]):
         if not host.active and 0 < self.max_active <= self.active:
             self._set_capped(host)
             return None
+        if not host.active and self._silent_share_taken(host):
+            # Let out of the line for a free place while silent hosts held
+            # fewer than their share, it finds them holding it now (other
+            # silent hosts let out with it took their places first): the
+            # place goes to an answering host that waits, and this host
+            # goes back to the head of its line.
+            self._set_capped(host, front=True)
+            self._release_capped(now)
+            return None
         if self._turn_over(host, now):
             self._place(host, now)  # ENDING
             return None
@@ -950,6 +959,19 @@ class MemoryStore(Generic[T]):
             return True
         return self._active_silent < self._silent_share
 
+    def _silent_share_taken(self, host: _Host[T]) -> bool:
+        """Whether *host*, without a place, is silent while silent hosts hold
+        their share of the places and answering hosts wait for one. Hosts
+        are let out of the line for places freed before any is taken, and
+        a silent host counts among those holding one only at its first
+        request: several places freed at once (hanging requests timing
+        out together) would otherwise all go to silent hosts."""
+        return (
+            not host.state.answering
+            and self._waiting > self._waiting_silent
+            and self._active_silent >= self._silent_share
+        )
+
     def _leave(self, host: _Host[T], now: float, requeue: bool = False) -> None:
         """*host*, with nothing in flight but overdue requests, gives its
         active place up (if it holds one) to the first host waiting for one;
@@ -977,7 +999,8 @@ class MemoryStore(Generic[T]):
             self._waiting_silent -= 1
         host.placement = READY  # until placed
 
-    def _set_capped(self, host: _Host[T]) -> None:
+    def _set_capped(self, host: _Host[T], front: bool = False) -> None:
+        """Into the line of its class, at the back (*front*: at the head)."""
         if host.placement == CAPPED:
             self._uncap(host)
         silent = not host.state.answering
@@ -987,7 +1010,10 @@ class MemoryStore(Generic[T]):
         host.token += 1
         host.placement = CAPPED
         fifo = self._capped_silent if silent else self._capped
-        fifo.append((host.token, host))
+        if front:
+            fifo.appendleft((host.token, host))
+        else:
+            fifo.append((host.token, host))
         if self._crowded(len(fifo)):
             self._compact()
 
