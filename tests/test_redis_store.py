@@ -166,6 +166,46 @@ async def test_a_dead_process_hosts_and_requests_go_to_the_others(
 
 
 @deferred_f_from_coro_f
+async def test_a_process_that_waits_for_hosts_gets_its_share(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync, max_hold=8))
+    b = Process(server.url, _store(sync, max_hold=8))
+    for host in ("h1", "h2", "h3", "h4"):
+        for n in range(3):
+            a.store.push(host, 0, f"{host}/{n}")
+    await a.step()
+    await a.step()
+    assert len(a.store.held_hosts) == 4
+    in_flight = [a.store.pop() for _ in range(2)]  # one request of 2 hosts
+    await b.step()  # finds no host: waits
+    assert b.store.held_hosts == []
+    assert sync.zscore(P + "hungry", b.store.proc) is not None
+    # a holds twice its share (4 hosts, 2 processes): it gives back the two
+    # hosts with nothing in flight, keeps the other two (it hears of b, drains
+    # two hosts, gives them back).
+    for _ in range(3):
+        await a.step()
+    assert len(a.store.held_hosts) == 2
+    busy = {popped[0] for popped in in_flight if popped is not None}
+    assert busy <= set(a.store.held_hosts)
+    # Meanwhile a does not claim them back: b's are they.
+    await a.step()
+    await b.step()
+    assert len(b.store.held_hosts) == 2
+    assert set(a.store.held_hosts).isdisjoint(b.store.held_hosts)
+    assert sync.zscore(P + "hungry", b.store.proc) is None
+    assert len(b.pop_all()) == 6
+    # Both hold their share: nothing moves any more.
+    for _ in range(3):
+        await a.step()
+        await b.step()
+    assert len(a.store.held_hosts) == len(b.store.held_hosts) == 2
+    await a.aclose()
+    await b.aclose()
+
+
+@deferred_f_from_coro_f
 async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
     server: RedisServer, sync: Any
 ) -> None:

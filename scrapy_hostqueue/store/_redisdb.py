@@ -23,7 +23,8 @@ legal there. Keys (after the prefix):
 ``ready``       hash: host -> when it may be claimed again (ms), if later than now
 ``seen``        set: fingerprints of the requests pushed (the dupefilter)
 ``gaveup``      set: hosts given up (their requests are refused)
-``hungry``      zset: process -> when it last wanted hosts and found none (ms)
+``hungry``      zset: process -> when it last wanted hosts, found none and held
+                fewer than its fair share (ms)
 ``stats``       hash: crawl-wide counters (``queued``, ``leased``, ``pushed``,
                 ``duplicates``, ``acked``, ``reclaimed``, ``claims``)
 
@@ -223,18 +224,38 @@ return 1
 """
 )
 
-#: ARGV: proc, now ms, hosts wanted, requests per host. Returns -1 if the
-#: process is not registered (its heartbeat expired), else per host claimed:
-#: host, state JSON, requests left queued, {id, value, ...}.
+#: ARGV: proc, now ms, hosts wanted, requests per host, and how long (ms) a
+#: process that wanted hosts and found none counts as waiting (default
+#: 2000). Returns -1 if the process is not registered (its heartbeat
+#: expired), else {1 if it now counts as waiting for hosts else 0, then per
+#: host claimed: {host, state JSON, requests left queued, {id, value, ...}}}.
+#:
+#: While another process waits, a process claims only up to its fair share
+#: (the hosts held or claimable now over the live processes, rounded up),
+#: and none if it holds at least the share rounded down. A process waits
+#: (``hungry``) when it found fewer hosts than it asked for and holds fewer
+#: than that share rounded down.
 CLAIM = (
     _COMMON
     + """
 local proc, now, n, w = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local wait_ms = tonumber(ARGV[5] or '2000')
 if not redis.call('ZSCORE', P..'procs', proc) then return -1 end
-local out = {}
+local held = redis.call('SCARD', P..'held:'..proc)
+local live = math.max(1, redis.call('ZCOUNT', P..'procs', now, '+inf'))
+local hosts_now = redis.call('HLEN', P..'owner') + redis.call('ZCOUNT', P..'avail', '-inf', now)
+local low = math.floor(hosts_now / live)
+local waiting = redis.call('ZCOUNT', P..'hungry', now - wait_ms, '+inf')
+local mine = tonumber(redis.call('ZSCORE', P..'hungry', proc) or '-1')
+if mine >= now - wait_ms then waiting = waiting - 1 end
+if waiting > 0 then
+  if held >= low then n = 0 else n = math.min(n, math.ceil(hosts_now / live) - held) end
+end
+local out = {0}
 local got = 0
-local hosts = redis.call('ZRANGEBYSCORE', P..'avail', '-inf', now, 'LIMIT', 0, n)
-for _, host in ipairs(hosts) do
+local ready = {}
+if n > 0 then ready = redis.call('ZRANGEBYSCORE', P..'avail', '-inf', now, 'LIMIT', 0, n) end
+for _, host in ipairs(ready) do
   redis.call('ZREM', P..'avail', host)
   if redis.call('HEXISTS', P..'owner', host) == 0 and redis.call('ZCARD', P..'q:'..host) > 0 then
     redis.call('HSET', P..'owner', host, proc)
@@ -246,8 +267,9 @@ for _, host in ipairs(hosts) do
   end
 end
 hinc('claims', got)
-if got < n then
+if got < n and held + got < low then
   redis.call('ZADD', P..'hungry', now, proc)
+  out[1] = 1
 else
   redis.call('ZREM', P..'hungry', proc)
 end

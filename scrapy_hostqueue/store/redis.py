@@ -8,8 +8,9 @@ requests (see :mod:`scrapy_hostqueue.store._redisdb` for the keys), works
 them with the in-memory store's ring, the AIMD middleware and the send gate
 as a single process does, and gives a host back when it has been idle for
 :data:`HOLD_GRACE` seconds, must wait longer than :data:`RELEASE_BLOCKED`
-seconds (a Retry-After), has had its turn while other processes wait for
-hosts, or at a graceful close. A host is worked by one process at a time, so
+seconds (a Retry-After), holds more than its fair share (the crawl's hosts
+over its processes, rounded down) while another process waits for hosts, or
+at a graceful close. A host is worked by one process at a time, so
 its limit, its block and its spacing hold for the crawl as a whole: its state
 (limit, block and spacing as wall-clock times, what the AIMD middleware
 learned) travels with it through Redis, and a host blocked by a Retry-After
@@ -131,7 +132,6 @@ class RedisStore(Generic[T]):
         lease_timeout: float = 30.0,
         finish_grace: float = 3.0,
         wait_for_urls: bool = False,
-        turn: int = 100,
         window: int = WINDOW,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -146,7 +146,6 @@ class RedisStore(Generic[T]):
         self.lease_timeout = lease_timeout
         self.finish_grace = finish_grace
         self.wait_for_urls = wait_for_urls
-        self.turn = turn
         self._window = max(2, window)
         self._wall = wall_clock
         self._held: dict[str, _Held] = {}
@@ -163,7 +162,11 @@ class RedisStore(Generic[T]):
         self.remote_queued = 0
         self.remote_leased = 0
         self._others_hungry = False
-        self._hungry = False
+        self._hungry = False  # this process waits for hosts (as Redis said)
+        #: Hosts held or claimable in the crawl, and live processes (as
+        #: last read): a process holds at least ``hosts // processes``
+        #: while others wait for hosts, and gives back what it holds beyond.
+        self.share = (0, 1)
         self._quiet_since: float | None = None
         self._finished = False
         #: Called when this process got work from Redis, or the crawl finished.
@@ -530,16 +533,8 @@ class RedisStore(Generic[T]):
             if held.remote and queued <= REFILL_AT and not held.draining and not long_wait:
                 held.refilling = True
                 self.outbox.append(("refill", key, self._window - queued))
-            elif (
-                self._others_hungry
-                and held.served >= self.turn
-                and not held.draining
-                and (queued or held.remote)
-            ):
-                # Its turn is over and other processes wait for hosts: it is
-                # handed nothing more here, and given back once it is quiet.
-                held.draining = True
-                self._give_back_window(key, release=False)
+        if self._others_hungry:
+            self._give_up_surplus()
         if self._dirty and now - self._saved_at >= SAVE_INTERVAL:
             self._saved_at = now
             for key in self._dirty:
@@ -551,6 +546,23 @@ class RedisStore(Generic[T]):
         if want and not self._claiming and now >= self._claim_after:
             self._claiming = True
             self.outbox.append(("claim", want, self._window))
+
+    def _give_up_surplus(self) -> None:
+        """Other processes wait for hosts: drain the hosts this process holds
+        beyond its fair share (the crawl's hosts over its processes, rounded
+        down), those with the least in flight first, then those that were
+        handed out the most. A draining host is handed nothing more and given
+        back once nothing of it is in flight."""
+        hosts, processes = self.share
+        working = [(key, held) for key, held in self._held.items() if not held.draining]
+        surplus = len(working) - hosts // processes
+        if surplus <= 0:
+            return
+        mem = self._mem
+        working.sort(key=lambda pair: (mem.inflight(pair[0]) + pair[1].unacked, -pair[1].served))
+        for key, held in working[:surplus]:
+            held.draining = True
+            self._give_back_window(key, release=False)
 
     def _give_back_window(self, key: str, *, release: bool) -> None:
         entries = self._mem.remove_queued(key)
@@ -628,7 +640,8 @@ class RedisStore(Generic[T]):
                 self.lost()
                 return False
             got = 0
-            for host, state, left, items in result:
+            self._hungry = bool(int(result[0]))
+            for host, state, left, items in result[1:]:
                 key = host.decode()
                 if key in self._held:
                     continue
@@ -637,8 +650,7 @@ class RedisStore(Generic[T]):
                 self._add_window(key, items)
                 got += 1
             self.counts["claimed_hosts"] += got
-            self._hungry = got < op[1]
-            if self._hungry:
+            if got < op[1]:
                 self._claim_after = self._mem.clock() + CLAIM_RETRY
             return got > 0
         if kind == "refill":
@@ -675,11 +687,11 @@ class RedisStore(Generic[T]):
         return kept
 
     def totals(self, queued: Any, leased: Any, hungry: int, now: float) -> bool:
-        """The crawl-wide totals were read (*hungry*: processes that wanted
-        hosts lately, this one included): True if the crawl just finished."""
+        """The crawl-wide totals were read (*hungry*: other processes that
+        wait for hosts): True if the crawl just finished."""
         self.remote_queued = int(queued or 0)
         self.remote_leased = int(leased or 0)
-        self._others_hungry = hungry - (1 if self._hungry else 0) > 0
+        self._others_hungry = hungry > 0
         quiet = (
             self.remote_queued <= 0
             and self.remote_leased <= 0
