@@ -206,6 +206,41 @@ async def test_a_process_that_waits_for_hosts_gets_its_share(
 
 
 @deferred_f_from_coro_f
+async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync: Any) -> None:
+    a = Process(server.url, _store(sync))
+    for host in ("h1", "h2"):
+        a.store.push(host, 0, f"{host}/0")
+    await a.step()
+    await a.step()
+    parents = a.pop_all()
+    assert len(parents) == 2
+    server.reset_stats()
+    # 200 children of held hosts (kept here), 200 of a host nobody holds
+    # (queued in Redis), and the parents acknowledged: one batch.
+    for n in range(1, 101):
+        for host in ("h1", "h2", "h3"):
+            a.store.push(host, 0, f"{host}/{n}")
+    for parent in parents:
+        a.store.ack(parent)
+    await a.step(beat=False, totals=False)
+    stats = _stats(sync)
+    assert stats["pushed"] == 302
+    assert stats["acked"] == 2
+    calls = {name: stat.calls for name, stat in server.commandstats().items()}
+    # Per request: was it pushed before, is it new, and for one queued in
+    # Redis (the held hosts keep 64 here) its place in its host's queue. The
+    # rest (counters, values, leases, host lookups) once per script call.
+    scripts = calls["evalsha"]
+    assert scripts <= 5, calls
+    assert calls.get("hincrby", 0) <= 3 * scripts, calls
+    # Given up, owner, ready: once per host and script call.
+    assert calls.get("sismember", 0) + calls.get("hget", 0) <= 3 * 3 * scripts, calls
+    total = sum(calls.values()) - calls.get("info", 0) - calls.get("config", 0)
+    assert total <= 3 * 300 + 10 * scripts, calls
+    await a.aclose()
+
+
+@deferred_f_from_coro_f
 async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
     server: RedisServer, sync: Any
 ) -> None:
