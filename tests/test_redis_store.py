@@ -15,6 +15,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store import redis as redis_store
 from scrapy_hostqueue.store._redisdb import (
     LAYOUT_VERSION,
     RedisFrontierError,
@@ -203,6 +204,38 @@ async def test_a_process_that_waits_for_hosts_gets_its_share(
     assert len(a.store.held_hosts) == len(b.store.held_hosts) == 2
     await a.aclose()
     await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_a_host_never_handed_out_while_others_keep_the_budget_is_given_back(
+    server: RedisServer, sync: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_store, "UNUSED_GRACE", 0.2)
+    a = Process(server.url, _store(sync))
+    for host in ("h1", "h2"):
+        for n in range(3):
+            a.store.push(host, 0, f"{host}/{n}")
+    await a.step()
+    await a.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    popped = a.store.pop()  # the scheduler asks once, and is busy since
+    assert popped is not None
+    await a.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    time.sleep(0.3)
+    await a.step()
+    await a.step()
+    # The host it worked stays; the other goes back, and is not claimed
+    # again while this process has no room for it.
+    assert a.store.held_hosts == [popped[0]]
+    assert sync.zscore(P + "avail", "h2" if popped[0] == "h1" else "h1") is not None
+    # Room again (nothing to hand out): it claims.
+    assert a.store.pop() is not None
+    assert a.store.pop() is not None
+    assert a.store.pop() is None
+    await a.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    await a.aclose()
 
 
 @deferred_f_from_coro_f

@@ -65,6 +65,11 @@ REFILL_AT = 2
 ACTIVE_WINDOW = 64
 #: Seconds a held host with nothing to do stays held before it is given back.
 HOLD_GRACE = 0.5
+#: Seconds a held host that was never handed out stays held while this
+#: process had no room for it (its other hosts kept its budget busy) before
+#: it is given back; and how recently this process must have had room
+#: (nothing to hand out) to claim hosts.
+UNUSED_GRACE = 1.0
 #: A held host that must wait longer than this (seconds) is given back, to be
 #: claimable again when its wait ends.
 RELEASE_BLOCKED = 1.0
@@ -99,6 +104,7 @@ class _Held:
     unacked: int = 0  # handed out, not acknowledged
     served: int = 0  # handed out since the claim
     idle_since: float | None = None
+    claimed_at: float = 0.0
     refilling: bool = False
     draining: bool = False
 
@@ -157,6 +163,9 @@ class RedisStore(Generic[T]):
         self._dirty: set[str] = set()
         self._claiming = False
         self._claim_after = 0.0
+        #: When this process last had room for more hosts (nothing to hand
+        #: out when asked, or nothing queued at all).
+        self._room_at = memory.clock()
         self._saved_at = 0.0
         # Crawl-wide, as last read from Redis.
         self.remote_queued = 0
@@ -285,6 +294,7 @@ class RedisStore(Generic[T]):
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
         popped = self._mem.pop(now)
         if popped is None:
+            self._room_at = self._mem.clock() if now is None else now
             if self.outbox or self._wants_hosts():
                 # Starving: send what waits and claim now, not at the next tick.
                 self.kick()
@@ -504,6 +514,9 @@ class RedisStore(Generic[T]):
         """How many hosts this process would claim now."""
         if self.closing or not self.connected:
             return 0
+        if self._mem.clock() - self._room_at > UNUSED_GRACE:
+            # The hosts held keep the budget busy: more would wait unused.
+            return 0
         working = sum(1 for held in self._held.values() if not held.draining)
         return max(0, self.max_hold - working)
 
@@ -511,6 +524,10 @@ class RedisStore(Generic[T]):
         """Append to the log what the held hosts need now: refills, saves,
         hand-backs; and a claim if this process can work more hosts."""
         mem = self._mem
+        if not len(mem):
+            # Nothing to hand out: room for more hosts, whether or not the
+            # scheduler asked lately.
+            self._room_at = now
         for key, held in list(self._held.items()):
             queued = mem.queued(key)
             inflight = mem.inflight(key)
@@ -521,6 +538,17 @@ class RedisStore(Generic[T]):
             ready_at = state.ready_at() if state is not None else 0.0
             long_wait = ready_at > now + RELEASE_BLOCKED
             if not busy and (held.draining or long_wait):
+                self._hand_back(key, held)
+                continue
+            if (
+                not held.served
+                and not busy
+                and now - held.claimed_at >= UNUSED_GRACE
+                and now - self._room_at >= UNUSED_GRACE
+            ):
+                # Never handed out: the other hosts held keep the budget busy
+                # (hosts that answer go before hosts not heard from yet).
+                # Another process may use it.
                 self._hand_back(key, held)
                 continue
             if queued or held.remote or busy:
@@ -645,7 +673,7 @@ class RedisStore(Generic[T]):
                 key = host.decode()
                 if key in self._held:
                     continue
-                self._held[key] = _Held(remote=int(left))
+                self._held[key] = _Held(remote=int(left), claimed_at=self._mem.clock())
                 self._take_over(key, state)
                 self._add_window(key, items)
                 got += 1
