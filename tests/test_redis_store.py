@@ -260,16 +260,17 @@ async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync
     assert stats["pushed"] == 302
     assert stats["acked"] == 2
     calls = {name: stat.calls for name, stat in server.commandstats().items()}
-    # Per request: was it pushed before, is it new, and for one queued in
-    # Redis (the held hosts keep 64 here) its place in its host's queue. The
-    # rest (counters, values, leases, host lookups) once per script call.
+    # Per request: is its fingerprint new, and for one queued in Redis (the
+    # held hosts keep 64 here) its place in its host's queue. The rest
+    # (counters, values, leases, host lookups) once per script call.
     scripts = calls["evalsha"]
     assert scripts <= 5, calls
     assert calls.get("hincrby", 0) <= 3 * scripts, calls
     # Given up, owner, ready: once per host and script call.
     assert calls.get("sismember", 0) + calls.get("hget", 0) <= 3 * 3 * scripts, calls
     total = sum(calls.values()) - calls.get("info", 0) - calls.get("config", 0)
-    assert total <= 3 * 300 + 10 * scripts, calls
+    assert calls.get("hexists", 0) == 0, calls
+    assert total <= 2 * 300 + 10 * scripts, calls
     await a.aclose()
 
 

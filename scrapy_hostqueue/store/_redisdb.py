@@ -214,11 +214,15 @@ local kept = {}
 for i = 2, #ARGV, 6 do
   local id, fp, host, rank, keep = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local status
-  if redis.call('HEXISTS', P..'r', id) == 1 then
+  -- A request already pushed (this batch sent again after its answer was
+  -- lost) answers as it did; its fingerprint is in the seen set, so a new
+  -- request with a fingerprint costs one SADD.
+  local again = fp == '' or gave_up(host) or redis.call('SADD', P..'seen', fp) == 0
+  if again and redis.call('HEXISTS', P..'r', id) == 1 then
     status = redis.call('SISMEMBER', P..'lease:'..proc, id) == 1 and 2 or 1
   elseif gave_up(host) then
     status = 3
-  elseif fp ~= '' and redis.call('SADD', P..'seen', fp) == 0 then
+  elseif fp ~= '' and again then
     status = 0
     hinc('duplicates', 1)
   else
