@@ -153,7 +153,6 @@ class RedisFrontier:
             lease_timeout=cfg.lease_timeout,
             finish_grace=cfg.redis_finish_grace,
             wait_for_urls=cfg.redis_wait_for_urls,
-            turn=cfg.turn_requests,
         )
         return self.store
 

@@ -114,8 +114,8 @@ def _responses(tmp_path: Path) -> list[int]:
 def test_three_processes_hold_one_limit_per_host(server: RedisServer, tmp_path: Path) -> None:
     specs = [HostSpec(latency=0.01, pages=80)] * 3 + [HostSpec(latency=0.2, pages=40)]
     with LocalHosts(specs, process=True) as hosts:
-        # Two hosts per process at most, turns of 20 requests: hosts move
-        # from process to process during the crawl.
+        # Two hosts per process at most: the first two processes take the
+        # four hosts, then give some back to the third, which waits for hosts.
         workers = [
             _worker(
                 server,

@@ -15,6 +15,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store import redis as redis_store
 from scrapy_hostqueue.store._redisdb import (
     LAYOUT_VERSION,
     RedisFrontierError,
@@ -163,6 +164,114 @@ async def test_a_dead_process_hosts_and_requests_go_to_the_others(
     assert a.store.held_hosts == []
     await a.aclose()
     await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_a_process_that_waits_for_hosts_gets_its_share(
+    server: RedisServer, sync: Any
+) -> None:
+    a = Process(server.url, _store(sync, max_hold=8))
+    b = Process(server.url, _store(sync, max_hold=8))
+    for host in ("h1", "h2", "h3", "h4"):
+        for n in range(3):
+            a.store.push(host, 0, f"{host}/{n}")
+    await a.step()
+    await a.step()
+    assert len(a.store.held_hosts) == 4
+    in_flight = [a.store.pop() for _ in range(2)]  # one request of 2 hosts
+    await b.step()  # finds no host: waits
+    assert b.store.held_hosts == []
+    assert sync.zscore(P + "hungry", b.store.proc) is not None
+    # a holds twice its share (4 hosts, 2 processes): it gives back the two
+    # hosts with nothing in flight, keeps the other two (it hears of b, drains
+    # two hosts, gives them back).
+    for _ in range(3):
+        await a.step()
+    assert len(a.store.held_hosts) == 2
+    busy = {popped[0] for popped in in_flight if popped is not None}
+    assert busy <= set(a.store.held_hosts)
+    # Meanwhile a does not claim them back: b's are they.
+    await a.step()
+    await b.step()
+    assert len(b.store.held_hosts) == 2
+    assert set(a.store.held_hosts).isdisjoint(b.store.held_hosts)
+    assert sync.zscore(P + "hungry", b.store.proc) is None
+    assert len(b.pop_all()) == 6
+    # Both hold their share: nothing moves any more.
+    for _ in range(3):
+        await a.step()
+        await b.step()
+    assert len(a.store.held_hosts) == len(b.store.held_hosts) == 2
+    await a.aclose()
+    await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_a_host_never_handed_out_while_others_keep_the_budget_is_given_back(
+    server: RedisServer, sync: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_store, "UNUSED_GRACE", 0.2)
+    a = Process(server.url, _store(sync))
+    for host in ("h1", "h2"):
+        for n in range(3):
+            a.store.push(host, 0, f"{host}/{n}")
+    await a.step()
+    await a.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    popped = a.store.pop()  # the scheduler asks once, and is busy since
+    assert popped is not None
+    await a.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    time.sleep(0.3)
+    await a.step()
+    await a.step()
+    # The host it worked stays; the other goes back, and is not claimed
+    # again while this process has no room for it.
+    assert a.store.held_hosts == [popped[0]]
+    assert sync.zscore(P + "avail", "h2" if popped[0] == "h1" else "h1") is not None
+    # Room again (nothing to hand out): it claims.
+    assert a.store.pop() is not None
+    assert a.store.pop() is not None
+    assert a.store.pop() is None
+    await a.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    await a.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync: Any) -> None:
+    a = Process(server.url, _store(sync))
+    for host in ("h1", "h2"):
+        a.store.push(host, 0, f"{host}/0")
+    await a.step()
+    await a.step()
+    parents = a.pop_all()
+    assert len(parents) == 2
+    server.reset_stats()
+    # 200 children of held hosts (kept here), 200 of a host nobody holds
+    # (queued in Redis), and the parents acknowledged: one batch.
+    for n in range(1, 101):
+        for host in ("h1", "h2", "h3"):
+            a.store.push(host, 0, f"{host}/{n}")
+    for parent in parents:
+        a.store.ack(parent)
+    await a.step(beat=False, totals=False)
+    stats = _stats(sync)
+    assert stats["pushed"] == 302
+    assert stats["acked"] == 2
+    calls = {name: stat.calls for name, stat in server.commandstats().items()}
+    # Per request: is its fingerprint new, and for one queued in Redis (the
+    # held hosts keep 64 here) its place in its host's queue. The rest
+    # (counters, values, leases, host lookups) once per script call.
+    scripts = calls["evalsha"]
+    assert scripts <= 5, calls
+    assert calls.get("hincrby", 0) <= 3 * scripts, calls
+    # Given up, owner, ready: once per host and script call.
+    assert calls.get("sismember", 0) + calls.get("hget", 0) <= 3 * 3 * scripts, calls
+    total = sum(calls.values()) - calls.get("info", 0) - calls.get("config", 0)
+    assert calls.get("hexists", 0) == 0, calls
+    assert total <= 2 * 300 + 10 * scripts, calls
+    await a.aclose()
 
 
 @deferred_f_from_coro_f

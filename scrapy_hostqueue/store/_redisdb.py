@@ -23,7 +23,8 @@ legal there. Keys (after the prefix):
 ``ready``       hash: host -> when it may be claimed again (ms), if later than now
 ``seen``        set: fingerprints of the requests pushed (the dupefilter)
 ``gaveup``      set: hosts given up (their requests are refused)
-``hungry``      zset: process -> when it last wanted hosts and found none (ms)
+``hungry``      zset: process -> when it last wanted hosts, found none and held
+                fewer than its fair share (ms)
 ``stats``       hash: crawl-wide counters (``queued``, ``leased``, ``pushed``,
                 ``duplicates``, ``acked``, ``reclaimed``, ``claims``)
 
@@ -56,10 +57,18 @@ class RedisFrontierError(Exception):
     what to do."""
 
 
+# What every script shares. A script's body runs in ``run``, which writes
+# what it accumulated once at its end: the crawl-wide counters (one HINCRBY
+# per counter, not per request), the per-host queue counts, the order
+# counter, the values and leases of the requests it added; and host lookups
+# (owner, ready time, given up) are read once per script.
 _COMMON = """
 local P = KEYS[1]
+local counters, qdelta, memo_owner, memo_ready, memo_gaveup, in_avail = {}, {}, {}, {}, {}, {}
+local new_values, new_leases = {}, {}
+local order_next
 local function hinc(field, n)
-  if n ~= 0 then redis.call('HINCRBY', P..'stats', field, n) end
+  counters[field] = (counters[field] or 0) + n
 end
 local function parse(v)
   local nl = string.find(v, '\\n', 1, true)
@@ -67,40 +76,73 @@ local function parse(v)
   local sp = string.find(head, ' ', 1, true)
   return string.sub(head, sp + 1), tonumber(string.sub(head, 1, sp - 1))
 end
+local function owner_of(host)
+  local o = memo_owner[host]
+  if o == nil then
+    o = redis.call('HGET', P..'owner', host) or false
+    memo_owner[host] = o
+  end
+  return o
+end
+local function set_owner(host, proc)
+  if proc then
+    redis.call('HSET', P..'owner', host, proc)
+  else
+    redis.call('HDEL', P..'owner', host)
+  end
+  memo_owner[host] = proc
+end
 local function ready_at(host)
-  return tonumber(redis.call('HGET', P..'ready', host) or '0')
+  local r = memo_ready[host]
+  if r == nil then
+    r = tonumber(redis.call('HGET', P..'ready', host) or '0')
+    memo_ready[host] = r
+  end
+  return r
+end
+local function gave_up(host)
+  local g = memo_gaveup[host]
+  if g == nil then
+    g = redis.call('SISMEMBER', P..'gaveup', host) == 1
+    memo_gaveup[host] = g
+  end
+  return g
 end
 local function enqueue(host, id, rank)
-  local order = redis.call('INCR', P..'order') %% %(order)d
-  local score = string.format('%%.0f', -rank * %(order)d + order)
+  if not order_next then
+    order_next = tonumber(redis.call('GET', P..'order') or '0')
+  end
+  order_next = order_next + 1
+  local score = string.format('%%.0f', -rank * %(order)d + order_next %% %(order)d)
   if redis.call('ZADD', P..'q:'..host, score, id) == 0 then return end
-  redis.call('ZINCRBY', P..'qcount', 1, host)
+  qdelta[host] = (qdelta[host] or 0) + 1
   hinc('queued', 1)
-  if redis.call('HEXISTS', P..'owner', host) == 0 then
+  if not owner_of(host) and not in_avail[host] then
     redis.call('ZADD', P..'avail', 'NX', ready_at(host), host)
+    in_avail[host] = true
   end
 end
 local function take(proc, host, n)
   local popped = redis.call('ZPOPMIN', P..'q:'..host, n)
   local out = {}
-  local k = 0
-  for i = 1, #popped, 2 do
-    local id = popped[i]
-    local v = redis.call('HGET', P..'r', id)
+  local k = #popped / 2
+  if k == 0 then return out end
+  local ids = {}
+  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
+  local values = redis.call('HMGET', P..'r', unpack(ids))
+  local leased = {}
+  for i, id in ipairs(ids) do
+    local v = values[i]
     if v then
-      redis.call('SADD', P..'lease:'..proc, id)
+      leased[#leased + 1] = id
       out[#out + 1] = id
       out[#out + 1] = v
     end
-    k = k + 1
   end
-  if k > 0 then
-    hinc('queued', -k)
-    hinc('leased', #out / 2)
-    if tonumber(redis.call('ZINCRBY', P..'qcount', -k, host)) <= 0 then
-      redis.call('ZREM', P..'qcount', host)
-    end
-  end
+  if #leased > 0 then redis.call('SADD', P..'lease:'..proc, unpack(leased)) end
+  hinc('queued', -k)
+  hinc('leased', #leased)
+  qdelta[host] = (qdelta[host] or 0) - k
   return out
 end
 local function give_back(proc, id)
@@ -114,11 +156,12 @@ local function give_back(proc, id)
   return 1
 end
 local function release(proc, host)
-  if redis.call('HGET', P..'owner', host) ~= proc then return 0 end
-  redis.call('HDEL', P..'owner', host)
+  if owner_of(host) ~= proc then return 0 end
+  set_owner(host, false)
   redis.call('SREM', P..'held:'..proc, host)
   if redis.call('ZCARD', P..'q:'..host) > 0 then
     redis.call('ZADD', P..'avail', ready_at(host), host)
+    in_avail[host] = true
   end
   return 1
 end
@@ -135,7 +178,29 @@ local function leave(proc)
   redis.call('ZREM', P..'hungry', proc)
   return n
 end
+local function flush()
+  if #new_values > 0 then redis.call('HSET', P..'r', unpack(new_values)) end
+  for proc, ids in pairs(new_leases) do redis.call('SADD', P..'lease:'..proc, unpack(ids)) end
+  if order_next then redis.call('SET', P..'order', order_next) end
+  for host, d in pairs(qdelta) do
+    if d ~= 0 and tonumber(redis.call('ZINCRBY', P..'qcount', d, host)) <= 0 then
+      redis.call('ZREM', P..'qcount', host)
+    end
+  end
+  for field, n in pairs(counters) do
+    if n ~= 0 then redis.call('HINCRBY', P..'stats', field, n) end
+  end
+end
+local function run(body)
+  local result = body()
+  flush()
+  return result
+end
+return run(function()
 """.replace("%(order)d", str(_ORDER)).replace("%%", "%")
+_END = """
+end)
+"""
 
 #: ARGV: proc, then (id, fingerprint or "", host, rank, keep "1"/"0", data)
 #: per request. Per request: 0 a duplicate, 1 queued, 2 leased to *proc*
@@ -145,21 +210,27 @@ PUSH = (
     + """
 local proc = ARGV[1]
 local out = {}
+local kept = {}
 for i = 2, #ARGV, 6 do
   local id, fp, host, rank, keep = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local status
-  if redis.call('HEXISTS', P..'r', id) == 1 then
+  -- A request already pushed (this batch sent again after its answer was
+  -- lost) answers as it did; its fingerprint is in the seen set, so a new
+  -- request with a fingerprint costs one SADD.
+  local again = fp == '' or gave_up(host) or redis.call('SADD', P..'seen', fp) == 0
+  if again and redis.call('HEXISTS', P..'r', id) == 1 then
     status = redis.call('SISMEMBER', P..'lease:'..proc, id) == 1 and 2 or 1
-  elseif redis.call('SISMEMBER', P..'gaveup', host) == 1 then
+  elseif gave_up(host) then
     status = 3
-  elseif fp ~= '' and redis.call('SADD', P..'seen', fp) == 0 then
+  elseif fp ~= '' and again then
     status = 0
     hinc('duplicates', 1)
   else
-    redis.call('HSET', P..'r', id, rank..' '..host..'\\n'..ARGV[i + 5])
+    new_values[#new_values + 1] = id
+    new_values[#new_values + 1] = rank..' '..host..'\\n'..ARGV[i + 5]
     hinc('pushed', 1)
-    if keep == '1' and redis.call('HGET', P..'owner', host) == proc then
-      redis.call('SADD', P..'lease:'..proc, id)
+    if keep == '1' and owner_of(host) == proc then
+      kept[#kept + 1] = id
       hinc('leased', 1)
       status = 2
     else
@@ -169,8 +240,10 @@ for i = 2, #ARGV, 6 do
   end
   out[#out + 1] = status
 end
+if #kept > 0 then new_leases[proc] = kept end
 return out
 """
+    + _END
 )
 
 #: ARGV: proc, ids. Ends each lease (a request leased elsewhere since, after
@@ -179,12 +252,19 @@ ACK = (
     _COMMON
     + """
 local proc = ARGV[1]
+local ids, listed = {}, {}
 for i = 2, #ARGV do
-  local id = ARGV[i]
-  if redis.call('SREM', P..'lease:'..proc, id) == 1 then
-    redis.call('HDEL', P..'r', id)
-    hinc('leased', -1)
-    hinc('acked', 1)
+  if not listed[ARGV[i]] then
+    listed[ARGV[i]] = true
+    ids[#ids + 1] = ARGV[i]
+  end
+end
+if #ids == 0 then return 1 end
+local mine = redis.call('SMISMEMBER', P..'lease:'..proc, unpack(ids))
+local done = {}
+for i, id in ipairs(ids) do
+  if mine[i] == 1 then
+    done[#done + 1] = id
   else
     local v = redis.call('HGET', P..'r', id)
     if v then
@@ -193,15 +273,20 @@ for i = 2, #ARGV do
         redis.call('HDEL', P..'r', id)
         hinc('queued', -1)
         hinc('acked', 1)
-        if tonumber(redis.call('ZINCRBY', P..'qcount', -1, host)) <= 0 then
-          redis.call('ZREM', P..'qcount', host)
-        end
+        qdelta[host] = (qdelta[host] or 0) - 1
       end
     end
   end
 end
+if #done > 0 then
+  redis.call('SREM', P..'lease:'..proc, unpack(done))
+  redis.call('HDEL', P..'r', unpack(done))
+  hinc('leased', -#done)
+  hinc('acked', #done)
+end
 return 1
 """
+    + _END
 )
 
 #: ARGV: proc, host, state JSON ("" keeps it), ready ms, release "1"/"0",
@@ -217,27 +302,49 @@ if ready > 0 then
 else
   redis.call('HDEL', P..'ready', host)
 end
+memo_ready[host] = ready > 0 and ready or 0
 for i = 6, #ARGV do give_back(proc, ARGV[i]) end
 if rel == '1' then release(proc, host) end
 return 1
 """
+    + _END
 )
 
-#: ARGV: proc, now ms, hosts wanted, requests per host. Returns -1 if the
-#: process is not registered (its heartbeat expired), else per host claimed:
-#: host, state JSON, requests left queued, {id, value, ...}.
+#: ARGV: proc, now ms, hosts wanted, requests per host, and how long (ms) a
+#: process that wanted hosts and found none counts as waiting (default
+#: 2000). Returns -1 if the process is not registered (its heartbeat
+#: expired), else {1 if it now counts as waiting for hosts else 0, then per
+#: host claimed: {host, state JSON, requests left queued, {id, value, ...}}}.
+#:
+#: While another process waits, a process claims only up to its fair share
+#: (the hosts held or claimable now over the live processes, rounded up),
+#: and none if it holds at least the share rounded down. A process waits
+#: (``hungry``) when it found fewer hosts than it asked for and holds fewer
+#: than that share rounded down.
 CLAIM = (
     _COMMON
     + """
 local proc, now, n, w = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local wait_ms = tonumber(ARGV[5] or '2000')
 if not redis.call('ZSCORE', P..'procs', proc) then return -1 end
-local out = {}
+local held = redis.call('SCARD', P..'held:'..proc)
+local live = math.max(1, redis.call('ZCOUNT', P..'procs', now, '+inf'))
+local hosts_now = redis.call('HLEN', P..'owner') + redis.call('ZCOUNT', P..'avail', '-inf', now)
+local low = math.floor(hosts_now / live)
+local waiting = redis.call('ZCOUNT', P..'hungry', now - wait_ms, '+inf')
+local mine = tonumber(redis.call('ZSCORE', P..'hungry', proc) or '-1')
+if mine >= now - wait_ms then waiting = waiting - 1 end
+if waiting > 0 then
+  if held >= low then n = 0 else n = math.min(n, math.ceil(hosts_now / live) - held) end
+end
+local out = {0}
 local got = 0
-local hosts = redis.call('ZRANGEBYSCORE', P..'avail', '-inf', now, 'LIMIT', 0, n)
-for _, host in ipairs(hosts) do
+local ready = {}
+if n > 0 then ready = redis.call('ZRANGEBYSCORE', P..'avail', '-inf', now, 'LIMIT', 0, n) end
+for _, host in ipairs(ready) do
   redis.call('ZREM', P..'avail', host)
-  if redis.call('HEXISTS', P..'owner', host) == 0 and redis.call('ZCARD', P..'q:'..host) > 0 then
-    redis.call('HSET', P..'owner', host, proc)
+  if not owner_of(host) and redis.call('ZCARD', P..'q:'..host) > 0 then
+    set_owner(host, proc)
     redis.call('SADD', P..'held:'..proc, host)
     local items = take(proc, host, w)
     out[#out + 1] = {host, redis.call('HGET', P..'state', host) or '',
@@ -246,13 +353,15 @@ for _, host in ipairs(hosts) do
   end
 end
 hinc('claims', got)
-if got < n then
+if got < n and held + got < low then
   redis.call('ZADD', P..'hungry', now, proc)
+  out[1] = 1
 else
   redis.call('ZREM', P..'hungry', proc)
 end
 return out
 """
+    + _END
 )
 
 #: ARGV: proc, host, n. The next *n* requests of a host the process holds:
@@ -261,10 +370,11 @@ REFILL = (
     _COMMON
     + """
 local proc, host, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if redis.call('HGET', P..'owner', host) ~= proc then return -1 end
+if owner_of(host) ~= proc then return -1 end
 local items = take(proc, host, n)
 return {redis.call('ZCARD', P..'q:'..host), items}
 """
+    + _END
 )
 
 #: ARGV: proc, now ms, expiry ms. Renews the heartbeat; reclaims what
@@ -286,6 +396,7 @@ end
 redis.call('ZADD', P..'procs', expiry, proc)
 return {alive, n}
 """
+    + _END
 )
 
 #: ARGV: proc, then the host count, hosts, then ids: what the process knows
@@ -308,6 +419,7 @@ for _, host in ipairs(redis.call('SMEMBERS', P..'held:'..proc)) do
 end
 return n
 """
+    + _END
 )
 
 #: ARGV: proc. Gives back everything the process holds and unregisters it.
@@ -316,6 +428,7 @@ LEAVE = (
     + """
 return leave(ARGV[1])
 """
+    + _END
 )
 
 #: ARGV: host. Refuses the host's requests from now on and drops those queued.
@@ -333,6 +446,7 @@ hinc('queued', -#ids)
 hinc('refused', #ids)
 return #ids
 """
+    + _END
 )
 
 SCRIPTS = {

@@ -32,7 +32,8 @@ TICK = 0.05
 TOTALS_INTERVAL = 0.25
 #: Operations per script call.
 CHUNK = 200
-#: A process that wanted hosts within this many milliseconds is waiting.
+#: A process that wanted hosts (and held fewer than its fair share) within
+#: this many milliseconds is waiting.
 HUNGRY_MS = 2_000
 
 
@@ -145,7 +146,7 @@ class RedisLink:
                 _, key, state, ready, release, ids = group[0]
                 args = [proc, key, state, ready, "1" if release else "0", *ids]
             elif kind == "claim":
-                args = [proc, wall_ms, group[0][1], group[0][2]]
+                args = [proc, wall_ms, group[0][1], group[0][2], HUNGRY_MS]
             elif kind == "refill":
                 args = [proc, group[0][1], group[0][2]]
             else:  # give_up
@@ -158,7 +159,11 @@ class RedisLink:
             pipe.evalsha(shas["heartbeat"], 1, p, proc, wall_ms, expiry)
         if totals:
             pipe.hmget(p + "stats", "queued", "leased")
-            pipe.zcount(p + "hungry", wall_ms - HUNGRY_MS, "+inf")
+            pipe.zrangebyscore(p + "hungry", wall_ms - HUNGRY_MS, "+inf")
+            # The fair share: hosts held or claimable now, live processes.
+            pipe.hlen(p + "owner")
+            pipe.zcount(p + "avail", "-inf", wall_ms)
+            pipe.zcount(p + "procs", wall_ms, "+inf")
         try:
             results = await pipe.execute(raise_on_error=True)
         except BaseException:
@@ -178,8 +183,10 @@ class RedisLink:
             if not int(alive):
                 store.lost()
         if totals:
-            (queued, leased), hungry = rest
-            work = store.totals(queued, leased, int(hungry), now) or work
+            (queued, leased), hungry, owned, claimable, live = rest
+            waiting = sum(1 for name in hungry if name.decode() != proc)
+            store.share = int(owned) + int(claimable), max(1, int(live))
+            work = store.totals(queued, leased, waiting, now) or work
         if work and store.on_work is not None:
             store.on_work()
 

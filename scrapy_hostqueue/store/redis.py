@@ -8,8 +8,9 @@ requests (see :mod:`scrapy_hostqueue.store._redisdb` for the keys), works
 them with the in-memory store's ring, the AIMD middleware and the send gate
 as a single process does, and gives a host back when it has been idle for
 :data:`HOLD_GRACE` seconds, must wait longer than :data:`RELEASE_BLOCKED`
-seconds (a Retry-After), has had its turn while other processes wait for
-hosts, or at a graceful close. A host is worked by one process at a time, so
+seconds (a Retry-After), holds more than its fair share (the crawl's hosts
+over its processes, rounded down) while another process waits for hosts, or
+at a graceful close. A host is worked by one process at a time, so
 its limit, its block and its spacing hold for the crawl as a whole: its state
 (limit, block and spacing as wall-clock times, what the AIMD middleware
 learned) travels with it through Redis, and a host blocked by a Retry-After
@@ -64,6 +65,11 @@ REFILL_AT = 2
 ACTIVE_WINDOW = 64
 #: Seconds a held host with nothing to do stays held before it is given back.
 HOLD_GRACE = 0.5
+#: Seconds a held host that was never handed out stays held while this
+#: process had no room for it (its other hosts kept its budget busy) before
+#: it is given back; and how recently this process must have had room
+#: (nothing to hand out) to claim hosts.
+UNUSED_GRACE = 1.0
 #: A held host that must wait longer than this (seconds) is given back, to be
 #: claimable again when its wait ends.
 RELEASE_BLOCKED = 1.0
@@ -98,6 +104,7 @@ class _Held:
     unacked: int = 0  # handed out, not acknowledged
     served: int = 0  # handed out since the claim
     idle_since: float | None = None
+    claimed_at: float = 0.0
     refilling: bool = False
     draining: bool = False
 
@@ -131,7 +138,6 @@ class RedisStore(Generic[T]):
         lease_timeout: float = 30.0,
         finish_grace: float = 3.0,
         wait_for_urls: bool = False,
-        turn: int = 100,
         window: int = WINDOW,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -146,7 +152,6 @@ class RedisStore(Generic[T]):
         self.lease_timeout = lease_timeout
         self.finish_grace = finish_grace
         self.wait_for_urls = wait_for_urls
-        self.turn = turn
         self._window = max(2, window)
         self._wall = wall_clock
         self._held: dict[str, _Held] = {}
@@ -158,12 +163,19 @@ class RedisStore(Generic[T]):
         self._dirty: set[str] = set()
         self._claiming = False
         self._claim_after = 0.0
+        #: When this process last had room for more hosts (nothing to hand
+        #: out when asked, or nothing queued at all).
+        self._room_at = memory.clock()
         self._saved_at = 0.0
         # Crawl-wide, as last read from Redis.
         self.remote_queued = 0
         self.remote_leased = 0
         self._others_hungry = False
-        self._hungry = False
+        self._hungry = False  # this process waits for hosts (as Redis said)
+        #: Hosts held or claimable in the crawl, and live processes (as
+        #: last read): a process holds at least ``hosts // processes``
+        #: while others wait for hosts, and gives back what it holds beyond.
+        self.share = (0, 1)
         self._quiet_since: float | None = None
         self._finished = False
         #: Called when this process got work from Redis, or the crawl finished.
@@ -282,6 +294,7 @@ class RedisStore(Generic[T]):
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
         popped = self._mem.pop(now)
         if popped is None:
+            self._room_at = self._mem.clock() if now is None else now
             if self.outbox or self._wants_hosts():
                 # Starving: send what waits and claim now, not at the next tick.
                 self.kick()
@@ -501,6 +514,9 @@ class RedisStore(Generic[T]):
         """How many hosts this process would claim now."""
         if self.closing or not self.connected:
             return 0
+        if self._mem.clock() - self._room_at > UNUSED_GRACE:
+            # The hosts held keep the budget busy: more would wait unused.
+            return 0
         working = sum(1 for held in self._held.values() if not held.draining)
         return max(0, self.max_hold - working)
 
@@ -508,6 +524,10 @@ class RedisStore(Generic[T]):
         """Append to the log what the held hosts need now: refills, saves,
         hand-backs; and a claim if this process can work more hosts."""
         mem = self._mem
+        if not len(mem):
+            # Nothing to hand out: room for more hosts, whether or not the
+            # scheduler asked lately.
+            self._room_at = now
         for key, held in list(self._held.items()):
             queued = mem.queued(key)
             inflight = mem.inflight(key)
@@ -520,6 +540,17 @@ class RedisStore(Generic[T]):
             if not busy and (held.draining or long_wait):
                 self._hand_back(key, held)
                 continue
+            if (
+                not held.served
+                and not busy
+                and now - held.claimed_at >= UNUSED_GRACE
+                and now - self._room_at >= UNUSED_GRACE
+            ):
+                # Never handed out: the other hosts held keep the budget busy
+                # (hosts that answer go before hosts not heard from yet).
+                # Another process may use it.
+                self._hand_back(key, held)
+                continue
             if queued or held.remote or busy:
                 held.idle_since = None
             elif held.idle_since is None:
@@ -530,16 +561,8 @@ class RedisStore(Generic[T]):
             if held.remote and queued <= REFILL_AT and not held.draining and not long_wait:
                 held.refilling = True
                 self.outbox.append(("refill", key, self._window - queued))
-            elif (
-                self._others_hungry
-                and held.served >= self.turn
-                and not held.draining
-                and (queued or held.remote)
-            ):
-                # Its turn is over and other processes wait for hosts: it is
-                # handed nothing more here, and given back once it is quiet.
-                held.draining = True
-                self._give_back_window(key, release=False)
+        if self._others_hungry:
+            self._give_up_surplus()
         if self._dirty and now - self._saved_at >= SAVE_INTERVAL:
             self._saved_at = now
             for key in self._dirty:
@@ -551,6 +574,23 @@ class RedisStore(Generic[T]):
         if want and not self._claiming and now >= self._claim_after:
             self._claiming = True
             self.outbox.append(("claim", want, self._window))
+
+    def _give_up_surplus(self) -> None:
+        """Other processes wait for hosts: drain the hosts this process holds
+        beyond its fair share (the crawl's hosts over its processes, rounded
+        down), those with the least in flight first, then those that were
+        handed out the most. A draining host is handed nothing more and given
+        back once nothing of it is in flight."""
+        hosts, processes = self.share
+        working = [(key, held) for key, held in self._held.items() if not held.draining]
+        surplus = len(working) - hosts // processes
+        if surplus <= 0:
+            return
+        mem = self._mem
+        working.sort(key=lambda pair: (mem.inflight(pair[0]) + pair[1].unacked, -pair[1].served))
+        for key, held in working[:surplus]:
+            held.draining = True
+            self._give_back_window(key, release=False)
 
     def _give_back_window(self, key: str, *, release: bool) -> None:
         entries = self._mem.remove_queued(key)
@@ -628,17 +668,17 @@ class RedisStore(Generic[T]):
                 self.lost()
                 return False
             got = 0
-            for host, state, left, items in result:
+            self._hungry = bool(int(result[0]))
+            for host, state, left, items in result[1:]:
                 key = host.decode()
                 if key in self._held:
                     continue
-                self._held[key] = _Held(remote=int(left))
+                self._held[key] = _Held(remote=int(left), claimed_at=self._mem.clock())
                 self._take_over(key, state)
                 self._add_window(key, items)
                 got += 1
             self.counts["claimed_hosts"] += got
-            self._hungry = got < op[1]
-            if self._hungry:
+            if got < op[1]:
                 self._claim_after = self._mem.clock() + CLAIM_RETRY
             return got > 0
         if kind == "refill":
@@ -675,11 +715,11 @@ class RedisStore(Generic[T]):
         return kept
 
     def totals(self, queued: Any, leased: Any, hungry: int, now: float) -> bool:
-        """The crawl-wide totals were read (*hungry*: processes that wanted
-        hosts lately, this one included): True if the crawl just finished."""
+        """The crawl-wide totals were read (*hungry*: other processes that
+        wait for hosts): True if the crawl just finished."""
         self.remote_queued = int(queued or 0)
         self.remote_leased = int(leased or 0)
-        self._others_hungry = hungry - (1 if self._hungry else 0) > 0
+        self._others_hungry = hungry > 0
         quiet = (
             self.remote_queued <= 0
             and self.remote_leased <= 0
