@@ -97,6 +97,8 @@ class SqliteStore(Generic[T]):
         self._decode = decode
         self._window = max(2, window)
         self._active_window = max(self._window, active_window)
+        # The window of each host with requests in flight (see _refill).
+        self._grown: dict[str, int] = {}
         self._wall = wall_clock
         self._backlog: dict[str, int] = {}
         self._bound: dict[str, int] = {}
@@ -210,7 +212,11 @@ class SqliteStore(Generic[T]):
         self._backlog_total += count
 
     def _trim(self, key: str) -> None:
-        window = self._active_window if self._mem.inflight(key) else self._window
+        if self._mem.inflight(key):
+            window = self._active_window
+        else:
+            window = self._window
+            self._grown.pop(key, None)
         if self._mem.queued(key) <= window:
             return
         evicted = self._mem.trim(key, window)
@@ -226,14 +232,20 @@ class SqliteStore(Generic[T]):
 
     def _refill(self, key: str) -> None:
         """Read the next requests of *key*'s backlog into memory: up to its
-        window, the larger one for a host with requests in flight (their row
-        ids only: a read, and the flush of the pending writes before it, per
-        few requests handed out cost more than the memory)."""
+        window, which grows for a host with requests in flight (their row ids
+        only: a read, and the flush of the pending writes before it, per few
+        requests handed out cost more than the memory)."""
         backlog = self._backlog.get(key, 0)
         if not backlog:
             return
         held = self._mem.queued(key)
-        window = self._active_window if self._mem.inflight(key) else self._window
+        window = self._window
+        if self._mem.inflight(key):
+            # Four times larger at each read while the host is worked on, up to the
+            # active window: a host handed out a few requests (a broad crawl's
+            # many hosts) reads few rows, a host worked on at length few times.
+            window = min(self._active_window, 4 * self._grown.get(key, self._window))
+            self._grown[key] = window
         want = window - held
         if want <= 0:
             return
