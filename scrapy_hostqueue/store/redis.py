@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from scrapy_hostqueue.store._layered import LayeredStore
 from scrapy_hostqueue.store._redisdb import RANK_LIMIT, prefix, split_value
 from scrapy_hostqueue.store.memory import HostState, MemoryStore
 
@@ -109,7 +110,7 @@ class _Held:
     draining: bool = False
 
 
-class RedisStore(Generic[T]):
+class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
     """A :class:`~scrapy_hostqueue.store.RequestStore` on a shared Redis.
 
     *memory* keeps the ring and the state of the hosts this process holds;
@@ -141,7 +142,7 @@ class RedisStore(Generic[T]):
         window: int = WINDOW,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._mem = memory
+        super().__init__(memory)
         self.crawl_id = crawl_id
         self.prefix = prefix(crawl_id)
         self.proc = proc
@@ -197,43 +198,10 @@ class RedisStore(Generic[T]):
         #: Set at close: no more claims.
         self.closing = False
 
-    # -- the RequestStore attributes, the memory store's -----------------------
+    # -- the RequestStore attributes --------------------------------------------
 
-    @property
-    def prefetch(self) -> int:
-        return self._mem.prefetch
-
-    @prefetch.setter
-    def prefetch(self, value: int) -> None:
-        self._mem.prefetch = value
-
-    @property
-    def budget(self) -> int:
-        return self._mem.budget
-
-    @budget.setter
-    def budget(self, value: int) -> None:
-        self._mem.budget = value
-
-    @property
-    def silent_limit(self) -> int:
-        return self._mem.silent_limit
-
-    @silent_limit.setter
-    def silent_limit(self, value: int) -> None:
-        self._mem.silent_limit = value
-
-    @property
-    def on_forget(self) -> Callable[[str], None] | None:
-        return self._mem.on_forget
-
-    @on_forget.setter
-    def on_forget(self, value: Callable[[str], None] | None) -> None:
-        self._mem.on_forget = value
-
-    @property
-    def active(self) -> int:
-        return self._mem.active
+    def _changed(self, key: str) -> None:
+        self._dirty.add(key)
 
     def __len__(self) -> int:
         """Requests queued here, pushed and not answered yet, and queued in
@@ -317,12 +285,6 @@ class RedisStore(Generic[T]):
     def finish(self, key: str, overdue: bool = False) -> None:
         self._mem.finish(key, overdue)
 
-    def set_overdue(self, key: str) -> None:
-        self._mem.set_overdue(key)
-
-    def overdue(self, key: str) -> int:
-        return self._mem.overdue(key)
-
     def ack(self, item: T) -> None:
         lease = self._leases.pop(id(item), None)
         if lease is None:
@@ -344,9 +306,6 @@ class RedisStore(Generic[T]):
         if held is not None:
             held.unacked -= 1
         self._mem.push(key, rank, _Entry(lease[1], rank, item))
-
-    def adopt(self, key: str, now: float) -> None:
-        self._mem.adopt(key, now)
 
     def give_up(self, key: str) -> list[T]:
         """Refuse *key* from now on, crawl-wide; returns the requests of its
@@ -382,65 +341,14 @@ class RedisStore(Generic[T]):
 
     # -- hosts -----------------------------------------------------------------
 
-    def host_state(self, key: str) -> HostState:
-        return self._mem.host_state(key)
-
-    def known_state(self, key: str) -> HostState | None:
-        return self._mem.known_state(key)
-
     def queued(self, key: str) -> int:
         held = self._held.get(key)
         return self._mem.queued(key) + (held.remote if held is not None else 0)
-
-    def inflight(self, key: str) -> int:
-        return self._mem.inflight(key)
-
-    def in_flight_cap(self, state: HostState) -> int:
-        return self._mem.in_flight_cap(state)
-
-    def is_full(self, key: str) -> bool:
-        return self._mem.is_full(key)
-
-    def note_full(self, key: str, now: float) -> None:
-        self._mem.note_full(key, now)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
         for key, queued, inflight, state in self._mem.hosts():
             held = self._held.get(key)
             yield key, queued + (held.remote if held is not None else 0), inflight, state
-
-    def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
-        return self._mem.blocked(now)
-
-    def spaced(self, now: float) -> Iterator[tuple[str, float]]:
-        return self._mem.spaced(now)
-
-    def next_wakeup(self) -> float | None:
-        return self._mem.next_wakeup()
-
-    def set_limit(self, key: str, limit: int) -> None:
-        self._mem.set_limit(key, limit)
-        self._dirty.add(key)
-
-    def set_answering(self, key: str, answering: bool) -> None:
-        self._mem.set_answering(key, answering)
-
-    def block_until(self, key: str, when: float, reason: str | None = None) -> None:
-        self._mem.block_until(key, when, reason)
-        self._dirty.add(key)
-
-    def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
-        self._mem.set_interval(key, interval, jitter)
-        self._dirty.add(key)
-
-    def space_until(self, key: str, when: float) -> None:
-        self._mem.space_until(key, when)
-
-    def started(self, key: str, started_at: float, now: float) -> None:
-        self._mem.started(key, started_at, now)
-
-    def unstart(self, key: str, started_at: float) -> None:
-        self._mem.unstart(key, started_at)
 
     def close(self) -> None:
         """Nothing to do here: ``RedisLink.close`` hands back what the process

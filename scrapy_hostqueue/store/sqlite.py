@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from scrapy_hostqueue.store._layered import LayeredStore
 from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE, FrontierFile, FrontierFileError
 from scrapy_hostqueue.store.memory import HostState, MemoryStore
 
@@ -71,7 +72,7 @@ class _Entry(Generic[T]):
         self.item = item
 
 
-class SqliteStore(Generic[T]):
+class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
     """A :class:`~scrapy_hostqueue.store.RequestStore` on a frontier file.
 
     *memory* is the in-memory store that keeps the ring and the host states
@@ -91,7 +92,7 @@ class SqliteStore(Generic[T]):
         active_window: int = ACTIVE_WINDOW,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._mem = memory
+        super().__init__(memory)
         self.file = file
         self._encode = encode
         self._decode = decode
@@ -115,43 +116,7 @@ class SqliteStore(Generic[T]):
         #: Requests found queued in the file when it was opened.
         self.resumed = self._resume()
 
-    # -- the RequestStore attributes, the memory store's -----------------------
-
-    @property
-    def prefetch(self) -> int:
-        return self._mem.prefetch
-
-    @prefetch.setter
-    def prefetch(self, value: int) -> None:
-        self._mem.prefetch = value
-
-    @property
-    def budget(self) -> int:
-        return self._mem.budget
-
-    @budget.setter
-    def budget(self, value: int) -> None:
-        self._mem.budget = value
-
-    @property
-    def silent_limit(self) -> int:
-        return self._mem.silent_limit
-
-    @silent_limit.setter
-    def silent_limit(self, value: int) -> None:
-        self._mem.silent_limit = value
-
-    @property
-    def on_forget(self) -> Callable[[str], None] | None:
-        return self._mem.on_forget
-
-    @on_forget.setter
-    def on_forget(self, value: Callable[[str], None] | None) -> None:
-        self._mem.on_forget = value
-
-    @property
-    def active(self) -> int:
-        return self._mem.active
+    # -- the RequestStore attributes --------------------------------------------
 
     @property
     def import_learned(self) -> Callable[[str, dict[str, float]], None] | None:
@@ -166,6 +131,9 @@ class SqliteStore(Generic[T]):
         learned, self._learned = self._learned, {}
         for key, data in learned.items():
             value(key, data)
+
+    def _changed(self, key: str) -> None:
+        self._dirty_hosts.add(key)
 
     def __len__(self) -> int:
         return len(self._mem) + self._backlog_total
@@ -297,12 +265,6 @@ class SqliteStore(Generic[T]):
         if not self._mem.inflight(key):
             self._trim(key)
 
-    def set_overdue(self, key: str) -> None:
-        self._mem.set_overdue(key)
-
-    def overdue(self, key: str) -> int:
-        return self._mem.overdue(key)
-
     def ack(self, item: T) -> None:
         lease = self._leases.pop(id(item), None)
         if lease is not None:
@@ -322,9 +284,6 @@ class SqliteStore(Generic[T]):
         if self._mem.push(key, rank, _Entry(rowid, rank, item)):
             self._held.add(rowid)
             self._trim(key)
-
-    def adopt(self, key: str, now: float) -> None:
-        self._mem.adopt(key, now)
 
     def give_up(self, key: str) -> list[T]:
         """Refuse *key* from now on; returns its queued requests, from memory
@@ -373,63 +332,12 @@ class SqliteStore(Generic[T]):
 
     # -- hosts -----------------------------------------------------------------
 
-    def host_state(self, key: str) -> HostState:
-        return self._mem.host_state(key)
-
-    def known_state(self, key: str) -> HostState | None:
-        return self._mem.known_state(key)
-
     def queued(self, key: str) -> int:
         return self._mem.queued(key) + self._backlog.get(key, 0)
-
-    def inflight(self, key: str) -> int:
-        return self._mem.inflight(key)
-
-    def in_flight_cap(self, state: HostState) -> int:
-        return self._mem.in_flight_cap(state)
-
-    def is_full(self, key: str) -> bool:
-        return self._mem.is_full(key)
-
-    def note_full(self, key: str, now: float) -> None:
-        self._mem.note_full(key, now)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
         for key, queued, inflight, state in self._mem.hosts():
             yield key, queued + self._backlog.get(key, 0), inflight, state
-
-    def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
-        return self._mem.blocked(now)
-
-    def spaced(self, now: float) -> Iterator[tuple[str, float]]:
-        return self._mem.spaced(now)
-
-    def next_wakeup(self) -> float | None:
-        return self._mem.next_wakeup()
-
-    def set_limit(self, key: str, limit: int) -> None:
-        self._mem.set_limit(key, limit)
-        self._dirty_hosts.add(key)
-
-    def set_answering(self, key: str, answering: bool) -> None:
-        self._mem.set_answering(key, answering)
-
-    def block_until(self, key: str, when: float, reason: str | None = None) -> None:
-        self._mem.block_until(key, when, reason)
-        self._dirty_hosts.add(key)
-
-    def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
-        self._mem.set_interval(key, interval, jitter)
-        self._dirty_hosts.add(key)
-
-    def space_until(self, key: str, when: float) -> None:
-        self._mem.space_until(key, when)
-
-    def started(self, key: str, started_at: float, now: float) -> None:
-        self._mem.started(key, started_at, now)
-
-    def unstart(self, key: str, started_at: float) -> None:
-        self._mem.unstart(key, started_at)
 
     # -- the file ----------------------------------------------------------------
 
