@@ -8,12 +8,15 @@ import asyncio
 import math
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 import scrapy
@@ -23,6 +26,8 @@ from scrapy.exceptions import CloseSpider
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
+from bench.runner import child_environment
+from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.testing import LocalHosts
 
 SCRAPY_HTTP11 = "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler"
@@ -340,3 +345,24 @@ async def serving(
         yield hosts
     finally:
         await hosts.close()
+
+
+def start_demo_crawl(
+    start_urls: Iterable[str],
+    log: Path,
+    settings: dict[str, Any] | None = None,
+    *extra: str,
+    log_mode: str = "ab",
+) -> subprocess.Popen[bytes]:
+    """``scrapy crawl pages`` of the example project in a process of its own,
+    from *start_urls*, with *settings* (``-s NAME=VALUE``) and *extra*
+    arguments; its output goes to *log*."""
+    command = [sys.executable, "-m", "scrapy", "crawl", "pages"]
+    command += ["-a", "start_urls=" + ",".join(start_urls)]
+    for name, value in (settings or {}).items():
+        command += ["-s", f"{name}={value}"]
+    command += extra
+    with log.open(log_mode) as out:
+        return subprocess.Popen(
+            command, cwd=PROJECT_DIR, env=child_environment(), stdout=out, stderr=subprocess.STDOUT
+        )

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.runner import child_environment
-from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue._frontier import COMMIT_INTERVAL
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests.crawling import start_demo_crawl
 
 pytestmark = [
     pytest.mark.crawl,
@@ -42,31 +41,18 @@ WINDOW = COMMIT_INTERVAL + 0.5
 
 
 def _crawl(hosts: LocalHosts, jobdir: Path, items: Path, log: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "scrapy",
-        "crawl",
-        "pages",
-        "-a",
-        "start_urls=" + ",".join(hosts.page_url(i, 0) for i in range(HOSTS)),
-        "-s",
-        f"JOBDIR={jobdir}",
-        "-s",
-        f"DEMO_ITEMS_FILE={items}",
-        "-s",
-        "CLOSESPIDER_PAGECOUNT=0",
-        "-s",
-        "HOSTQUEUE_TIMELINE_FILE=",
-        "-s",
-        "ROBOTSTXT_OBEY=False",
-        "-s",
-        "CONCURRENT_REQUESTS=8",
-    ]
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            command, cwd=PROJECT_DIR, env=child_environment(), stdout=out, stderr=subprocess.STDOUT
-        )
+    return start_demo_crawl(
+        (hosts.page_url(i, 0) for i in range(HOSTS)),
+        log,
+        {
+            "JOBDIR": jobdir,
+            "DEMO_ITEMS_FILE": items,
+            "CLOSESPIDER_PAGECOUNT": 0,
+            "HOSTQUEUE_TIMELINE_FILE": "",
+            "ROBOTSTXT_OBEY": False,
+            "CONCURRENT_REQUESTS": 8,
+        },
+    )
 
 
 def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path) -> None:

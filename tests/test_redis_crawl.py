@@ -27,7 +27,7 @@ from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests._redis import CuttableProxy, RedisServer, redis_server
-from tests.crawling import ADDON, HostsFactory, crawl
+from tests.crawling import ADDON, HostsFactory, crawl, start_demo_crawl
 
 redis = pytest.importorskip("redis")
 
@@ -68,21 +68,11 @@ def _worker(
         "DEMO_ITEMS_FILE": tmp_path / "items.jsonl",
     }
     settings.update(extra)
-    command = [
-        sys.executable,
-        "-m",
-        "scrapy",
-        "crawl",
-        "pages",
-        "-a",
-        "start_urls=" + ",".join(start or [hosts.page_url(i, 0) for i in range(len(hosts))]),
-    ]
-    for name, value in settings.items():
-        command += ["-s", f"{name}={value}"]
-    with (tmp_path / f"worker{n}.log").open("ab") as out:
-        return subprocess.Popen(
-            command, cwd=PROJECT_DIR, env=child_environment(), stdout=out, stderr=subprocess.STDOUT
-        )
+    return start_demo_crawl(
+        start or [hosts.page_url(i, 0) for i in range(len(hosts))],
+        tmp_path / f"worker{n}.log",
+        settings,
+    )
 
 
 def _wait(processes: list[subprocess.Popen[bytes]], tmp_path: Path, timeout: float = 120) -> None:

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from bench.runner import child_environment
-from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.store.sqlite import FRONTIER_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests.crawling import start_demo_crawl
 
 pytestmark = pytest.mark.crawl
 
@@ -34,30 +34,20 @@ HOSTS = 3
 def _crawl(
     hosts: LocalHosts, jobdir: Path, items: Path, log: Path, *extra: str
 ) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "scrapy",
-        "crawl",
-        "pages",
-        "-a",
-        "start_urls=" + ",".join(hosts.page_url(i, 0) for i in range(len(hosts))),
-        "-s",
-        f"JOBDIR={jobdir}",
-        "-s",
-        "CLOSESPIDER_PAGECOUNT=0",
-        "-s",
-        "CONCURRENT_REQUESTS_PER_DOMAIN=2",
-        "-s",
-        "HOSTQUEUE_TIMELINE_FILE=",
+    return start_demo_crawl(
+        (hosts.page_url(i, 0) for i in range(len(hosts))),
+        log,
+        {
+            "JOBDIR": jobdir,
+            "CLOSESPIDER_PAGECOUNT": 0,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+            "HOSTQUEUE_TIMELINE_FILE": "",
+        },
         "-o",
         f"{items}:jsonlines",
         *extra,
-    ]
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            command, cwd=PROJECT_DIR, env=child_environment(), stdout=out, stderr=subprocess.STDOUT
-        )
+        log_mode="wb",
+    )
 
 
 def _wait(process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
