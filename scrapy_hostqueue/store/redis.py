@@ -268,19 +268,27 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 self.kick()
             return None
         key, entry = popped
+        held = self._held.get(key)
+        item = self._lease(key, entry, held)
+        if entry.rid and held is not None:
+            held.served += 1
+            if held.remote and self._mem.queued(key) <= REFILL_AT:
+                self.kick()
+        return key, item
+
+    def _lease(self, key: str, entry: _Entry[T], held: _Held | None) -> T:
+        """The item of *entry*, handed out from *key*'s window: decoded if
+        only its bytes are here, and leased until acknowledged if it is in
+        Redis."""
         item = entry.item
         if item is None:
             assert entry.data is not None
             item = self._decode(entry.data)
         if entry.rid:
             self._leases[id(item)] = (item, entry.rid, key, entry.rank)
-            held = self._held.get(key)
             if held is not None:
                 held.unacked += 1
-                held.served += 1
-                if held.remote and self._mem.queued(key) <= REFILL_AT:
-                    self.kick()
-        return key, item
+        return item
 
     def finish(self, key: str, overdue: bool = False) -> None:
         self._mem.finish(key, overdue)
@@ -315,15 +323,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         items = []
         held = self._held.get(key)
         for entry in entries:
-            item = entry.item
-            if item is None:
-                assert entry.data is not None
-                item = self._decode(entry.data)
-            if entry.rid:
-                self._leases[id(item)] = (item, entry.rid, key, entry.rank)
-                if held is not None:
-                    held.unacked += 1
-            items.append(item)
+            items.append(self._lease(key, entry, held))
         if held is not None:
             held.remote = 0
         self._dirty.add(key)
