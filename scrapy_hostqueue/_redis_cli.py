@@ -18,7 +18,7 @@ from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.request import fingerprint
 
-from scrapy_hostqueue._redis_glue import redis_client_module, shown_url
+from scrapy_hostqueue._redis_glue import connect, redis_client_module, shown_url
 from scrapy_hostqueue.store._redisdb import (
     LAYOUT_VERSION,
     SCRIPTS,
@@ -32,11 +32,11 @@ _CHUNK = 200
 
 
 def _client(url: str) -> Any:
+    """A client of the Redis at *url*: of a Redis Cluster if it is a node of one."""
     redis = redis_client_module()
-    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
     try:
-        client.ping()
-    except redis.RedisError as error:
+        client, _cluster = connect(redis, url, timeout=10)
+    except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
         raise RedisFrontierError(f"cannot reach Redis at {shown_url(url)} ({error})") from None
     return client
 

@@ -45,8 +45,10 @@ def redis_client_module() -> Any:
         # Lazily: the package works without the client for the other stores.
         import redis  # noqa: PLC0415
         import redis.asyncio  # noqa: PLC0415
+        import redis.asyncio.cluster  # noqa: PLC0415
         import redis.asyncio.retry  # noqa: PLC0415
         import redis.backoff  # noqa: PLC0415
+        import redis.cluster  # noqa: PLC0415
     except ImportError:
         raise RedisFrontierError(
             "HOSTQUEUE_FRONTIER names a Redis server, and the redis client is not "
@@ -66,12 +68,80 @@ def shown_url(url: str) -> str:
 
 
 def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
-    """The client's errors that mean Redis is away, or restarted."""
+    """The client's errors that mean Redis is away, or restarted; on a Redis
+    Cluster also that the crawl's slot is not served for now (a node down, a
+    failover, a slot moving)."""
+    exceptions = redis.exceptions
+    cluster = (
+        exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN, retries used up
+        exceptions.TryAgainError,
+        exceptions.SlotNotCoveredError,
+        # No node of the cluster answers (redis >= 8).
+        getattr(exceptions, "RedisClusterUnreachableError", exceptions.SlotNotCoveredError),
+    )
     return (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.NoScriptError,
+        exceptions.ConnectionError,
+        exceptions.TimeoutError,
+        exceptions.NoScriptError,
+        *cluster,
         OSError,
+    )
+
+
+def connect(redis: Any, url: str, *, timeout: float = CONNECT_TIMEOUT) -> tuple[Any, bool]:
+    """A synchronous client of the Redis at *url*, and whether it talks to a
+    Redis Cluster: when the server at *url* is a node of one (``INFO
+    cluster`` says ``cluster_enabled:1``), a cluster client, which finds the
+    other nodes from it. Raises the client's errors when Redis is away, and
+    :class:`RedisFrontierError` when the cluster does not serve all its slots
+    or *url* names a database other than 0."""
+    options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    plain = redis.Redis.from_url(url, **options)
+    try:
+        try:
+            enabled = int(plain.info("cluster").get("cluster_enabled", 0))
+        except redis.ResponseError as error:
+            # A node of a cluster refuses SELECT, which a database in the
+            # URL sends first.
+            if plain.connection_pool.connection_kwargs.get("db") and "cluster" in str(error):
+                raise RedisFrontierError(
+                    f"{shown_url(url)} is a node of a Redis Cluster, which has only "
+                    "database 0: leave the database out of HOSTQUEUE_FRONTIER (or write /0)"
+                ) from None
+            enabled = 0  # INFO refused: used as one server
+        if not enabled:
+            return plain, False
+        info = plain.execute_command("CLUSTER INFO")
+    except BaseException:
+        plain.close()
+        raise
+    plain.close()
+    state = info.get("cluster_state", "unknown")
+    if state != "ok":
+        raise RedisFrontierError(
+            f"the Redis Cluster at {shown_url(url)} is not serving "
+            f"(cluster_state:{state}, {info.get('cluster_slots_ok', 0)} of 16384 slots "
+            "served): wait until every slot is served, or fix HOSTQUEUE_FRONTIER"
+        )
+    try:
+        return redis.cluster.RedisCluster.from_url(url, **options), True
+    except redis.exceptions.RedisClusterException as error:
+        raise RedisFrontierError(
+            f"cannot use the Redis Cluster at {shown_url(url)}: {error}"
+        ) from None
+
+
+def async_client(redis: Any, url: str, *, cluster: bool) -> Any:
+    """The asyncio client of the store's task: of a Redis Cluster if
+    *cluster* (what :func:`connect` found)."""
+    kind = redis.asyncio.cluster.RedisCluster if cluster else redis.asyncio.Redis
+    # No retries inside the client: the store's task retries, with its
+    # back-off and its log lines, and sends a failed batch again whole.
+    return kind.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT,
+        socket_timeout=CONNECT_TIMEOUT,
+        retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
     )
 
 
@@ -103,6 +173,8 @@ class RedisFrontier:
         self.crawl_id = crawl_id
         self.proc = proc
         self.config = config
+        #: Whether Redis is a Redis Cluster (found at :meth:`open`).
+        self.cluster = False
         self.store: RedisStore[Request] | None = None
         self._client: Any = None
         self._link: RedisLink | None = None
@@ -118,12 +190,11 @@ class RedisFrontier:
         redis = redis_client_module()
         url = config.frontier_url
         crawl_id = config.crawl_id or crawler.spidercls.name
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=CONNECT_TIMEOUT, socket_timeout=CONNECT_TIMEOUT
-        )
+        client = None
         try:
+            client, cluster = connect(redis, url)
             proc = register(client, crawl_id, int((time.time() + config.lease_timeout) * 1000))
-        except redis.RedisError as error:
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
             raise RedisFrontierError(
                 f"cannot use the shared frontier at {shown_url(url)} ({error}): start Redis "
                 "there, or fix HOSTQUEUE_FRONTIER"
@@ -131,8 +202,11 @@ class RedisFrontier:
         except ValueError as error:  # a malformed URL
             raise RedisFrontierError(f"HOSTQUEUE_FRONTIER {shown_url(url)}: {error}") from None
         finally:
-            client.close()
-        return cls(url, crawl_id, proc, config)
+            if client is not None:
+                client.close()
+        frontier = cls(url, crawl_id, proc, config)
+        frontier.cluster = cluster
+        return frontier
 
     def make_store(
         self,
@@ -161,21 +235,15 @@ class RedisFrontier:
         Redis gave this process work, or the crawl finished."""
         assert self.store is not None
         redis = redis_client_module()
-        # No retries inside the client: the store's task retries, with its
-        # back-off and its log lines, and sends a failed batch again whole.
-        self._client = redis.asyncio.Redis.from_url(
-            self.url,
-            socket_connect_timeout=CONNECT_TIMEOUT,
-            socket_timeout=CONNECT_TIMEOUT,
-            retry=redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
-        )
+        self._client = async_client(redis, self.url, cluster=self.cluster)
         self.store.on_work = wake
         self._link = RedisLink(self.store, self._client, redis_errors(redis))
         self._link.start()
         logger.info(
-            "HostQueueScheduler: shared frontier at %s, crawl id %r, this process %s, "
+            "HostQueueScheduler: shared frontier at %s%s, crawl id %r, this process %s, "
             "at most %d hosts held at once, leases expire %g s after a process stops",
             shown_url(self.url),
+            " (a Redis Cluster)" if self.cluster else "",
             self.crawl_id,
             self.proc,
             self.store.max_hold,
@@ -199,4 +267,11 @@ class RedisFrontier:
             logger.debug("Closing the Redis client failed", exc_info=True)
 
 
-__all__ = ["LocalSeen", "RedisFrontier", "redis_client_module", "shown_url"]
+__all__ = [
+    "LocalSeen",
+    "RedisFrontier",
+    "async_client",
+    "connect",
+    "redis_client_module",
+    "shown_url",
+]

@@ -41,6 +41,19 @@ STOP_TIMEOUT = 5.0
 #: Free ports tried in turn when another process takes one first.
 _PORT_ATTEMPTS = 3
 _REPLY_TIMEOUT = 5.0
+#: A Redis Cluster node talks to the others on its port plus this.
+CLUSTER_BUS_OFFSET = 10_000
+#: The options of a Redis Cluster node: its cluster state in its directory,
+#: and a node timeout of 1 s, since a master that saw its cluster fail waits
+#: that long before it serves again (the default, 15 s, makes it 5 s).
+CLUSTER_OPTIONS = (
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "1000",
+)
 
 
 class RedisServerError(RuntimeError):
@@ -71,6 +84,23 @@ def free_port(host: str = HOST) -> int:
         probe.bind((host, 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def free_cluster_port(host: str = HOST) -> int:
+    """A port free on *host* for a Redis Cluster node: its cluster bus port,
+    :data:`CLUSTER_BUS_OFFSET` higher, is free too (Redis 6.2 cannot choose
+    another)."""
+    for _ in range(100):
+        port = free_port(host)
+        if port + CLUSTER_BUS_OFFSET > 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port + CLUSTER_BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise RedisServerError("found no free port pair for a Redis Cluster node")
 
 
 @dataclass(frozen=True)
@@ -139,7 +169,8 @@ def inline_command(port: int, command: str, host: str = HOST) -> Reply:
 class RedisServer:
     """A ``redis-server`` process on a free port of 127.0.0.1, without
     persistence, in a temporary directory; :meth:`stop` ends it (``with``
-    does both)."""
+    does both). With *cluster*, a node of a Redis Cluster that has yet to
+    meet the others and be given slots."""
 
     def __init__(
         self,
@@ -147,8 +178,10 @@ class RedisServer:
         *,
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
+        cluster: bool = False,
     ) -> None:
         self.binary = binary
+        self.cluster = cluster
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.port = 0
@@ -176,7 +209,8 @@ class RedisServer:
         self._directory = tempfile.mkdtemp(prefix="hostqueue-redis-")
         try:
             for _ in range(_PORT_ATTEMPTS):
-                if self._start_on(binary, free_port()):
+                port = free_cluster_port() if self.cluster else free_port()
+                if self._start_on(binary, port):
                     return self
             raise RedisServerError(
                 f"redis-server found its port taken {_PORT_ATTEMPTS} times: {self._log_tail()}"
@@ -207,6 +241,7 @@ class RedisServer:
                     self._directory,
                     "--daemonize",
                     "no",
+                    *(CLUSTER_OPTIONS if self.cluster else ()),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=output,

@@ -1,16 +1,17 @@
 """Redis for the tests: the package's launcher of a real ``redis-server``
 (:mod:`scrapy_hostqueue._redis_server`), and a proxy whose connections a test
-cuts."""
+cuts; a Redis Cluster of real servers."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 from scrapy_hostqueue._redis_server import RedisServer, redis_server
 
-__all__ = ["CuttableProxy", "RedisServer", "redis_server"]
+__all__ = ["CuttableProxy", "RedisClusterServers", "RedisServer", "redis_server"]
 
 
 class CuttableProxy:
@@ -86,3 +87,108 @@ class CuttableProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
+
+
+#: Hash slots of a Redis Cluster.
+SLOTS = 16384
+
+
+class RedisClusterServers:
+    """A Redis Cluster of *masters* real ``redis-server`` processes (no
+    replicas) on free loopback ports, its slots split evenly between them:
+    :meth:`start` starts the servers, introduces them (``CLUSTER MEET``),
+    hands out the slots (``CLUSTER ADDSLOTS``, which Redis 6.2 has) and waits
+    for ``cluster_state:ok`` on every node; :meth:`stop` ends them (``with``
+    does both). The ``redis`` client must be installed."""
+
+    def __init__(self, masters: int = 3, *, start_timeout: float = 20.0) -> None:
+        self.nodes = [RedisServer(cluster=True) for _ in range(masters)]
+        self.start_timeout = start_timeout
+
+    @property
+    def url(self) -> str:
+        """The first node's ``redis://127.0.0.1:PORT/0``: a client finds the
+        others from any of them."""
+        return self.nodes[0].url
+
+    def start(self) -> RedisClusterServers:
+        import redis  # here: the tests that use a cluster skip without it
+
+        try:
+            for node in self.nodes:
+                node.start()
+            clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+            try:
+                # Distinct config epochs at once, as redis-cli --cluster create
+                # gives them, so that the nodes agree without a vote.
+                for epoch, client in enumerate(clients, 1):
+                    client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
+                for node in self.nodes[1:]:
+                    clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+                share = -(-SLOTS // len(clients))
+                for n, client in enumerate(clients):
+                    slots = range(n * share, min(SLOTS, (n + 1) * share))
+                    client.execute_command("CLUSTER", "ADDSLOTS", *slots)
+            finally:
+                for client in clients:
+                    client.close()
+            self.wait_ok()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def cluster_info(self, node: RedisServer) -> dict[str, str]:
+        text = str(node.command("CLUSTER INFO"))
+        return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
+
+    def wait_ok(self) -> None:
+        """Wait until every node sees every node and every slot served."""
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            infos = [self.cluster_info(node) for node in self.nodes]
+            if all(
+                info.get("cluster_state") == "ok"
+                and info.get("cluster_known_nodes") == str(len(self.nodes))
+                and info.get("cluster_slots_assigned") == str(SLOTS)
+                for info in infos
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Redis Cluster did not come up: {infos}")
+            time.sleep(0.05)
+
+    def node_keys(self, pattern: str = "*") -> list[list[str]]:
+        """The keys matching *pattern* on each node, in node order."""
+        out = []
+        for node in self.nodes:
+            reply = node.command(f"KEYS {pattern}")
+            assert isinstance(reply, list)
+            out.append(sorted(str(key) for key in reply))
+        return out
+
+    def flushall(self) -> None:
+        for node in self.nodes:
+            node.flushall()
+
+    def reset_stats(self) -> None:
+        for node in self.nodes:
+            node.reset_stats()
+
+    def commandstats(self) -> dict[str, int]:
+        """Calls per command, summed over the nodes."""
+        calls: dict[str, int] = {}
+        for node in self.nodes:
+            for name, stat in node.commandstats().items():
+                calls[name] = calls.get(name, 0) + stat.calls
+        return calls
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

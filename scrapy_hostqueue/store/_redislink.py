@@ -5,7 +5,9 @@ Lua scripts per step), and in the same step claims hosts, reads the next
 requests of held hosts, renews the heartbeat and reads the crawl-wide totals;
 it retries with a back-off while Redis is away, and hands everything back at
 a graceful close. The ``redis`` client is passed in (a
-``redis.asyncio.Redis``).
+``redis.asyncio.Redis``, or a ``redis.asyncio.cluster.RedisCluster``: every
+command names a key of the crawl, so on a Redis Cluster the pipeline goes to
+the one node serving the crawl's slot).
 """
 
 from __future__ import annotations

@@ -1,0 +1,250 @@
+"""The Redis store on a Redis Cluster of real ``redis-server`` nodes (three
+masters): the client is found from the URL of any node, every key of a crawl
+lives on the node serving the crawl's slot, and hand-out, acknowledgement and
+lease expiry work through the cluster client as on one server; and two
+``scrapy crawl`` processes run one crawl on it (``crawl`` marker)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.test import get_crawler
+
+from scrapy_hostqueue import HostQueueScheduler
+from scrapy_hostqueue.__main__ import main as cli
+from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
+from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store._redisdb import RedisFrontierError, prefix, register
+from scrapy_hostqueue.store._redislink import RedisLink
+from scrapy_hostqueue.store.redis import RedisStore
+from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests._redis import RedisClusterServers, RedisServer
+from tests.crawling import start_demo_crawl
+
+redis = pytest.importorskip("redis")
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="redis-server")
+
+CRAWL = "clustered"
+P = prefix(CRAWL)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterServers]:
+    with RedisClusterServers(3) as running:
+        yield running
+
+
+@pytest.fixture
+def sync(cluster: RedisClusterServers) -> Iterator[Any]:
+    cluster.flushall()
+    client, is_cluster = connect(redis, cluster.url)
+    assert is_cluster
+    yield client
+    client.close()
+
+
+def _crawl_node(cluster: RedisClusterServers, sync: Any) -> int:
+    """The index of the node serving the crawl's slot."""
+    port = sync.get_node_from_key(P).port
+    return [node.port for node in cluster.nodes].index(int(port))
+
+
+class Process:
+    """A store on the cluster, its task's steps run by hand."""
+
+    def __init__(self, url: str, sync: Any, **kwargs: Any) -> None:
+        proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
+        options: dict[str, Any] = {"max_hold": 4, "finish_grace": 0.0}
+        options.update(kwargs)
+        self.store: RedisStore[str] = RedisStore(
+            MemoryStore(lambda key: HostState(8)),
+            CRAWL,
+            proc,
+            str.encode,
+            bytes.decode,
+            lambda item: item.encode(),
+            **options,
+        )
+        self.client = async_client(redis, url, cluster=True)
+        self.link = RedisLink(self.store, self.client, redis_errors(redis))
+
+    async def step(self) -> None:
+        self.store._claim_after = 0.0
+        await self.link.step(beat=True, totals=True)
+
+    def pop_all(self) -> list[str]:
+        out = []
+        while (popped := self.store.pop()) is not None:
+            out.append(popped[1])
+        return out
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _stats(sync: Any) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in sync.hgetall(P + "stats").items()}
+
+
+@deferred_f_from_coro_f
+async def test_a_crawl_runs_through_the_cluster_on_the_node_of_its_slot(
+    cluster: RedisClusterServers, sync: Any
+) -> None:
+    home = _crawl_node(cluster, sync)
+    # The URL of a node that does not serve the crawl's slot works too.
+    url = cluster.nodes[(home + 1) % len(cluster.nodes)].url
+    a = Process(url, sync)
+    b = Process(url, sync)
+    for path in ("h1/a", "h1/b", "h1/a", "h2/a"):
+        a.store.push(path.split("/")[0], 0, path)
+    b.store.push("h1", 0, "h1/b")
+    await a.step()
+    await b.step()
+    assert (_stats(sync)["pushed"], _stats(sync)["duplicates"]) == (3, 2)
+    # a claims both hosts; b gets none.
+    await a.step()
+    await b.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2"]
+    assert b.store.held_hosts == []
+    handed = a.pop_all()
+    assert sorted(handed) == ["h1/a", "h1/b", "h2/a"]
+    # One acknowledged; a stops renewing its heartbeat: its lease expires,
+    # and b gets the hosts and the two requests a never acknowledged.
+    a.store.ack(handed[0])
+    await a.step()
+    assert _stats(sync)["acked"] == 1
+    sync.zadd(P + "procs", {a.store.proc: 1})
+    await b.step()  # the heartbeat reclaims
+    await b.step()  # the claim
+    assert sorted(b.store.held_hosts) == ["h1", "h2"]
+    assert sorted(b.pop_all()) == sorted(handed[1:])
+    assert _stats(sync)["reclaimed"] == 2
+    await a.step()
+    assert a.store.held_hosts == []
+    assert await b.link.close() is None
+    stats = _stats(sync)
+    assert (stats["queued"], stats["leased"]) == (2, 0)
+    # Every key of the crawl is on the node of its slot.
+    keys = cluster.node_keys("hq:*")
+    assert all(key.startswith(P) for key in keys[home]), keys[home]
+    assert {P + "r", P + "seen", P + "stats", P + "q:h1"} <= set(keys[home])
+    assert [len(on) for n, on in enumerate(keys) if n != home] == [0, 0], keys
+    await a.aclose()
+    await b.aclose()
+
+
+def test_push_and_frontier_commands_on_a_cluster(
+    cluster: RedisClusterServers, sync: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = _crawl_node(cluster, sync)
+    url = cluster.nodes[(home + 2) % len(cluster.nodes)].url
+    page = "http://127.0.0.2:8000/page/"
+    assert cli(["push", url, "--crawl-id", CRAWL, page + "1", page + "2", page + "1"]) == 0
+    assert capsys.readouterr().out.strip() == "queued 2, 1 already seen"
+    proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
+    assert cli(["frontier", url, "--crawl-id", CRAWL]) == 0
+    out = capsys.readouterr().out
+    assert "2 requests queued and 0 leased" in out
+    assert re.search(r"127\.0\.0\.2 +2 queued +0 leased", out), out
+    assert f"  {proc}  alive, 0 leased, 0 hosts held" in out
+    assert [bool(keys) for keys in cluster.node_keys("hq:*")] == [n == home for n in range(3)]
+
+
+def test_a_cluster_that_does_not_serve_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A node of a cluster that has no slots yet: cluster_state:fail.
+    with RedisServer(cluster=True) as node:
+        crawler = get_crawler(settings_dict={"HOSTQUEUE_FRONTIER": node.url})
+        with pytest.raises(RedisFrontierError) as refused:
+            HostQueueScheduler.from_crawler(crawler)
+        assert str(refused.value) == (
+            f"the Redis Cluster at {node.url} is not serving (cluster_state:fail, 0 of 16384 "
+            "slots served): wait until every slot is served, or fix HOSTQUEUE_FRONTIER"
+        )
+        assert cli(["frontier", node.url, "--crawl-id", CRAWL]) == 2
+        assert "is not serving (cluster_state:fail" in capsys.readouterr().err
+
+
+def test_a_cluster_url_with_another_database_is_refused(cluster: RedisClusterServers) -> None:
+    crawler = get_crawler(settings_dict={"HOSTQUEUE_FRONTIER": cluster.nodes[0].url_for(3)})
+    with pytest.raises(RedisFrontierError) as refused:
+        HostQueueScheduler.from_crawler(crawler)
+    assert "is a node of a Redis Cluster, which has only database 0" in str(refused.value)
+
+
+@pytest.mark.crawl
+def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
+    cluster: RedisClusterServers, sync: Any, tmp_path: Path
+) -> None:
+    specs = [HostSpec(latency=0.02, pages=30, links=3)] * 4
+    with LocalHosts(specs, process=True) as hosts:
+        settings: dict[str, Any] = {
+            "HOSTQUEUE_FRONTIER": cluster.url,
+            "HOSTQUEUE_CRAWL_ID": "pages",
+            "CLOSESPIDER_PAGECOUNT": 0,
+            "CLOSESPIDER_TIMEOUT": 60,
+            "HOSTQUEUE_TIMELINE_FILE": "",
+            "ROBOTSTXT_OBEY": False,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+            "HOSTQUEUE_MAX_ACTIVE_HOSTS": 2,
+            "HOSTQUEUE_REDIS_FINISH_GRACE": 1.0,
+            "DEMO_ITEMS_FILE": tmp_path / "items.jsonl",
+        }
+        workers = [
+            start_demo_crawl(
+                [hosts.page_url(i, 0) for i in range(len(hosts))],
+                tmp_path / f"worker{n}.log",
+                {**settings, "DEMO_STATS_FILE": tmp_path / f"stats{n}.json"},
+            )
+            for n in range(2)
+        ]
+        try:
+            for worker in workers:
+                worker.wait(90)
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+        hosts.wait_idle(10)
+        stats = hosts.all_stats(arrivals=False)
+    logs = "\n".join(path.read_text() for path in sorted(tmp_path.glob("worker*.log")))
+    assert "Traceback" not in logs, logs[-4000:]
+    assert logs.count("(a Redis Cluster), crawl id 'pages'") == 2, logs[-4000:]
+    responses = []
+    for n in range(2):
+        data = json.loads((tmp_path / f"stats{n}.json").read_text())
+        assert data["finish_reason"] == "finished", data["finish_reason"]
+        responses.append(data["stats"].get("downloader/response_count", 0))
+    assert all(responses), responses  # both processes took part
+    for host, spec in zip(stats, specs, strict=True):
+        assert host.max_in_flight <= 2, (host.hostname, host.max_in_flight)
+        assert set(host.pages) == {f"/page/{n}" for n in range(spec.pages or 0)}, host.hostname
+        assert max(host.pages.values()) == 1, host.hostname
+    assert sync.hget(prefix("pages") + "stats", "acked") == str(4 * 30).encode()
+    assert [bool(keys) for keys in cluster.node_keys("hq:*")].count(True) == 1
+
+
+@pytest.mark.crawl
+def test_scrapy_crawl_on_a_cluster_that_does_not_serve_is_one_error_line(tmp_path: Path) -> None:
+    with RedisServer(cluster=True) as node:
+        url = node.url
+        worker = start_demo_crawl(
+            ["http://127.0.0.1:9/"], tmp_path / "worker.log", {"HOSTQUEUE_FRONTIER": url}
+        )
+        assert worker.wait(60) != 0
+    output = (tmp_path / "worker.log").read_text()
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, output[-3000:]
+    assert f"the Redis Cluster at {url} is not serving (cluster_state:fail" in errors[0]
+    assert "Traceback" not in output
