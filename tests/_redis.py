@@ -167,6 +167,28 @@ class RedisClusterServers:
             out.append(sorted(str(key) for key in reply))
         return out
 
+    def move_slot(self, slot: int, source: int, target: int) -> None:
+        """Move *slot* with its keys from node *source* to node *target* (by
+        index), as a resharding does: importing and migrating, ``MIGRATE``
+        of its keys, then every node told the new owner."""
+        import redis  # here: the tests that use a cluster skip without it
+
+        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+        try:
+            src, dst = clients[source], clients[target]
+            src_id = src.execute_command("CLUSTER", "MYID").decode()
+            dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                port = self.nodes[target].port
+                src.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
+            for client in (dst, src, *clients):
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        finally:
+            for client in clients:
+                client.close()
+
     def flushall(self) -> None:
         for node in self.nodes:
             node.flushall()

@@ -6,6 +6,7 @@ lease expiry work through the cluster client as on one server; and two
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
@@ -140,6 +141,62 @@ async def test_a_crawl_runs_through_the_cluster_on_the_node_of_its_slot(
     assert [len(on) for n, on in enumerate(keys) if n != home] == [0, 0], keys
     await a.aclose()
     await b.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_connections_to_the_crawl_node_lost_mid_crawl_are_an_outage_retried(
+    cluster: RedisClusterServers, sync: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    home = cluster.nodes[_crawl_node(cluster, sync)]
+    a = Process(cluster.url, sync)
+    a.link.start()
+
+    async def pushed(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while _stats(sync).get("pushed", 0) < n:
+            assert time.monotonic() < deadline, _stats(sync)
+            await asyncio.sleep(0.01)
+
+    a.store.push("h1", 0, "h1/0")
+    await pushed(1)
+    assert int(home.command("CLIENT KILL TYPE normal")) >= 1  # the task's among them
+    a.store.push("h2", 0, "h2/0")
+    await pushed(2)
+    assert await a.link.close() is None
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum(m.startswith("Lost the shared frontier at Redis") for m in messages) == 1
+    assert sum(m.startswith("The shared frontier at Redis is back") for m in messages) == 1
+    assert not any(m.startswith("The shared frontier at Redis failed") for m in messages)
+    assert (_stats(sync)["pushed"], _stats(sync)["queued"]) == (2, 2)
+    await a.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_the_crawl_goes_on_when_its_slot_moves_to_another_node(
+    cluster: RedisClusterServers, sync: Any
+) -> None:
+    home = _crawl_node(cluster, sync)
+    a = Process(cluster.url, sync)
+    for n in range(4):
+        a.store.push("h1", 0, f"h1/{n}")
+    await a.step()
+    await a.step()
+    first = a.store.pop()
+    assert first is not None
+    target = (home + 1) % len(cluster.nodes)
+    cluster.move_slot(redis.cluster.key_slot(P.encode()), home, target)
+    keys = cluster.node_keys("hq:*")
+    assert keys[home] == [] and P + "r" in keys[target], keys
+    # The task's next batch is redirected to the new node, with the scripts
+    # already loaded there.
+    a.store.ack(first[1])
+    a.store.push("h1", 0, "h1/4")
+    await a.step()
+    assert sorted(a.pop_all()) == [f"h1/{n}" for n in range(1, 5)]
+    stats = _stats(sync)
+    assert (stats["pushed"], stats["acked"], stats["leased"]) == (5, 1, 4)
+    assert _crawl_node(cluster, sync) == target
+    await a.aclose()
 
 
 def test_push_and_frontier_commands_on_a_cluster(
