@@ -23,7 +23,7 @@ from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
 from scrapy_hostqueue.store import HostState, MemoryStore
-from scrapy_hostqueue.store._redisdb import RedisFrontierError, prefix, register
+from scrapy_hostqueue.store._redisdb import SCRIPTS, RedisFrontierError, prefix, register
 from scrapy_hostqueue.store._redislink import RedisLink
 from scrapy_hostqueue.store.redis import RedisStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
@@ -94,6 +94,23 @@ class Process:
 
 def _stats(sync: Any) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in sync.hgetall(P + "stats").items()}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_command_of_a_script_touches_a_key_of_the_crawl(name: str) -> None:
+    """On a cluster a script may touch keys of its node's slots only: every
+    key it touches is built on the prefix, its one key (``KEYS[1]``)."""
+    script = SCRIPTS[name]
+    calls = re.findall(r"redis\.call\(([^)]*)", script)
+    assert calls
+    for call in calls:
+        command, _, rest = call.partition(",")
+        assert rest.strip().startswith("P.."), (name, call)
+        if command.strip("'") in ("DEL", "EXISTS", "UNLINK"):
+            keys = [key.strip() for key in rest.split(",")]
+            assert all(key.startswith("P..") for key in keys), (name, call)
+    assert "local P = KEYS[1]" in script
+    assert "KEYS[2]" not in script
 
 
 @deferred_f_from_coro_f
@@ -243,7 +260,9 @@ def test_a_cluster_url_with_another_database_is_refused(cluster: RedisClusterSer
 def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
     cluster: RedisClusterServers, sync: Any, tmp_path: Path
 ) -> None:
-    specs = [HostSpec(latency=0.02, pages=30, links=3)] * 4
+    # One host at a time per process, 0.6 s at least per host: the first
+    # process alone would take 2.4 s, so the second has hosts left when it is up.
+    specs = [HostSpec(latency=0.03, pages=40, links=3)] * 4
     with LocalHosts(specs, process=True) as hosts:
         settings: dict[str, Any] = {
             "HOSTQUEUE_FRONTIER": cluster.url,
@@ -253,8 +272,8 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
             "HOSTQUEUE_TIMELINE_FILE": "",
             "ROBOTSTXT_OBEY": False,
             "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
-            "HOSTQUEUE_MAX_ACTIVE_HOSTS": 2,
-            "HOSTQUEUE_REDIS_FINISH_GRACE": 1.0,
+            "HOSTQUEUE_MAX_ACTIVE_HOSTS": 1,
+            "HOSTQUEUE_REDIS_FINISH_GRACE": 0.5,
             "DEMO_ITEMS_FILE": tmp_path / "items.jsonl",
         }
         workers = [
@@ -288,7 +307,7 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
         assert host.max_in_flight <= 2, (host.hostname, host.max_in_flight)
         assert set(host.pages) == {f"/page/{n}" for n in range(spec.pages or 0)}, host.hostname
         assert max(host.pages.values()) == 1, host.hostname
-    assert sync.hget(prefix("pages") + "stats", "acked") == str(4 * 30).encode()
+    assert sync.hget(prefix("pages") + "stats", "acked") == str(4 * 40).encode()
     assert [bool(keys) for keys in cluster.node_keys("hq:*")].count(True) == 1
 
 
