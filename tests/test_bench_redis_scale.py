@@ -135,6 +135,13 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
             assert run["max_in_flight"] <= 4
         stores = [run["store"] for run in result["overhead_runs"]]
         assert sorted(stores) == ["memory", "redis"]
+        busy = [(run["store"], run["processes"]) for run in result["busy_runs"]]
+        assert busy == [("shared", 1), ("shared", 2), ("whole", 2)]
+        for run in result["busy_runs"]:
+            assert run["error"] is None, run
+            # Shared or not, the one host's limit holds across the processes.
+            assert 0 < run["max_in_flight"] <= 16
+        assert re.search(r"\(d\) one busy host \(limit 16\), pages/s: shared x1 \d+", stdout)
         assert re.search(r"Redis commands per crawled page: \(a\) x1 [0-9.]+", stdout)
 
 

@@ -326,7 +326,7 @@ def _host_counts(tmp_path: Path, hostname: str) -> list[tuple[int, int]]:
 def test_one_busy_host_is_shared_by_two_processes_within_its_limit(
     server: RedisServer, tmp_path: Path
 ) -> None:
-    spec = HostSpec(latency=0.015, pages=900, links=3)
+    spec = HostSpec(latency=0.01, pages=600, links=3)
     with LocalHosts([spec], process=True) as hosts:
         workers = [
             _worker(server, hosts, tmp_path, n, "busy", HOSTQUEUE_AIMD_START=4) for n in range(2)
@@ -339,13 +339,13 @@ def test_one_busy_host_is_shared_by_two_processes_within_its_limit(
     _responses(tmp_path)
     # Two processes on one host: never more than its one limit at the host.
     assert host.max_in_flight <= 4, host.max_in_flight
-    assert set(host.pages) == {f"/page/{n}" for n in range(900)}
+    assert set(host.pages) == {f"/page/{n}" for n in range(600)}
     assert max(host.pages.values()) == 1
     counts = _host_counts(tmp_path, host.hostname)
     # The process that did not hold it was lent a part, and crawled a real
     # part of the pages.
     assert sum(lent for _, lent in counts) >= 1, counts
-    assert min(responses for responses, _ in counts) >= 90, counts
+    assert min(responses for responses, _ in counts) >= 60, counts
 
 
 def test_a_retry_after_seen_by_one_holder_of_a_shared_host_holds_for_both(
@@ -353,7 +353,7 @@ def test_a_retry_after_seen_by_one_holder_of_a_shared_host_holds_for_both(
 ) -> None:
     # Every 100th request gets a 429; the host's limit stays 4 (the AIMD
     # floor), so that it stays worth sharing after its 429s.
-    spec = HostSpec(latency=0.02, pages=600, fault="throttle", fault_rate=0.01, retry_after="1")
+    spec = HostSpec(latency=0.02, pages=300, fault="throttle", fault_rate=0.01, retry_after="1")
     with LocalHosts([spec], process=True) as hosts:
         workers = [
             _worker(
@@ -375,9 +375,9 @@ def test_a_retry_after_seen_by_one_holder_of_a_shared_host_holds_for_both(
     _responses(tmp_path)
     counts = _host_counts(tmp_path, host.hostname)
     assert sum(lent for _, lent in counts) >= 1, counts
-    assert min(responses for responses, _ in counts) >= 60, counts
+    assert min(responses for responses, _ in counts) >= 40, counts
     windows = host.statuses.get(429, 0)
     assert windows >= 1, host.statuses
     assert host.max_in_flight <= 4, host.max_in_flight
     assert host.in_retry_after_window <= 3 * windows, host
-    assert set(host.pages) == {f"/page/{n}" for n in range(600)}
+    assert set(host.pages) == {f"/page/{n}" for n in range(300)}
