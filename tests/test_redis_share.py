@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store import HostState, MemoryStore
 from scrapy_hostqueue.store._redisdb import prefix, register
 from scrapy_hostqueue.store._redislink import RedisLink
@@ -126,10 +127,13 @@ async def _shared(server: RedisServer, sync: Any, clock: Clock) -> tuple[Process
 
 @deferred_f_from_coro_f
 async def test_a_busy_host_is_lent_in_part_and_the_limit_holds(
-    server: RedisServer, sync: Any
+    server: RedisServer, sync: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     clock = Clock()
     a, b = await _shared(server, sync, clock)
+    assert cli(["frontier", server.url, "--crawl-id", CRAWL]) == 0
+    out = capsys.readouterr().out
+    assert f"held by {a.store.proc}, 2 of its limit lent to {b.store.proc}" in out
     assert len(b.pop_all()) == 2
     assert a.pop_all() == []
     assert a.in_flight() + b.in_flight() == LIMIT
