@@ -26,6 +26,14 @@ and local hosts, and runs each crawl in fresh processes
     call count too), over the responses the crawl processes received; in (a)
     also the Redis server's CPU time per page (``INFO cpu``).
 
+(d) **One busy host.** A single host at 10 ms, every link followed, a limit
+    of 16 (``CONCURRENT_REQUESTS_PER_DOMAIN``, the AIMD middleware starting
+    there): one process cannot keep it busy (its CPU binds). 1 process on
+    Redis, then 2 (the second is lent a part of the host), then 2 with
+    ``HOSTQUEUE_REDIS_SHARE_HOSTS`` off (the second finds no host and idles),
+    each ``--seconds``: pages per second counted by the host, and the ratio of
+    2 processes to 1. The most the host had in flight stays within 16.
+
 A version of scrapy-hostqueue that refuses ``HOSTQUEUE_FRONTIER = "redis://..."``
 runs the memory parts only, prints the refusal where the Redis figures would
 be, and exits with status 1. Writes ``bench/results/redis_scale-<timestamp>.json``.
@@ -33,6 +41,7 @@ be, and exits with status 1. Writes ``bench/results/redis_scale-<timestamp>.json
     python -m bench.redis_scale                  # about 3 minutes on 2 cores
     python -m bench.redis_scale --quick          # 1 round, 50 hosts, 5 s, budget 400
     python -m bench.redis_scale --parts a --rounds 3
+    python -m bench.redis_scale --parts d        # the busy host only, about 1 minute
 """
 
 from __future__ import annotations
@@ -67,6 +76,14 @@ SCALE_SETTINGS: dict[str, Any] = {
 #: The (a) crawls: (store, processes). Redis first: the target's terms.
 SCALE_VARIANTS = (("redis", 1), ("redis", 2), ("memory", 1), ("memory", 2))
 OVERHEAD_SCENARIOS = ("S1", "S2")
+#: (d): one host, its limit, and the crawls: (label, processes, sharing on).
+BUSY_LIMIT = 16
+BUSY_SETTINGS: dict[str, Any] = {
+    **SCALE_SETTINGS,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": BUSY_LIMIT,
+    "HOSTQUEUE_AIMD_START": BUSY_LIMIT,
+}
+BUSY_VARIANTS = (("shared", 1, True), ("shared", 2, True), ("whole", 2, False))
 #: The benchmark's own commands, left out of the counts.
 OWN_COMMANDS = frozenset({"info", "config"})
 #: Start-up and exit around a crawl's own time.
@@ -207,17 +224,19 @@ def scale_crawl(
     *,
     round_: int,
     seconds: float,
+    settings: dict[str, Any] | None = None,
 ) -> ScaleRun:
     """One (a) crawl of *processes* processes on *store* (``redis``: one
-    shared crawl on *server*; ``memory``: each process on its own)."""
+    shared crawl on *server*; ``memory``: each process on its own), with
+    *settings* (default: the (a) settings)."""
     hosts.reset()
     probe = cpu_probe()
-    settings = dict(SCALE_SETTINGS)
-    if store == "redis":
+    settings = dict(SCALE_SETTINGS if settings is None else settings)
+    if store != "memory":
         assert server is not None
         server.flushall()
         server.reset_stats()
-        settings.update(redis_settings(server, f"scale-{processes}-{round_}"))
+        settings.update(redis_settings(server, f"scale-{store}-{processes}-{round_}"))
     child = {
         "settings": settings,
         "hosts": [hosts.netloc(index) for index in range(len(hosts))],
@@ -226,11 +245,11 @@ def scale_crawl(
         "time_limit": seconds,
         "follow": True,
     }
-    cpu_before = server.cpu_seconds() if store == "redis" and server is not None else 0.0
+    cpu_before = server.cpu_seconds() if store != "memory" and server is not None else 0.0
     results = run_children([child] * processes, seconds + GRACE)
     run = ScaleRun(store, processes, round_, probe_ms=probe)
     errors = [str(result["error"]) for result in results if "error" in result]
-    if store == "redis" and server is not None:
+    if store != "memory" and server is not None:
         run.commands = own_commands_left_out(server.commandstats())
         run.redis_commands = sum(run.commands.values())
         run.redis_cpu = server.cpu_seconds() - cpu_before
@@ -247,8 +266,16 @@ def scale_crawl(
     return run
 
 
-def describe_scale(run: ScaleRun) -> str:
-    head = f"  (a) {run.store:<6} x{run.processes}  #{run.round + 1}  "
+def busy_crawl(
+    hosts: LocalHosts, server: RedisServer, label: str, processes: int, share: bool, **kwargs: Any
+) -> ScaleRun:
+    """One (d) crawl: *processes* processes on the one busy host."""
+    settings = {**BUSY_SETTINGS, "HOSTQUEUE_REDIS_SHARE_HOSTS": share}
+    return scale_crawl(hosts, server, label, processes, settings=settings, **kwargs)
+
+
+def describe_scale(run: ScaleRun, part: str = "a") -> str:
+    head = f"  ({part}) {run.store:<6} x{run.processes}  #{run.round + 1}  "
     if run.error:
         return head + f"FAILED: {run.error}"
     line = (
@@ -306,10 +333,33 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def summarise(
-    scale: Sequence[ScaleRun], overhead: Sequence[OverheadRun], refusal: str | None
+    scale: Sequence[ScaleRun],
+    overhead: Sequence[OverheadRun],
+    refusal: str | None,
+    busy: Sequence[ScaleRun] = (),
 ) -> dict[str, Any]:
     """Medians, ratios and the targets' verdicts."""
-    summary: dict[str, Any] = {"refused": refusal, "scale": {}, "overhead": {}, "commands": {}}
+    summary: dict[str, Any] = {
+        "refused": refusal,
+        "scale": {},
+        "overhead": {},
+        "commands": {},
+        "busy": {},
+    }
+    for label, processes, _share in BUSY_VARIANTS:
+        mine = [r for r in busy if (r.store, r.processes) == (label, processes)]
+        if mine:
+            summary["busy"][f"{label}x{processes}"] = {
+                "pages_per_second": median([r.pages_per_second for r in mine if not r.error]),
+                "process_pages": [r.process_pages for r in mine],
+                "max_in_flight": max(r.max_in_flight for r in mine),
+                "failed": sum(r.error is not None for r in mine),
+                "commands_per_page": median([r.commands_per_page for r in mine]),
+            }
+    one = summary["busy"].get("sharedx1", {}).get("pages_per_second")
+    for key in ("sharedx2", "wholex2"):
+        if key in summary["busy"]:
+            summary["busy"][key]["ratio"] = _ratio(summary["busy"][key]["pages_per_second"], one)
     for store, processes in SCALE_VARIANTS:
         mine = [r for r in scale if (r.store, r.processes) == (store, processes)]
         if mine:
@@ -401,6 +451,19 @@ def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
                 f"(rounds: {rounds}) "
                 f"{_verdict(ratio, (ratio or 99) <= OVERHEAD_TARGET, refusal)}"
             )
+    busy = summary.get("busy") or {}
+    if "d" in parts and busy:
+        figures = ", ".join(
+            f"{key.replace('x', ' x')} {_num(value.get('pages_per_second'), '.0f')}"
+            for key, value in busy.items()
+        )
+        lines.append(f"(d) one busy host (limit {BUSY_LIMIT}), pages/s: {figures}")
+        lines.append(
+            "    2 processes / 1: lent a part "
+            f"{_num(busy.get('sharedx2', {}).get('ratio'), suffix='x')}, "
+            f"whole hosts only {_num(busy.get('wholex2', {}).get('ratio'), suffix='x')}; "
+            f"max in flight {max(value['max_in_flight'] for value in busy.values())}"
+        )
     per_page = [
         f"(a) x{key[-1]} {_num(value['commands_per_page'], '.1f')}"
         for key, value in scale.items()
@@ -414,6 +477,8 @@ def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
         f"{name} {100 * calls / total:.0f} %"
         for name, calls in list(summary["commands"].items())[:5]
     )
+    if not ("a" in parts or "b" in parts):
+        return lines
     lines.append(
         "(c) Redis commands per crawled page: "
         + (", ".join(per_page) if not refusal else "not measured (Redis frontier refused)")
@@ -436,7 +501,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--parts", default="ab", help="a (scale), b (overhead) or ab (default)")
+    parser.add_argument(
+        "--parts",
+        default="abd",
+        help="a (scale), b (overhead), d (one busy host), any of them (default abd)",
+    )
     parser.add_argument("--rounds", type=int, help="rounds of every crawl (default 2)")
     parser.add_argument("--hosts", type=int, help="(a) hosts at 10 ms (default 200)")
     parser.add_argument("--seconds", type=float, help="(a) seconds per crawl (default 10)")
@@ -451,8 +520,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 round, 50 hosts, 5 s, budget 400")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     args = parser.parse_args(argv)
-    if not args.parts or set(args.parts) - set("ab"):
-        parser.error("--parts takes a, b or ab")
+    if not args.parts or set(args.parts) - set("abd"):
+        parser.error("--parts takes any of a, b and d")
     args.scenario_names = [name.strip() for name in args.scenarios.split(",") if name.strip()]
     if not set(args.scenario_names) <= set(OVERHEAD_SCENARIOS):
         parser.error("--scenarios takes S1, S2 or both")
@@ -471,6 +540,7 @@ def main(argv: list[str]) -> int:
     meta = run_meta("bench.redis_scale", argv)
     scale: list[ScaleRun] = []
     overhead: list[OverheadRun] = []
+    busy: list[ScaleRun] = []
     with RedisServer() as server:
         refusal = shared_frontier_refusal(server.url)
         stores = ("memory",) if refusal else ("redis", "memory")
@@ -497,6 +567,30 @@ def main(argv: list[str]) -> int:
                         )
                         scale.append(run)
                         print(describe_scale(run), flush=True)
+        if "d" in args.parts and not refusal:
+            print(
+                f"(d) 1 host at {SCALE_LATENCY * 1000:g} ms, limit {BUSY_LIMIT}, "
+                f"{args.seconds:g} s per crawl",
+                flush=True,
+            )
+            with LocalHosts(
+                f"1x latency={SCALE_LATENCY * 1000:g}ms", process=True, start_timeout=60.0
+            ) as hosts:
+                for round_ in range(args.rounds):
+                    for label, processes, share in (
+                        BUSY_VARIANTS if round_ % 2 == 0 else BUSY_VARIANTS[::-1]
+                    ):
+                        run = busy_crawl(
+                            hosts,
+                            server,
+                            label,
+                            processes,
+                            share,
+                            round_=round_,
+                            seconds=args.seconds,
+                        )
+                        busy.append(run)
+                        print(describe_scale(run, "d"), flush=True)
         if "b" in args.parts:
             for name in args.scenario_names:
                 scenario = SCENARIOS[name]
@@ -516,7 +610,7 @@ def main(argv: list[str]) -> int:
                             if item.commands_per_page is not None:
                                 line += f"  Redis {item.commands_per_page:.1f} commands/page"
                             print(line, flush=True)
-    summary = summarise(scale, overhead, refusal)
+    summary = summarise(scale, overhead, refusal, busy)
     lines = report_lines(summary, args.parts)
     probes = [
         (f"(a) {run.store} x{run.processes}", run.probe_ms)
@@ -558,6 +652,9 @@ def main(argv: list[str]) -> int:
                 }
                 for run in scale
             ],
+            "busy_runs": [
+                {**asdict(run), "commands_per_page": run.commands_per_page} for run in busy
+            ],
             "overhead_runs": [
                 {
                     "scenario": item.scenario,
@@ -574,7 +671,7 @@ def main(argv: list[str]) -> int:
         },
     )
     print(f"Results: {path}")
-    failed = any(run.error for run in scale) or any(not item.run.ok for item in overhead)
+    failed = any(run.error for run in [*scale, *busy]) or any(not item.run.ok for item in overhead)
     return 1 if refusal or failed else 0
 
 

@@ -320,6 +320,7 @@ class HostQueueConfig:
     lease_timeout: float  # seconds a dead process's hosts and requests stay leased
     redis_finish_grace: float  # seconds the shared crawl must be empty before closing
     redis_wait_for_urls: bool  # never close when the shared crawl is empty
+    redis_share_hosts: bool  # lend a part of a busy host to a process with no host
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
     max_overdue: int  # overdue requests kept out of CONCURRENT_REQUESTS, 0 = none
@@ -417,6 +418,7 @@ class HostQueueConfig:
                 settings, "HOSTQUEUE_REDIS_FINISH_GRACE", 3.0, maximum=_MAX_WAIT
             ),
             redis_wait_for_urls=_boolean(settings, "HOSTQUEUE_REDIS_WAIT_FOR_URLS", False),
+            redis_share_hosts=_boolean(settings, "HOSTQUEUE_REDIS_SHARE_HOSTS", True),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
             max_overdue=_integer(

@@ -131,9 +131,14 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
         width = max(len(host) for host in busiest)
         for host in busiest:
             owner = owners.get(host)
+            held_by = f"  held by {owner}" if owner else ""
+            co, part = client.hmget(p + f"share:{host}", "co", "grant")
+            if co is not None:
+                # A busy host lent in part (see store/_redisshare.py).
+                held_by += f", {int(part)} of its limit lent to {co.decode()}"
             lines.append(
                 f"  {host:<{width}}  {queued.get(host, 0):>9,} queued  "
-                f"{leased.get(host, 0):>6,} leased" + (f"  held by {owner}" if owner else "")
+                f"{leased.get(host, 0):>6,} leased{held_by}"
             )
     states = {k.decode(): json.loads(v) for k, v in client.hgetall(p + "state").items()}
     blocked = sorted(

@@ -227,6 +227,7 @@ class RedisFrontier:
             lease_timeout=cfg.lease_timeout,
             finish_grace=cfg.redis_finish_grace,
             wait_for_urls=cfg.redis_wait_for_urls,
+            share_hosts=cfg.redis_share_hosts,
         )
         return self.store
 

@@ -135,4 +135,26 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
             assert run["max_in_flight"] <= 4
         stores = [run["store"] for run in result["overhead_runs"]]
         assert sorted(stores) == ["memory", "redis"]
+        busy = [(run["store"], run["processes"]) for run in result["busy_runs"]]
+        assert busy == [("shared", 1), ("shared", 2), ("whole", 2)]
+        for run in result["busy_runs"]:
+            assert run["error"] is None, run
+            # Shared or not, the one host's limit holds across the processes.
+            assert 0 < run["max_in_flight"] <= 16
+        assert re.search(r"\(d\) one busy host \(limit 16\), pages/s: shared x1 \d+", stdout)
         assert re.search(r"Redis commands per crawled page: \(a\) x1 [0-9.]+", stdout)
+
+
+def test_the_busy_host_ratios_from_the_runs() -> None:
+    busy = [
+        ScaleRun("shared", 1, 0, pages_per_second=200.0, pages=2000, max_in_flight=16),
+        ScaleRun("shared", 2, 0, pages_per_second=340.0, pages=3400, max_in_flight=16),
+        ScaleRun("whole", 2, 0, pages_per_second=204.0, pages=2040, max_in_flight=15),
+    ]
+    summary = summarise([], [], None, busy)
+    assert summary["busy"]["sharedx2"]["ratio"] == pytest.approx(1.7)
+    assert summary["busy"]["wholex2"]["ratio"] == pytest.approx(1.02)
+    text = "\n".join(report_lines(summary, "d"))
+    assert "(d) one busy host (limit 16), pages/s: shared x1 200, shared x2 340" in text
+    assert "lent a part 1.70x, whole hosts only 1.02x; max in flight 16" in text
+    assert "(c)" not in text

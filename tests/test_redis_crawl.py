@@ -306,3 +306,78 @@ def test_urls_pushed_from_outside_are_crawled(server: RedisServer, tmp_path: Pat
         stats = hosts.all_stats(arrivals=False)
     for host, spec in zip(stats, specs, strict=True):
         assert set(host.pages) == {f"/page/{n}" for n in range(spec.pages or 0)}
+
+
+def _host_counts(tmp_path: Path, hostname: str) -> list[tuple[int, int]]:
+    """Per worker: the host's responses, and the parts of busy hosts it was
+    lent."""
+    out = []
+    for path in sorted(tmp_path.glob("stats*.json")):
+        stats = json.loads(path.read_text())["stats"]
+        out.append(
+            (
+                stats.get(f"hostqueue/hosts/{hostname}/response_count", 0),
+                stats.get("hostqueue/redis/shared_hosts_count", 0),
+            )
+        )
+    return out
+
+
+def test_one_busy_host_is_shared_by_two_processes_within_its_limit(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    spec = HostSpec(latency=0.01, pages=600, links=3)
+    with LocalHosts([spec], process=True) as hosts:
+        workers = [
+            _worker(server, hosts, tmp_path, n, "busy", HOSTQUEUE_AIMD_START=4) for n in range(2)
+        ]
+        _wait(workers, tmp_path)
+        hosts.wait_idle(10)
+        (host,) = hosts.all_stats(arrivals=False)
+    logs = _logs(tmp_path)
+    assert "Traceback" not in logs, logs[-4000:]
+    _responses(tmp_path)
+    # Two processes on one host: never more than its one limit at the host.
+    assert host.max_in_flight <= 4, host.max_in_flight
+    assert set(host.pages) == {f"/page/{n}" for n in range(600)}
+    assert max(host.pages.values()) == 1
+    counts = _host_counts(tmp_path, host.hostname)
+    # The process that did not hold it was lent a part, and crawled a real
+    # part of the pages.
+    assert sum(lent for _, lent in counts) >= 1, counts
+    assert min(responses for responses, _ in counts) >= 60, counts
+
+
+def test_a_retry_after_seen_by_one_holder_of_a_shared_host_holds_for_both(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    # Every 100th request gets a 429; the host's limit stays 4 (the AIMD
+    # floor), so that it stays worth sharing after its 429s.
+    spec = HostSpec(latency=0.02, pages=300, fault="throttle", fault_rate=0.01, retry_after="1")
+    with LocalHosts([spec], process=True) as hosts:
+        workers = [
+            _worker(
+                server,
+                hosts,
+                tmp_path,
+                n,
+                "busy-retry",
+                HOSTQUEUE_AIMD_START=4,
+                HOSTQUEUE_AIMD_FLOOR=4,
+            )
+            for n in range(2)
+        ]
+        _wait(workers, tmp_path)
+        hosts.wait_idle(10)
+        (host,) = hosts.all_stats(arrivals=False)
+    logs = _logs(tmp_path)
+    assert "Traceback" not in logs, logs[-4000:]
+    _responses(tmp_path)
+    counts = _host_counts(tmp_path, host.hostname)
+    assert sum(lent for _, lent in counts) >= 1, counts
+    assert min(responses for responses, _ in counts) >= 40, counts
+    windows = host.statuses.get(429, 0)
+    assert windows >= 1, host.statuses
+    assert host.max_in_flight <= 4, host.max_in_flight
+    assert host.in_retry_after_window <= 3 * windows, host
+    assert set(host.pages) == {f"/page/{n}" for n in range(300)}

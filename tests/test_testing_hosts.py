@@ -407,6 +407,21 @@ async def test_fault_rate_picks_every_kth_request(local_hosts: Factory) -> None:
 
 
 @async_test
+async def test_throttle_fault_answers_the_throttle_status_with_retry_after(
+    local_hosts: Factory,
+) -> None:
+    hosts = local_hosts("latency=0,fault=throttle,fault-rate=50%,retry-after=5")
+    first = await fetch(hosts.page_url(0, 0))
+    second = await fetch(hosts.page_url(0, 1))
+    assert (first.status, second.status) == (200, 429)
+    assert second.headers["retry-after"] == "5"
+    await fetch(hosts.page_url(0, 2))  # inside the window it announced
+    await settle(hosts)
+    stats = hosts.stats(0)
+    assert (stats.faults, stats.statuses[429], stats.in_retry_after_window) == (1, 1, 1)
+
+
+@async_test
 async def test_refusing_host(local_hosts: Factory) -> None:
     hosts = local_hosts("latency=0; refuse")
     with pytest.raises(ConnectionRefusedError):

@@ -25,6 +25,14 @@ legal there. Keys (after the prefix):
 ``gaveup``      set: hosts given up (their requests are refused)
 ``hungry``      zset: process -> when it last wanted hosts, found none and held
                 fewer than its fair share (ms)
+``share:<host>`` hash: a busy host shared by its holder (``owner``) with one
+                co-holder (``co``): the host's ``limit`` split, the co-holder's
+                part (``grant``), the latest block either saw (``block``, ms)
+                and ``recall`` once the holder wants its part back
+``offers``      zset: host -> when its holder offered a part of it (ms), while
+                no co-holder has taken it
+``coheld:<proc>`` set: the hosts a process co-holds
+``wantshare``   zset: process -> when it last wanted hosts and found none (ms)
 ``stats``       hash: crawl-wide counters (``queued``, ``leased``, ``pushed``,
                 ``duplicates``, ``acked``, ``reclaimed``, ``claims``)
 
@@ -38,7 +46,7 @@ from __future__ import annotations
 from typing import Any
 
 #: The layout of the keys; a crawl id written with another is refused.
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "2"
 
 #: Redis sorted-set scores are doubles: a request's score is ``-rank * ORDER
 #: + order``, exact while ``|rank| < RANK_LIMIT``.
@@ -65,6 +73,7 @@ class RedisFrontierError(Exception):
 _COMMON = """
 local P = KEYS[1]
 local counters, qdelta, memo_owner, memo_ready, memo_gaveup, in_avail = {}, {}, {}, {}, {}, {}
+local memo_shared = {}
 local new_values, new_leases = {}, {}
 local order_next
 local function hinc(field, n)
@@ -108,6 +117,17 @@ local function gave_up(host)
   end
   return g
 end
+-- Whether a share record of the host exists: then the host is not
+-- claimable whole (its co-holder may have requests in flight) until the
+-- share ends.
+local function shared(host)
+  local s = memo_shared[host]
+  if s == nil then
+    s = redis.call('EXISTS', P..'share:'..host) == 1
+    memo_shared[host] = s
+  end
+  return s
+end
 local function enqueue(host, id, rank)
   if not order_next then
     order_next = tonumber(redis.call('GET', P..'order') or '0')
@@ -117,7 +137,7 @@ local function enqueue(host, id, rank)
   if redis.call('ZADD', P..'q:'..host, score, id) == 0 then return end
   qdelta[host] = (qdelta[host] or 0) + 1
   hinc('queued', 1)
-  if not owner_of(host) and not in_avail[host] then
+  if not owner_of(host) and not in_avail[host] and not shared(host) then
     redis.call('ZADD', P..'avail', 'NX', ready_at(host), host)
     in_avail[host] = true
   end
@@ -155,14 +175,39 @@ local function give_back(proc, id)
   end
   return 1
 end
+local function make_claimable(host)
+  if not owner_of(host) and redis.call('ZCARD', P..'q:'..host) > 0 then
+    redis.call('ZADD', P..'avail', ready_at(host), host)
+    in_avail[host] = true
+  end
+end
+-- The share of a host is over (its co-holder has nothing of it in flight,
+-- or is dead): the holder, if any, gets its whole limit back when it reads
+-- that the record is gone; a host with no holder is claimable again.
+local function end_share(host)
+  local co = redis.call('HGET', P..'share:'..host, 'co')
+  if co then redis.call('SREM', P..'coheld:'..co, host) end
+  redis.call('DEL', P..'share:'..host)
+  redis.call('ZREM', P..'offers', host)
+  memo_shared[host] = false
+  make_claimable(host)
+end
+-- The holder wants its part back: an offer nobody took ends now; a
+-- co-holder stops, and ends the share once nothing of it is in flight.
+local function recall(host)
+  if not shared(host) then return end
+  if redis.call('HEXISTS', P..'share:'..host, 'co') == 1 then
+    redis.call('HSET', P..'share:'..host, 'recall', 1)
+  else
+    end_share(host)
+  end
+end
 local function release(proc, host)
   if owner_of(host) ~= proc then return 0 end
   set_owner(host, false)
   redis.call('SREM', P..'held:'..proc, host)
-  if redis.call('ZCARD', P..'q:'..host) > 0 then
-    redis.call('ZADD', P..'avail', ready_at(host), host)
-    in_avail[host] = true
-  end
+  recall(host)
+  if not shared(host) then make_claimable(host) end
   return 1
 end
 local function leave(proc)
@@ -173,9 +218,13 @@ local function leave(proc)
   for _, host in ipairs(redis.call('SMEMBERS', P..'held:'..proc)) do
     release(proc, host)
   end
-  redis.call('DEL', P..'lease:'..proc, P..'held:'..proc)
+  for _, host in ipairs(redis.call('SMEMBERS', P..'coheld:'..proc)) do
+    if redis.call('HGET', P..'share:'..host, 'co') == proc then end_share(host) end
+  end
+  redis.call('DEL', P..'lease:'..proc, P..'held:'..proc, P..'coheld:'..proc)
   redis.call('ZREM', P..'procs', proc)
   redis.call('ZREM', P..'hungry', proc)
+  redis.call('ZREM', P..'wantshare', proc)
   return n
 end
 local function flush()
@@ -310,11 +359,13 @@ return 1
     + _END
 )
 
-#: ARGV: proc, now ms, hosts wanted, requests per host, and how long (ms) a
+#: ARGV: proc, now ms, hosts wanted, requests per host, how long (ms) a
 #: process that wanted hosts and found none counts as waiting (default
-#: 2000). Returns -1 if the process is not registered (its heartbeat
-#: expired), else {1 if it now counts as waiting for hosts else 0, then per
-#: host claimed: {host, state JSON, requests left queued, {id, value, ...}}}.
+#: 2000), and "1" if the process may take a part of a busy host. Returns -1
+#: if the process is not registered (its heartbeat expired), else {1 if it
+#: now counts as waiting for hosts else 0, then per host claimed: {host,
+#: state JSON, requests left queued, {id, value, ...}}, and for a part of a
+#: shared host the same plus its part of the limit and its block (ms)}.
 #:
 #: While another process waits, a process claims only up to its fair share
 #: (the hosts held or claimable now over the live processes, rounded up),
@@ -343,7 +394,7 @@ local ready = {}
 if n > 0 then ready = redis.call('ZRANGEBYSCORE', P..'avail', '-inf', now, 'LIMIT', 0, n) end
 for _, host in ipairs(ready) do
   redis.call('ZREM', P..'avail', host)
-  if not owner_of(host) and redis.call('ZCARD', P..'q:'..host) > 0 then
+  if not owner_of(host) and not shared(host) and redis.call('ZCARD', P..'q:'..host) > 0 then
     set_owner(host, proc)
     redis.call('SADD', P..'held:'..proc, host)
     local items = take(proc, host, w)
@@ -353,6 +404,32 @@ for _, host in ipairs(ready) do
   end
 end
 hinc('claims', got)
+if got == 0 and n > 0 and ARGV[6] == '1' then
+  -- No host to claim whole: take the part a busy host's holder offers, if
+  -- any (one co-holder per host), or say that this process wants one.
+  local took = false
+  for _, host in ipairs(redis.call('ZRANGE', P..'offers', 0, 3)) do
+    local rec = redis.call('HMGET', P..'share:'..host, 'owner', 'grant', 'block')
+    if rec[1] and rec[1] ~= proc and owner_of(host) == rec[1] then
+      redis.call('ZREM', P..'offers', host)
+      redis.call('HSET', P..'share:'..host, 'co', proc)
+      redis.call('SADD', P..'coheld:'..proc, host)
+      local items = take(proc, host, w)
+      out[#out + 1] = {host, redis.call('HGET', P..'state', host) or '',
+                       redis.call('ZCARD', P..'q:'..host), items, rec[2], rec[3] or '0'}
+      hinc('shares', 1)
+      took = true
+      break
+    end
+  end
+  if took then
+    redis.call('ZREM', P..'wantshare', proc)
+  else
+    redis.call('ZADD', P..'wantshare', now, proc)
+  end
+elseif got > 0 then
+  redis.call('ZREM', P..'wantshare', proc)
+end
 if got < n and held + got < low then
   redis.call('ZADD', P..'hungry', now, proc)
   out[1] = 1
@@ -370,7 +447,9 @@ REFILL = (
     _COMMON
     + """
 local proc, host, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if owner_of(host) ~= proc then return -1 end
+if owner_of(host) ~= proc and redis.call('HGET', P..'share:'..host, 'co') ~= proc then
+  return -1
+end
 local items = take(proc, host, n)
 return {redis.call('ZCARD', P..'q:'..host), items}
 """
@@ -417,7 +496,64 @@ end
 for _, host in ipairs(redis.call('SMEMBERS', P..'held:'..proc)) do
   if not hosts[host] then release(proc, host) end
 end
+for _, host in ipairs(redis.call('SMEMBERS', P..'coheld:'..proc)) do
+  if not hosts[host] and redis.call('HGET', P..'share:'..host, 'co') == proc then
+    end_share(host)
+  end
+end
 return n
+"""
+    + _END
+)
+
+#: ARGV: proc, host, limit, part, now ms. The holder of a busy host offers
+#: *part* of its *limit* to a process that finds no host to claim; it has
+#: already lowered its own part to ``limit - part`` and has no more than that
+#: in flight. Returns 1, or 0 if it does not hold the host (then nothing is
+#: offered).
+OFFER = (
+    _COMMON
+    + """
+local proc, host, limit, part, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+if owner_of(host) ~= proc or gave_up(host) then return 0 end
+if shared(host) then return 1 end
+redis.call('HSET', P..'share:'..host, 'owner', proc, 'limit', limit, 'grant', part, 'block', 0)
+redis.call('ZADD', P..'offers', now, host)
+return 1
+"""
+    + _END
+)
+
+#: ARGV: proc, host, role ("o" the holder, "c" the co-holder), block (ms, 0:
+#: none), what to do ("", "recall" from the holder, "end" from a co-holder
+#: with nothing of the host in flight), then ids the co-holder gives back.
+#: Keeps the latest block either holder saw. Returns {0 if the share is over
+#: (or not this process's), 1 if offered and not taken, 2 if co-held; the
+#: block (ms); 1 if the holder recalled it}.
+SHARE = (
+    _COMMON
+    + """
+local proc, host, role, block, what = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local key = P..'share:'..host
+for i = 6, #ARGV do give_back(proc, ARGV[i]) end
+local rec = redis.call('HMGET', key, 'owner', 'co', 'block', 'recall')
+local mine = (role == 'o' and rec[1] == proc) or (role == 'c' and rec[2] == proc)
+if not mine then return {0, 0, 1} end
+local b = tonumber(rec[3] or '0')
+if block > b then
+  b = block
+  redis.call('HSET', key, 'block', b)
+end
+if what == 'end' then
+  end_share(host)
+  return {0, b, 1}
+end
+if what == 'recall' then
+  recall(host)
+  if not shared(host) then return {0, b, 1} end
+  return {2, b, 1}
+end
+return {rec[2] and 2 or 1, b, rec[4] and 1 or 0}
 """
     + _END
 )
@@ -459,6 +595,8 @@ SCRIPTS = {
     "resync": RESYNC,
     "leave": LEAVE,
     "give_up": GIVE_UP,
+    "offer": OFFER,
+    "share": SHARE,
 }
 
 

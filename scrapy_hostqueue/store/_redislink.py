@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from scrapy_hostqueue.store._redisdb import SCRIPTS
+from scrapy_hostqueue.store._redisshare import SHARE_TICK
 from scrapy_hostqueue.store.redis import BATCH
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class RedisLink:
                 store.connected = True
                 backoff = 0.1
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK)
+                await asyncio.wait_for(self._wake.wait(), SHARE_TICK if store.sharing() else TICK)
             self._wake.clear()
 
     async def load_scripts(self) -> dict[str, str]:
@@ -148,7 +149,14 @@ class RedisLink:
                 _, key, state, ready, release, ids = group[0]
                 args = [proc, key, state, ready, "1" if release else "0", *ids]
             elif kind == "claim":
-                args = [proc, wall_ms, group[0][1], group[0][2], HUNGRY_MS]
+                _, want, window, part = group[0]
+                args = [proc, wall_ms, want, window, HUNGRY_MS, "1" if part else "0"]
+            elif kind == "offer":
+                _, key, limit, part = group[0]
+                args = [proc, key, limit, part, wall_ms]
+            elif kind == "share":
+                _, key, role, block, what, ids = group[0]
+                args = [proc, key, role, block, what, *ids]
             elif kind == "refill":
                 args = [proc, group[0][1], group[0][2]]
             else:  # give_up
@@ -166,6 +174,7 @@ class RedisLink:
             pipe.hlen(p + "owner")
             pipe.zcount(p + "avail", "-inf", wall_ms)
             pipe.zcount(p + "procs", wall_ms, "+inf")
+            pipe.zrangebyscore(p + "wantshare", wall_ms - HUNGRY_MS, "+inf")
         try:
             results = await pipe.execute(raise_on_error=True)
         except BaseException:
@@ -185,10 +194,11 @@ class RedisLink:
             if not int(alive):
                 store.lost()
         if totals:
-            (queued, leased), hungry, owned, claimable, live = rest
+            (queued, leased), hungry, owned, claimable, live, no_host = rest
             waiting = sum(1 for name in hungry if name.decode() != proc)
+            want_share = sum(1 for name in no_host if name.decode() != proc)
             store.share = int(owned) + int(claimable), max(1, int(live))
-            work = store.totals(queued, leased, waiting, now) or work
+            work = store.totals(queued, leased, waiting, now, want_share) or work
         if work and store.on_work is not None:
             store.on_work()
 

@@ -14,8 +14,14 @@ at a graceful close. A host is worked by one process at a time, so
 its limit, its block and its spacing hold for the crawl as a whole: its state
 (limit, block and spacing as wall-clock times, what the AIMD middleware
 learned) travels with it through Redis, and a host blocked by a Retry-After
-is claimable again only when the block ends. One busy host is not shared by
-several processes within its limit: a host needs one process only.
+is claimable again only when the block ends.
+
+**Busy hosts shared within their limit.** A held host busy enough for two
+processes (a deep queue, a limit of a few requests, no spacing) is lent in
+part to a process that finds no host to claim, when ``share_hosts`` is on:
+the holder keeps part of the host's limit and the co-holder gets the rest,
+the two never having more than the limit in flight between them (see
+:mod:`scrapy_hostqueue.store._redisshare`).
 
 **Synchronous methods, asynchronous Redis.** The store's methods act on local
 state and append to an ordered outbound log; an asyncio task (``RedisLink``,
@@ -51,6 +57,17 @@ from typing import Any, Generic, TypeVar
 
 from scrapy_hostqueue.store._layered import LayeredStore
 from scrapy_hostqueue.store._redisdb import RANK_LIMIT, prefix, split_value
+from scrapy_hostqueue.store._redisshare import (
+    LOWERING,
+    OFFER_WAIT,
+    OFFERED,
+    RECALLING,
+    SHARE_END_DEPTH,
+    SHARE_TURN,
+    WORKING,
+    Share,
+    may_share,
+)
 from scrapy_hostqueue.store.memory import HostState, MemoryStore
 
 __all__ = ["HOLD_GRACE", "RELEASE_BLOCKED", "RedisStore"]
@@ -108,6 +125,13 @@ class _Held:
     claimed_at: float = 0.0
     refilling: bool = False
     draining: bool = False
+    #: This process's side of the host shared with another process, if it is.
+    share: Share | None = None
+
+    @property
+    def co_held(self) -> bool:
+        """Whether this process works a part of a host another holds."""
+        return self.share is not None and not self.share.owner
 
 
 class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
@@ -139,6 +163,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         lease_timeout: float = 30.0,
         finish_grace: float = 3.0,
         wait_for_urls: bool = False,
+        share_hosts: bool = False,
         window: int = WINDOW,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -153,6 +178,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.lease_timeout = lease_timeout
         self.finish_grace = finish_grace
         self.wait_for_urls = wait_for_urls
+        #: Whether busy hosts may be shared with processes that find no host.
+        self.share_hosts = share_hosts
         self._window = max(2, window)
         self._wall = wall_clock
         self._held: dict[str, _Held] = {}
@@ -172,6 +199,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.remote_queued = 0
         self.remote_leased = 0
         self._others_hungry = False
+        self._others_want_share = False  # other processes found no host at all
         self._hungry = False  # this process waits for hosts (as Redis said)
         #: Hosts held or claimable in the crawl, and live processes (as
         #: last read): a process holds at least ``hosts // processes``
@@ -191,6 +219,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             "refused": 0,
             "outages": 0,
             "lost_leases": 0,
+            "lent_hosts": 0,
+            "shared_hosts": 0,
         }
         #: Called when the task should step now (the local ring is starving,
         #: the log is long); set by the task.
@@ -242,6 +272,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         keep = (
             held is not None
             and not held.draining
+            and not held.co_held
             and self._mem.queued(key) + held.pending < ACTIVE_WINDOW
         )
         if keep:
@@ -354,6 +385,32 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         """Nothing to do here: ``RedisLink.close`` hands back what the process
         holds."""
 
+    def set_limit(self, key: str, limit: int) -> None:
+        """The AIMD middleware's limit for *key*; on a shared host, held down
+        to this process's part."""
+        held = self._held.get(key)
+        share = held.share if held is not None else None
+        if share is None:
+            super().set_limit(key, limit)
+            return
+        if limit < 1:
+            raise ValueError(f"a host limit must be >= 1, got {limit!r}")
+        share.wanted = limit
+        self._mem.set_limit(key, share.limit_here())
+        if share.owner:
+            self._changed(key)
+
+    def block_until(self, key: str, when: float, reason: str | None = None) -> None:
+        super().block_until(key, when, reason)
+        held = self._held.get(key)
+        if held is not None and held.share is not None:
+            # The other holder must read it at its next step: write it now.
+            self.kick()
+
+    def sharing(self) -> bool:
+        """Whether this process holds a host shared with another process."""
+        return any(held.share is not None for held in self._held.values())
+
     # -- host state in Redis -----------------------------------------------------
 
     def _state(self, key: str) -> tuple[str, int]:
@@ -364,7 +421,9 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             return "", 0
         now = self._mem.clock()
         to_wall = self._wall() - now
-        saved: dict[str, Any] = {"limit": state.limit}
+        held = self._held.get(key)
+        share = held.share if held is not None else None
+        saved: dict[str, Any] = {"limit": share.wanted if share is not None else state.limit}
         if state.interval:
             saved["interval"] = state.interval
         ready = 0.0
@@ -436,10 +495,23 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             # Nothing to hand out: room for more hosts, whether or not the
             # scheduler asked lately.
             self._room_at = now
+        # One offer open at a time.
+        offering = not self._others_want_share or any(
+            held.share is not None and held.share.owner and not held.share.taken
+            for held in self._held.values()
+        )
         for key, held in list(self._held.items()):
             queued = mem.queued(key)
             inflight = mem.inflight(key)
             state = mem.known_state(key)
+            if held.share is not None:
+                self._tick_share(key, held, state, now)
+            elif not offering and self._may_offer(key, held, state, now):
+                assert state is not None
+                offering = True
+                held.share = Share(True, state.limit, state.limit // 2, state.limit, LOWERING, now)
+                # Handed nothing more until it has its own part in flight.
+                mem.set_limit(key, held.share.limit_here())
             if held.refilling:
                 continue
             busy = bool(inflight or held.unacked or held.pending)
@@ -474,14 +546,17 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if self._dirty and now - self._saved_at >= SAVE_INTERVAL:
             self._saved_at = now
             for key in self._dirty:
-                if key in self._held:
+                kept = self._held.get(key)
+                if kept is not None and not kept.co_held:
                     saved, ready = self._state(key)
                     self.outbox.append(("give_back", key, saved, ready, False, ()))
             self._dirty.clear()
         want = self._wants_hosts()
         if want and not self._claiming and now >= self._claim_after:
             self._claiming = True
-            self.outbox.append(("claim", want, self._window))
+            # A part of a busy host only while this process works none yet.
+            part = self.share_hosts and not any(held.co_held for held in self._held.values())
+            self.outbox.append(("claim", want, self._window, part))
 
     def _give_up_surplus(self) -> None:
         """Other processes wait for hosts: drain the hosts this process holds
@@ -490,7 +565,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         handed out the most. A draining host is handed nothing more and given
         back once nothing of it is in flight."""
         hosts, processes = self.share
-        working = [(key, held) for key, held in self._held.items() if not held.draining]
+        working = [
+            (key, held)
+            for key, held in self._held.items()
+            if not held.draining and not held.co_held
+        ]
         surplus = len(working) - hosts // processes
         if surplus <= 0:
             return
@@ -509,17 +588,155 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 self._known.discard(entry.rid)
             else:
                 self._mem.push(key, entry.rank, entry)  # nowhere else to keep it
-        saved, ready = self._state(key)
-        self._dirty.discard(key)
-        self.outbox.append(("give_back", key, saved, ready, release, tuple(ids)))
         held = self._held.get(key)
+        if held is not None and held.co_held:
+            # A co-holder saves no state; it ends its part (*release*) only
+            # with nothing of the host in flight.
+            end = "end" if release else ""
+            self.outbox.append(("share", key, "c", self._block_ms(key), end, tuple(ids)))
+        else:
+            saved, ready = self._state(key)
+            self._dirty.discard(key)
+            self.outbox.append(("give_back", key, saved, ready, release, tuple(ids)))
         if held is not None:
             held.remote += len(ids)
 
     def _hand_back(self, key: str, held: _Held) -> None:
         self._give_back_window(key, release=True)
         del self._held[key]
-        self.counts["released_hosts"] += 1
+        if held.share is not None:
+            # Nothing of it in flight here (or the crawl closes): its whole
+            # limit again, if this process holds it once more.
+            self._mem.set_limit(key, held.share.wanted)
+        else:
+            self.counts["released_hosts"] += 1
+
+    # -- busy hosts shared with another process ----------------------------------
+
+    def _block_ms(self, key: str) -> int:
+        """The block of *key* as wall-clock ms, 0 if it has none."""
+        state = self._mem.known_state(key)
+        now = self._mem.clock()
+        if state is None or state.blocked_until <= now:
+            return 0
+        return int((state.blocked_until + self._wall() - now) * 1000)
+
+    def _worth_sharing(self, key: str, held: _Held, state: HostState | None, now: float) -> bool:
+        if state is None:
+            return False
+        limit = held.share.wanted if held.share is not None else state.limit
+        return may_share(
+            limit,
+            interval=state.interval,
+            blocked=state.ready_at() > now,
+            given_up=state.given_up,
+            answering=state.answering,
+            queued=self._mem.queued(key) + held.remote,
+            prefetch=self._mem.prefetch,
+        )
+
+    def _may_offer(self, key: str, held: _Held, state: HostState | None, now: float) -> bool:
+        """Whether to lend a part of *key*, held here, to a process that
+        found no host (see :mod:`scrapy_hostqueue.store._redisshare`)."""
+        return (
+            self.share_hosts
+            and self.connected
+            and not self.closing
+            and not held.draining
+            and not held.refilling
+            and now - held.claimed_at >= OFFER_WAIT
+            and self._worth_sharing(key, held, state, now)
+        )
+
+    def _tick_share(self, key: str, held: _Held, state: HostState | None, now: float) -> None:
+        """Move a shared host's hand-over on, and send its share step: the
+        block this process saw, read back what the other holder saw."""
+        share = held.share
+        assert share is not None
+        mem = self._mem
+        if share.owner and share.phase == LOWERING:
+            if (
+                now - share.since > OFFER_WAIT
+                or not self._others_want_share
+                or not self.connected
+                or self.closing
+                or held.draining
+                or not self._worth_sharing(key, held, state, now)
+            ):
+                # Nobody took it, or the host is no longer worth it: nothing
+                # was offered in Redis, the whole limit is this process's.
+                held.share = None
+                mem.set_limit(key, share.wanted)
+            elif mem.inflight(key) <= share.limit - share.part:
+                share.phase, share.since = OFFERED, now
+                mem.set_limit(key, share.limit_here())
+                self.outbox.append(("offer", key, share.limit, share.part))
+            return
+        if share.owner and share.phase == OFFERED:
+            queued = mem.queued(key) + held.remote
+            if (
+                (not share.taken and now - share.since >= OFFER_WAIT)
+                or share.wanted < 2
+                or queued < SHARE_END_DEPTH * share.limit
+                or state is None
+                or state.interval
+                or state.given_up
+                or self.closing
+            ):
+                share.phase = RECALLING
+        elif (
+            not share.owner
+            and share.phase == WORKING
+            and now - share.since >= SHARE_TURN
+            and (self._others_hungry or self._others_want_share)
+        ):
+            # Its turn is over while other processes wait: end the part.
+            self._end_part(key, held)
+        if not share.stepping:
+            share.stepping = True
+            what = "recall" if share.owner and share.phase == RECALLING else ""
+            role = "o" if share.owner else "c"
+            self.outbox.append(("share", key, role, self._block_ms(key), what, ()))
+
+    def _end_part(self, key: str, held: _Held) -> None:
+        """A co-holder hands nothing more out of *key*: its window goes back,
+        and its part ends once nothing of it is in flight."""
+        assert held.share is not None
+        held.share.phase = RECALLING
+        if not held.draining:
+            held.draining = True
+            self._give_back_window(key, release=False)
+
+    def _shared_answer(self, op: tuple[Any, ...], result: Any) -> None:
+        _, key, role, _block, what, _ids = op
+        held = self._held.get(key)
+        share = held.share if held is not None else None
+        if held is None or share is None or share.owner != (role == "o") or what == "end":
+            return
+        share.stepping = False
+        status, block, recalled = (int(value) for value in result)
+        now = self._mem.clock()
+        if block:
+            when = block / 1000 + now - self._wall()
+            if when > now:
+                self._mem.block_until(key, when, "shared")
+        if share.owner:
+            if status == 0:
+                # The co-holder has nothing in flight any more (or is dead):
+                # the whole limit is this process's again.
+                held.share = None
+                self._mem.set_limit(key, share.wanted)
+            else:
+                share.taken = status == 2
+        elif status == 0:
+            # Not this process's any more (its heartbeat expired): its
+            # window went back with its leases.
+            for entry in self._mem.remove_queued(key):
+                if entry.rid:
+                    self._known.discard(entry.rid)
+            del self._held[key]
+        elif recalled:
+            self._end_part(key, held)
 
     def lost(self) -> None:
         """This process's heartbeat expired and what it held was reclaimed:
@@ -533,10 +750,12 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             len(self._held),
             self.lease_timeout,
         )
-        for key in list(self._held):
+        for key, held in self._held.items():
             for entry in self._mem.remove_queued(key):
                 if not entry.rid:
                     self._mem.push(key, entry.rank, entry)
+            if held.share is not None:
+                self._mem.set_limit(key, held.share.wanted)
         self._held.clear()
         self._known.clear()
 
@@ -577,12 +796,27 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 return False
             got = 0
             self._hungry = bool(int(result[0]))
-            for host, state, left, items in result[1:]:
+            now = self._mem.clock()
+            for claimed in result[1:]:
+                host, state, left, items = claimed[:4]
                 key = host.decode()
                 if key in self._held:
                     continue
-                self._held[key] = _Held(remote=int(left), claimed_at=self._mem.clock())
+                held = _Held(remote=int(left), claimed_at=now)
+                self._held[key] = held
                 self._take_over(key, state)
+                if len(claimed) > 4:
+                    # A part of a host another process holds.
+                    limit = self._mem.host_state(key).limit
+                    held.share = Share(False, limit, int(claimed[4]), limit, WORKING, now)
+                    held.share.taken = True
+                    self._mem.set_limit(key, held.share.limit_here())
+                    block = int(claimed[5])
+                    if block:
+                        when = block / 1000 + now - self._wall()
+                        if when > now:
+                            self._mem.block_until(key, when, "shared")
+                    self.counts["shared_hosts"] += 1
                 self._add_window(key, items)
                 got += 1
             self.counts["claimed_hosts"] += got
@@ -605,6 +839,18 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             left, items = result
             held.remote = int(left)
             return self._add_window(key, items) > 0
+        if kind == "offer":
+            held = self._held.get(op[1])
+            share = held.share if held is not None else None
+            if held is not None and share is not None and share.owner:
+                if int(result):
+                    self.counts["lent_hosts"] += 1
+                else:  # no longer held here: nothing was offered
+                    held.share = None
+                    self._mem.set_limit(op[1], share.wanted)
+            return False
+        if kind == "share":
+            self._shared_answer(op, result)
         return False
 
     def failed(self, ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -618,16 +864,25 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 held = self._held.get(op[1])
                 if held is not None:
                     held.refilling = False
+            elif op[0] == "share" and op[4] != "end" and not op[5]:
+                # A share step: the tick sends the next one.
+                held = self._held.get(op[1])
+                if held is not None and held.share is not None:
+                    held.share.stepping = False
             else:
                 kept.append(op)
         return kept
 
-    def totals(self, queued: Any, leased: Any, hungry: int, now: float) -> bool:
+    def totals(
+        self, queued: Any, leased: Any, hungry: int, now: float, want_share: int = 0
+    ) -> bool:
         """The crawl-wide totals were read (*hungry*: other processes that
-        wait for hosts): True if the crawl just finished."""
+        wait for hosts; *want_share*: other processes that found no host at
+        all): True if the crawl just finished."""
         self.remote_queued = int(queued or 0)
         self.remote_leased = int(leased or 0)
         self._others_hungry = hungry > 0
+        self._others_want_share = want_share > 0
         quiet = (
             self.remote_queued <= 0
             and self.remote_leased <= 0

@@ -45,8 +45,9 @@ with double quotes)::
                           HTTP-date N seconds ahead) or any text, sent verbatim
     crawl-delay=DURATION  robots.txt carries "Crawl-delay: x" (robots.txt is
                           always served, allowing everything)
-    fault=KIND            reset | hang | truncate | slow-body | malformed (for page
-                          requests; malformed: a header line without a colon)
+    fault=KIND            reset | hang | truncate | slow-body | malformed | throttle
+                          (for page requests; malformed: a header line without a
+                          colon; throttle: the throttle status at once)
     fault-rate=FRACTION   share of page requests that get the fault, spread
                           evenly: 0.25 or 25% faults every 4th (default 1)
     trickle=DURATION      how long a slow-body body takes (default 1s)

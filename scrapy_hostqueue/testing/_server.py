@@ -347,7 +347,7 @@ class HostGroup:
     ) -> tuple[bool, int | None]:
         """Send the answer; returns (keep the connection, status or None if dropped)."""
         spec = ticket.spec
-        if ticket.throttled:
+        if ticket.throttled or (ticket.faulted and spec.fault == "throttle"):
             # A throttling server answers at once: the client learns nothing from
             # latency, only from the status and Retry-After.
             status = spec.throttle_status

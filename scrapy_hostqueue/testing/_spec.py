@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-FAULTS = ("reset", "hang", "truncate", "slow-body", "malformed")
+FAULTS = ("reset", "hang", "truncate", "slow-body", "malformed", "throttle")
 THROTTLE_STATUSES = (429, 503)
 MAX_BODY_SIZE = 64 * 1024 * 1024
 MAX_HOSTS_PER_GROUP = 10_000
@@ -59,7 +59,9 @@ class HostSpec:
     the body and closes; ``slow-body`` waits ``latency``, sends the headers, then
     the body in 10 pieces spread over ``trickle`` seconds; ``malformed`` waits
     ``latency`` and answers with a header line that has no colon (Scrapy's
-    HTTP/1.1 handler skips the line, aiohttp refuses the response). robots.txt (after
+    HTTP/1.1 handler skips the line, aiohttp refuses the response);
+    ``throttle`` answers at once with ``throttle_status``, as a throttled
+    request (a host that throttles by rate rather than by concurrency). robots.txt (after
     ``latency``) is never throttled nor faulted and is not a page request.
     ``Retry-After`` is sent on every 429 and 503 answer when ``retry_after`` is set:
     ``"2"`` sends delta-seconds, ``"date:2"`` an HTTP-date 2 s ahead (rounded up to
