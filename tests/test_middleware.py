@@ -1,5 +1,6 @@
 """AIMDMiddleware as a component: start-up checks, and each hook driven directly
-against a scheduler stand-in built on the real frontier (no network)."""
+against a stand-in of the scheduler's hosts built on the real frontier (no
+network)."""
 
 from __future__ import annotations
 
