@@ -10,9 +10,10 @@ the job as it was. With the Redis store, the job is the shared crawl in
 Redis: this process joins it at the start and hands back what it holds at
 the stop.
 
-The dupefilter belongs to the job too (:func:`make_dupefilter`): Scrapy's
-own keeps ``requests.seen`` in the ``JOBDIR``, the SQLite store keeps the
-fingerprints in its frontier file, the Redis store in Redis.
+The dupefilter belongs to the job too (:func:`make_dupefilter`,
+:func:`shared_fingerprint`): Scrapy's own keeps ``requests.seen`` in the
+``JOBDIR``, the SQLite store keeps the fingerprints in its frontier file,
+the Redis store in Redis.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def make_dupefilter(
     own, the same filter on the frontier file, or in front of Redis."""
     if redis is not None and uses_scrapy_dupefilter(crawler):
         # Each process drops its own duplicates; the push script in Redis
-        # drops the others' (see _redis_glue.shared_fingerprint).
+        # drops the others' (see shared_fingerprint).
         return FrontierDupeFilter(crawler, LocalSeen())
     if frontier is not None and uses_scrapy_dupefilter(crawler):
         # The seen fingerprints live in the frontier file, committed with
@@ -79,6 +80,23 @@ def make_dupefilter(
         return FrontierDupeFilter(crawler, frontier.seen)
     dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
     return build_from_crawler(dupefilter_cls, crawler)  # type: ignore[no-any-return]
+
+
+def shared_fingerprint(
+    crawler: Crawler, dupefilter: BaseDupeFilter
+) -> Callable[[Request], bytes | None]:
+    """What the Redis store dedupes a request by across processes: its
+    fingerprint, or None (not filtered) for ``dont_filter`` requests and
+    crawls with a dupefilter of their own."""
+    if not isinstance(dupefilter, FrontierDupeFilter):
+        return lambda request: None
+    fingerprinter = crawler.request_fingerprinter
+    assert fingerprinter is not None
+
+    def fingerprint(request: Request) -> bytes | None:
+        return None if request.dont_filter else fingerprinter.fingerprint(request)
+
+    return fingerprint
 
 
 class Job:
@@ -274,4 +292,5 @@ __all__ = [
     "JOBDIR_STATE_UNREADABLE",
     "Job",
     "make_dupefilter",
+    "shared_fingerprint",
 ]

@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from scrapy_hostqueue._frontier import FrontierDupeFilter
 from scrapy_hostqueue._recorder import stat_key
 from scrapy_hostqueue.store._redisdb import RedisFrontierError, register
 from scrapy_hostqueue.store._redislink import RedisLink
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 
     from scrapy import Request
     from scrapy.crawler import Crawler
-    from scrapy.dupefilters import BaseDupeFilter
 
     from scrapy_hostqueue._config import HostQueueConfig
     from scrapy_hostqueue._frontier import RequestCodec
@@ -93,23 +91,6 @@ class LocalSeen:
             self._seen.clear()
         self._seen.add(fingerprint)
         return False
-
-
-def shared_fingerprint(
-    crawler: Crawler, dupefilter: BaseDupeFilter
-) -> Callable[[Request], bytes | None]:
-    """What the Redis store dedupes a request by across processes: its
-    fingerprint, or None (not filtered) for ``dont_filter`` requests and
-    crawls with a dupefilter of their own."""
-    if not isinstance(dupefilter, FrontierDupeFilter):
-        return lambda request: None
-    fingerprinter = crawler.request_fingerprinter
-    assert fingerprinter is not None
-
-    def fingerprint(request: Request) -> bytes | None:
-        return None if request.dont_filter else fingerprinter.fingerprint(request)
-
-    return fingerprint
 
 
 class RedisFrontier:
@@ -218,4 +199,4 @@ class RedisFrontier:
             logger.debug("Closing the Redis client failed", exc_info=True)
 
 
-__all__ = ["LocalSeen", "RedisFrontier", "redis_client_module", "shared_fingerprint", "shown_url"]
+__all__ = ["LocalSeen", "RedisFrontier", "redis_client_module", "shown_url"]

@@ -14,9 +14,9 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, warn_unused_queue_settings
 from scrapy_hostqueue._frontier import RequestCodec, make_store, open_frontier
 from scrapy_hostqueue._hosts import Hosts
-from scrapy_hostqueue._job import Job, make_dupefilter
+from scrapy_hostqueue._job import Job, make_dupefilter, shared_fingerprint
 from scrapy_hostqueue._jobdir import STATE_FILE
-from scrapy_hostqueue._redis_glue import RedisFrontier, shared_fingerprint
+from scrapy_hostqueue._redis_glue import RedisFrontier
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
 
