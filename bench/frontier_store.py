@@ -100,15 +100,17 @@ def _build(store: str, jobdir: str) -> tuple[Any, Callable[[Any], None], Callabl
     crawler = get_crawler(_Spider, settings)
     ours = HostQueueScheduler.from_crawler(crawler)
     ours.spider = _Spider()
-    if ours._codec is not None:
-        ours._codec.spider = ours.spider
+    codec = ours._job._codec  # the SQLite store's; open() sets its spider
+    if codec is not None:
+        codec.spider = ours.spider
+    store = ours.hosts.store
 
     def done(request: Any) -> None:
         # Stand in for the downloader's "left" hook and the engine's "done".
-        ours._request_left(request)
-        ours.store.ack(request)
+        ours.hosts.on_request_left(request)
+        store.ack(request)
 
-    commit = getattr(ours.store, "commit", lambda: None)
+    commit = getattr(store, "commit", lambda: None)
     return ours, done, commit
 
 

@@ -143,7 +143,7 @@ def prepare_scheduler(hosts: int, requests: list[Request]) -> _Timed:
     def recycle(request: Request | None) -> None:
         assert request is not None
         # Stands in for the downloader's "request left" hook that open() installs.
-        scheduler._request_left(request)
+        scheduler.hosts.on_request_left(request)
         scheduler.enqueue_request(request)
 
     return _Timed(scheduler.next_request, recycle, pops_for("scheduler", hosts))

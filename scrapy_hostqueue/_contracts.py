@@ -1,7 +1,9 @@
 """What the parts of scrapy-hostqueue need of one another, in one place.
 
-The scheduler owns the request store and the records of handed-out requests;
-the other parts see it only through these Protocols:
+The scheduler's hosts (``scrapy_hostqueue._hosts.Hosts``, which the
+scheduler creates and exposes as ``scheduler.hosts``) own the request store
+and the records of handed-out requests; the other parts see them only through
+these Protocols:
 
 * :class:`PolicyHook`: what the scheduler needs of the AIMD middleware.
 * :class:`HostControl`: what the AIMD middleware needs of the scheduler

@@ -6,7 +6,14 @@ frontier file is the job: it is committed every ``COMMIT_INTERVAL`` (see
 ``_frontier``), and a ``hostqueue.state`` the in-memory store left is taken
 over into it once. A ``JOBDIR`` this crawl cannot resume without losing
 requests is refused: the crawl closes before its first request and leaves
-the job as it was.
+the job as it was. With the Redis store, the job is the shared crawl in
+Redis: this process joins it at the start and hands back what it holds at
+the stop.
+
+The dupefilter belongs to the job too (:func:`make_dupefilter`,
+:func:`shared_fingerprint`): Scrapy's own keeps ``requests.seen`` in the
+``JOBDIR``, the SQLite store keeps the fingerprints in its frontier file,
+the Redis store in Redis.
 """
 
 from __future__ import annotations
@@ -16,9 +23,19 @@ from typing import TYPE_CHECKING
 
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from scrapy.utils.misc import build_from_crawler, load_object
 
-from scrapy_hostqueue._frontier import CommitTimer, memory_job_refusal, take_over_saved_job
+from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._frontier import (
+    CommitTimer,
+    FrontierDupeFilter,
+    memory_job_refusal,
+    take_over_saved_job,
+    uses_scrapy_dupefilter,
+)
 from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
+from scrapy_hostqueue._redis_glue import LocalSeen
 from scrapy_hostqueue.store.redis import RedisStore
 from scrapy_hostqueue.store.sqlite import SqliteStore
 
@@ -27,9 +44,13 @@ if TYPE_CHECKING:
 
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
+    from scrapy.dupefilters import BaseDupeFilter
+    from twisted.internet.defer import Deferred
 
     from scrapy_hostqueue._frontier import RequestCodec
+    from scrapy_hostqueue._redis_glue import RedisFrontier
     from scrapy_hostqueue.store import RequestStore
+    from scrapy_hostqueue.store.sqlite import FrontierFile
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +65,44 @@ JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
 JOBDIR_OF_SQLITE_FRONTIER = "hostqueue_jobdir_of_sqlite_frontier"
 
 
+def make_dupefilter(
+    crawler: Crawler, frontier: FrontierFile | None, redis: RedisFrontier | None
+) -> BaseDupeFilter:
+    """The crawl's dupefilter: ``DUPEFILTER_CLASS``, or in place of Scrapy's
+    own, the same filter on the frontier file, or in front of Redis."""
+    if redis is not None and uses_scrapy_dupefilter(crawler):
+        # Each process drops its own duplicates; the push script in Redis
+        # drops the others' (see shared_fingerprint).
+        return FrontierDupeFilter(crawler, LocalSeen())
+    if frontier is not None and uses_scrapy_dupefilter(crawler):
+        # The seen fingerprints live in the frontier file, committed with
+        # their requests, instead of in JOBDIR/requests.seen.
+        return FrontierDupeFilter(crawler, frontier.seen)
+    dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
+    return build_from_crawler(dupefilter_cls, crawler)  # type: ignore[no-any-return]
+
+
+def shared_fingerprint(
+    crawler: Crawler, dupefilter: BaseDupeFilter
+) -> Callable[[Request], bytes | None]:
+    """What the Redis store dedupes a request by across processes: its
+    fingerprint, or None (not filtered) for ``dont_filter`` requests and
+    crawls with a dupefilter of their own."""
+    if not isinstance(dupefilter, FrontierDupeFilter):
+        return lambda request: None
+    fingerprinter = crawler.request_fingerprinter
+    assert fingerprinter is not None
+
+    def fingerprint(request: Request) -> bytes | None:
+        return None if request.dont_filter else fingerprinter.fingerprint(request)
+
+    return fingerprint
+
+
 class Job:
     """Opens, resumes and saves the job of a crawl with *store* (in
-    *jobdir*, or in the SQLite store's frontier file, encoded by *codec*)."""
+    *jobdir*, in the SQLite store's frontier file, or with *redis* in a shared
+    crawl; encoded by *codec*)."""
 
     def __init__(
         self,
@@ -54,6 +110,7 @@ class Job:
         store: RequestStore[Request],
         codec: RequestCodec | None,
         jobdir: str | None,
+        redis: RedisFrontier | None = None,
         *,
         debug: bool,
     ) -> None:
@@ -61,6 +118,7 @@ class Job:
         self._store = store
         self._codec = codec
         self.jobdir = jobdir
+        self._redis = redis
         self._debug = debug
         self._spider: Spider | None = None
         self._commits: CommitTimer | None = None
@@ -93,9 +151,14 @@ class Job:
     def resume(self, push: Callable[[Request], bool]) -> tuple[int, int]:
         """Queue what the job saved with *push* (its requests, already seen
         by the dupefilter) and restore its host blocks and spacing; start the
-        frontier file's commits. Returns the requests resumed and the host
-        blocks still in force."""
+        frontier file's commits, or join the shared crawl. Returns the
+        requests resumed and the host blocks still in force."""
         assert self._spider is not None
+        if self._redis is not None:
+            assert self._codec is not None
+            self._codec.spider = self._spider
+            self._redis.start(lambda: internals.wake_engine(self._crawler))
+            return 0, 0
         if isinstance(self._store, SqliteStore):
             return self._open_frontier(self._store, push), 0
         if not self.jobdir:
@@ -188,6 +251,20 @@ class Job:
         if self._commits is not None:
             self._commits.stop()
 
+    def close(self, dupefilter: BaseDupeFilter, reason: str) -> Deferred[None] | None:
+        """Close *dupefilter*, in a shared crawl once this process has handed
+        back what it holds."""
+        if self._redis is not None and self.opened:
+            return deferred_from_coro(self._close_shared(dupefilter, reason))
+        return dupefilter.close(reason)  # type: ignore[no-any-return]
+
+    async def _close_shared(self, dupefilter: BaseDupeFilter, reason: str) -> None:
+        assert self._redis is not None
+        await self._redis.close(self._crawler.stats)
+        closed = dupefilter.close(reason)
+        if closed is not None:
+            await maybe_deferred_to_future(closed)
+
     def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
         """At the stop, write what the in-memory store holds (and *given_up*,
         the requests of given-up hosts) to the JOBDIR. Returns how many
@@ -214,4 +291,6 @@ __all__ = [
     "JOBDIR_OF_SQLITE_FRONTIER",
     "JOBDIR_STATE_UNREADABLE",
     "Job",
+    "make_dupefilter",
+    "shared_fingerprint",
 ]

@@ -1,7 +1,7 @@
 """One record per request the scheduler counts for a host.
 
 A request handed out by the scheduler (or counted for its host without it,
-see ``HostQueueScheduler.adopt``) gets a :class:`RequestRecord` until it
+see ``Hosts.adopt`` in ``_hosts``) gets a :class:`RequestRecord` until it
 leaves the downloader; every stage it reaches is noted on that one object, so
 that its leaving updates one place. Nothing of this is kept in
 ``request.meta``, which requests built from ``response.meta`` would inherit.

@@ -194,7 +194,9 @@ class AIMDMiddleware:
         )
         self.clock = self.table.clock
         self.recorder = get_recorder(crawler)
-        self.scheduler: HostControl | None = None
+        #: The scheduler's hosts, from spider_opened: what this middleware
+        #: asks of and tells the scheduler.
+        self.hosts: HostControl | None = None
         settings = crawler.settings
         #: Hosts whose DOWNLOAD_SLOTS entry gives a concurrency: their ceiling.
         self._slot_ceilings = frozenset(
@@ -253,13 +255,14 @@ class AIMDMiddleware:
                 "scrapy_hostqueue.AIMDMiddleware needs HostQueueScheduler as the "
                 f"scheduler, the engine runs {type(scheduler).__name__}"
             )
-        self.scheduler = scheduler
-        scheduler.attach_policy(self)
+        hosts: HostControl = scheduler.hosts
+        self.hosts = hosts
+        hosts.attach_policy(self)
         # The scheduler opens before spider_opened is sent; with JOBDIR it may
         # already know hosts (resumed requests) with their configured limits.
-        for host, _queued, _inflight, _state in scheduler.hosts():
+        for host, _queued, _inflight, _state in hosts.hosts():
             configured = internals.configured_slot(self.crawler.settings, host)[0]
-            scheduler.set_limit(host, self.initial_limit(host, configured))
+            hosts.set_limit(host, self.initial_limit(host, configured))
         cfg = self.config
         logger.info(
             "AIMDMiddleware: per-host limit %d..%d starting at %d; fast below %gs, "
@@ -326,54 +329,54 @@ class AIMDMiddleware:
         self._warned_no_room.discard(host)
 
     @staticmethod
-    def _known_host(scheduler: HostControl, request: Request) -> str:
+    def _known_host(hosts: HostControl, request: Request) -> str:
         """The host of *request*, made known to the scheduler if it is not (a
         robots.txt of a site whose requests share a ``download_slot``), so that
         what the table learns about it is forgotten when the scheduler
         forgets the host."""
-        host = scheduler.host_of(request)
-        scheduler.host_state(host)
+        host = hosts.host_of(request)
+        hosts.host_state(host)
         return host
 
-    def _scheduler(self) -> HostControl:
-        if self.scheduler is None:
+    def _hosts(self) -> HostControl:
+        if self.hosts is None:
             raise HostQueueSettingsError(
                 "scrapy_hostqueue.AIMDMiddleware was used before spider_opened or "
                 "without HostQueueScheduler (set SCHEDULER = "
                 "'scrapy_hostqueue.HostQueueScheduler')"
             )
-        return self.scheduler
+        return self.hosts
 
     # -- downloader middleware interface -----------------------------------
 
     def process_request(
         self, request: Request
     ) -> Request | Coroutine[Any, Any, Request | None] | None:
-        scheduler = self._scheduler()
-        refused = scheduler.given_up_host(request)
+        hosts = self._hosts()
+        refused = hosts.given_up_host(request)
         if refused is not None:
             raise HostGivenUp(refused, self._last_errors.get(refused))
-        host = scheduler.host_of(request)
+        host = hosts.host_of(request)
         now = self.clock()
         crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
-        if not scheduler.handed_out(request):
+        if not hosts.handed_out(request):
             # Not from the scheduler (engine.download_async: media pipelines,
             # robots.txt, a spider's own downloads): it waits here for the
             # host's block, delay and a free place under its limit instead,
             # then counts for the host until it leaves. Not robots.txt, which
             # the host's first requests wait for, beyond the block.
-            if scheduler.host_given_up(host):
+            if hosts.host_given_up(host):
                 raise HostGivenUp(host, self._last_errors.get(host))
             counted = urlparse_cached(request).path != "/robots.txt"
-            if self._direct_delay(scheduler, host, crawl_delay, now, counted) > 0 or (
-                counted and not scheduler.has_room(host)
+            if self._direct_delay(hosts, host, crawl_delay, now, counted) > 0 or (
+                counted and not hosts.has_room(host)
             ):
                 # A coroutine: Scrapy awaits what process_request returns.
-                return self._wait_for_host(scheduler, request, host, crawl_delay, counted)
+                return self._wait_for_host(hosts, request, host, crawl_delay, counted)
             if counted:
-                scheduler.adopt(request, host, now)
-        elif scheduler.requeues(request) < MAX_REQUEUES:
-            if _DOWNLOAD_SLOT in request.meta and host != scheduler.handed_out_for(request):
+                hosts.adopt(request, host, now)
+        elif hosts.requeues(request) < MAX_REQUEUES:
+            if _DOWNLOAD_SLOT in request.meta and host != hosts.handed_out_for(request):
                 # A downloader middleware before this one set the slot after
                 # the request was queued under another host: it goes back, to
                 # be queued, limited and blocked under its slot.
@@ -382,13 +385,13 @@ class AIMDMiddleware:
             # arrived meanwhile, a robots.txt Crawl-delay learnt while they
             # waited for robots.txt) go back to the scheduler, which holds them.
             # Only those: one from engine.download_async would loop.
-            state = scheduler.host_state(host)
+            state = hosts.host_state(host)
             if state.blocked_until > now:
                 return self._requeue(request, host, state.block_reason)
             if crawl_delay is not None:
                 if state.interval < crawl_delay.delay:
                     # The scheduler forgot the host (idle, beyond its memory).
-                    self._apply_crawl_delay(scheduler, host, crawl_delay.delay)
+                    self._apply_crawl_delay(hosts, host, crawl_delay.delay)
                 if now < crawl_delay.last_sent + crawl_delay.delay:
                     # Too soon after the last one. No block: that would also
                     # hold, at the scheduler's send gate, a request that passed
@@ -402,25 +405,25 @@ class AIMDMiddleware:
         # handed out together pass here a moment later, each one after that
         # note: noted again, each counts as sent while the limit was filled
         # (see _limit_held_back).
-        scheduler.note_full(host, now)
+        hosts.note_full(host, now)
         return None
 
     @staticmethod
     def _direct_delay(
-        scheduler: HostControl,
+        hosts: HostControl,
         host: str,
         crawl_delay: _CrawlDelay | None,
         now: float,
         spacing: bool,
     ) -> float:
-        wait = scheduler.direct_delay(host, now, spacing=spacing)
+        wait = hosts.direct_delay(host, now, spacing=spacing)
         if spacing and crawl_delay is not None:
             wait = max(wait, crawl_delay.last_sent + crawl_delay.delay - now)
         return wait
 
     async def _wait_for_host(
         self,
-        scheduler: HostControl,
+        hosts: HostControl,
         request: Request,
         host: str,
         crawl_delay: _CrawlDelay | None,
@@ -434,11 +437,11 @@ class AIMDMiddleware:
         the host's requests, which fill the limit, waits for the answer."""
         waited_for_room = 0.0
         while True:
-            if scheduler.host_given_up(host):
+            if hosts.host_given_up(host):
                 raise HostGivenUp(host, self._last_errors.get(host))
             now = self.clock()
-            wait = self._direct_delay(scheduler, host, crawl_delay, now, counted)
-            if wait <= 0 and (not counted or scheduler.has_room(host)):
+            wait = self._direct_delay(hosts, host, crawl_delay, now, counted)
+            if wait <= 0 and (not counted or hosts.has_room(host)):
                 break
             if internals.engine_closing(self.crawler):
                 raise IgnoreRequest(f"the crawl closed while host {host} was held back")
@@ -446,27 +449,27 @@ class AIMDMiddleware:
                 await sleep(min(wait, _DIRECT_WAIT_SLICE))
                 continue
             if waited_for_room >= _DIRECT_PATIENCE:
-                self._warn_no_room(scheduler, host)
+                self._warn_no_room(hosts, host)
                 break
             began = self.clock()
-            if await scheduler.wait_for_room(host, _DIRECT_WAIT_SLICE):
+            if await hosts.wait_for_room(host, _DIRECT_WAIT_SLICE):
                 # A request of the host left: the patience starts anew.
                 waited_for_room = 0.0
             else:
                 waited_for_room += self.clock() - began
         if counted:
-            scheduler.adopt(request, host, now)
+            hosts.adopt(request, host, now)
         if crawl_delay is not None:
             crawl_delay.last_sent = now
         request.meta[META_START] = now
 
-    def _warn_no_room(self, scheduler: HostControl, host: str) -> None:
+    def _warn_no_room(self, hosts: HostControl, host: str) -> None:
         if host in self._warned_no_room:
             return
         self._warned_no_room.add(host)
-        state = scheduler.host_state(host)
-        silent = scheduler.in_flight_cap(state) < state.limit
-        if silent and (scheduler.prefetch or scheduler.inflight(host) < state.limit):
+        state = hosts.host_state(host)
+        silent = hosts.in_flight_cap(state) < state.limit
+        if silent and (hosts.prefetch or hosts.inflight(host) < state.limit):
             # Without the send gate the host's limit may also be filled by
             # requests still in downloader middlewares (see
             # DirectDownloads.has_room): the other message then.
@@ -499,7 +502,7 @@ class AIMDMiddleware:
             # (response_downloaded); one a downloader middleware after this one
             # made up (a stand-in, an error turned into a response) says
             # nothing of the host.
-            self._scheduler().answered(request)
+            self._hosts().answered(request)
         return response
 
     def learn(self, request: Request, response: Response) -> None:
@@ -512,14 +515,14 @@ class AIMDMiddleware:
         started = request.meta.get(META_START)
         if started is None:
             return  # not sent through this middleware
-        self._learn_from(self._scheduler(), request, response, started)
+        self._learn_from(self._hosts(), request, response, started)
 
     def _learn_from(
-        self, scheduler: HostControl, request: Request, response: Response, started: float
+        self, hosts: HostControl, request: Request, response: Response, started: float
     ) -> None:
         """Adjust the host's limit and blocks to a downloaded *response* to a
         request that passed here at *started*."""
-        host = self._known_host(scheduler, request)
+        host = self._known_host(hosts, request)
         now = self.clock()
         latency = request.meta.get("download_latency")
         if latency is None:
@@ -542,14 +545,14 @@ class AIMDMiddleware:
                 detail += f", Retry-After {_header_text(response)!r} unreadable"
         else:
             adjustment = self.table.on_success(
-                host, started, latency, self._limit_held_back(scheduler, host, started)
+                host, started, latency, self._limit_held_back(hosts, host, started)
             )
         if adjustment is not None:
-            self._apply(scheduler, adjustment, now, latency, detail)
-        self._keep_only_known(scheduler, host)
+            self._apply(hosts, adjustment, now, latency, detail)
+        self._keep_only_known(hosts, host)
 
     @staticmethod
-    def _limit_held_back(scheduler: HostControl, host: str, started: float) -> bool:
+    def _limit_held_back(hosts: HostControl, host: str, started: float) -> bool:
         """Whether *host* had its limit in flight while a request that
         started at *started* was: now (the request still counts until it
         leaves the downloader), or when a later request filled the limit.
@@ -557,7 +560,7 @@ class AIMDMiddleware:
         by its delay, or with too few URLs queued, would otherwise climb to
         the ceiling on answers to one request at a time, and meet the next
         burst of its URLs with the whole ceiling at once."""
-        return scheduler.host_state(host).full_at >= started or scheduler.is_full(host)
+        return hosts.host_state(host).full_at >= started or hosts.is_full(host)
 
     def overdue_after(self, host: str) -> float:
         """Seconds after which a request of *host* in flight is overdue (the
@@ -573,7 +576,7 @@ class AIMDMiddleware:
         adjustment = self.table.on_overdue(host, started)
         if adjustment is not None:
             detail = f"no answer after {seconds:.1f}s (overdue)"
-            self._apply(self._scheduler(), adjustment, self.clock(), seconds, detail)
+            self._apply(self._hosts(), adjustment, self.clock(), seconds, detail)
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
         if isinstance(exception, HostBlocked):
@@ -585,36 +588,36 @@ class AIMDMiddleware:
         started = request.meta.get(META_START)
         if started is None:
             return None
-        scheduler = self._scheduler()
-        host = self._known_host(scheduler, request)
+        hosts = self._hosts()
+        host = self._known_host(hosts, request)
         self.recorder.exception(host, type(exception).__name__)
         if not isinstance(exception, CONNECTION_ERRORS) or _malformed_answer(exception):
             return None
-        scheduler.host_silent(host)
+        hosts.host_silent(host)
         now = self.clock()
         adjustment = self.table.on_failure(host, started)
         if adjustment is not None:
             name = type(exception).__name__
             detail = f"{name}: {exception}" if str(exception) else name
-            self._apply(scheduler, adjustment, now, now - started, detail)
-        self._keep_only_known(scheduler, host)
+            self._apply(hosts, adjustment, now, now - started, detail)
+        self._keep_only_known(hosts, host)
         return None
 
-    def _keep_only_known(self, scheduler: HostControl, host: str) -> None:
+    def _keep_only_known(self, hosts: HostControl, host: str) -> None:
         """Forget *host* if the scheduler no longer knows it. With
         ``HOSTQUEUE_REMEMBER_HOSTS = 0`` the scheduler forgets an idle host at
         once, before the answer to a request it did not hand out (a
         robots.txt) reaches this middleware: what was learned from that
         answer would stay in the table, which only the scheduler's forgetting
         empties, for the rest of the crawl."""
-        if scheduler.known_state(host) is None:
+        if hosts.known_state(host) is None:
             self.forget_host(host)
 
     # -- applying the rule --------------------------------------------------
 
     def _apply(
         self,
-        scheduler: HostControl,
+        hosts: HostControl,
         adj: Adjustment,
         now: float,
         latency: float,
@@ -623,7 +626,7 @@ class AIMDMiddleware:
         host = adj.host
         debug = self.config.aimd_debug
         if adj.limit_changed:
-            scheduler.set_limit(host, adj.new_limit)
+            hosts.set_limit(host, adj.new_limit)
         if adj.decreased:
             self.recorder.backoff(host, adj.reason)
         if debug and (adj.limit_changed or adj.decreased):
@@ -647,7 +650,7 @@ class AIMDMiddleware:
                 f", paused {adj.block:.1f}s" if adj.block else "",
             )
         if adj.block is not None and adj.block > 0 and adj.block_reason is not None:
-            scheduler.block_until(host, now + adj.block, adj.block_reason)
+            hosts.block_until(host, now + adj.block, adj.block_reason)
             self.recorder.blocked(host, adj.block, adj.block_reason)
             if debug:
                 logger.info("AIMD %s: blocked for %.2fs (%s)", host, adj.block, adj.block_reason)
@@ -662,7 +665,7 @@ class AIMDMiddleware:
             )
         if adj.give_up:
             self._last_errors[host] = detail
-            dropped = scheduler.give_up(host)
+            dropped = hosts.give_up(host)
             self.recorder.host_given_up(host, dropped)
             # ERROR, as Scrapy's RetryMiddleware logs each request it gives up:
             # the host's pages are lost.
@@ -699,7 +702,7 @@ class AIMDMiddleware:
         logger.debug("%s goes back to the scheduler (host %s: %s)", request, host, reason)
         # dont_filter: the dupefilter has seen this request already.
         requeued = request.replace(meta=meta, dont_filter=True)
-        self._scheduler().requeued(request, requeued)
+        self._hosts().requeued(request, requeued)
         return requeued
 
     # -- signals -------------------------------------------------------------
@@ -718,10 +721,10 @@ class AIMDMiddleware:
         seconds = min(asked, self.config.crawl_delay_max)
         if not seconds > 0:
             return
-        scheduler = self._scheduler()
+        hosts = self._hosts()
         # robots.txt is per netloc (with port), hosts are per hostname: the
         # strictest Crawl-delay among a host's ports wins.
-        host = scheduler.host_of(request)
+        host = hosts.host_of(request)
         entry = self._crawl_delays.get(host)
         if entry is None:
             entry = self._crawl_delays[host] = _CrawlDelay(seconds)
@@ -729,25 +732,25 @@ class AIMDMiddleware:
                 self.crawler.stats.inc_value(stat_key("crawl_delay_host_count"))
         else:
             entry.delay = max(entry.delay, seconds)
-        self._apply_crawl_delay(scheduler, host, entry.delay)
+        self._apply_crawl_delay(hosts, host, entry.delay)
         # The robots.txt fetch that just ended counts as the previous request.
         # Page requests handed out before the delay was known are waiting for
         # robots.txt right now, past the scheduler: blocking the host sends
         # them all back to it (process_request), to be handed out spaced.
         now = self.clock()
         entry.last_sent = max(entry.last_sent, now)
-        scheduler.block_until(host, now + entry.delay + CRAWL_DELAY_MARGIN, _CRAWL_DELAY)
+        hosts.block_until(host, now + entry.delay + CRAWL_DELAY_MARGIN, _CRAWL_DELAY)
         capped = f" (it asks {asked:g}s; HOSTQUEUE_CRAWL_DELAY_MAX)" if asked > seconds else ""
         logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, entry.delay, capped)
 
-    def _apply_crawl_delay(self, scheduler: HostControl, host: str, delay: float) -> None:
-        state = scheduler.host_state(host)
+    def _apply_crawl_delay(self, hosts: HostControl, host: str, delay: float) -> None:
+        state = hosts.host_state(host)
         interval = delay + CRAWL_DELAY_MARGIN
         if interval <= state.interval * (1 - state.jitter):
             return  # DOWNLOAD_DELAY already spaces requests at least as much
         # A Crawl-delay is a minimum: set_interval drops the DOWNLOAD_DELAY_JITTER
         # (default 0.5) that would start some requests at half the delay.
-        scheduler.set_interval(host, max(interval, state.interval))
+        hosts.set_interval(host, max(interval, state.interval))
 
     def __repr__(self) -> str:
         return f"<AIMDMiddleware hosts={len(self.table)}>"

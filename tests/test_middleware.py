@@ -1,5 +1,6 @@
 """AIMDMiddleware as a component: start-up checks, and each hook driven directly
-against a scheduler stand-in built on the real frontier (no network)."""
+against a stand-in of the scheduler's hosts built on the real frontier (no
+network)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from twisted.web._newclient import ResponseNeverReceived
 from scrapy_hostqueue import HostGivenUp, HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._direct import DirectDownloads
+from scrapy_hostqueue._hosts import Hosts
 from scrapy_hostqueue._requests import RequestTable
 from scrapy_hostqueue.middleware import (
     CONNECTION_ERRORS,
@@ -72,9 +74,9 @@ class Unwatched:
         pass
 
 
-class StandInScheduler(HostQueueScheduler):
-    """The scheduler API the middleware uses, on the real frontier, without an
-    engine (the real one needs a running crawl)."""
+class StandInHosts(Hosts):
+    """The scheduler's hosts, as the middleware uses them, on the real
+    frontier, without an engine (the real one needs a running crawl)."""
 
     def __init__(self, configured: int = 8, remember: int = 10_000) -> None:
         # No super(): no crawler needed.
@@ -84,37 +86,37 @@ class StandInScheduler(HostQueueScheduler):
         self.blocks: list[tuple[str, float, str]] = []
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
-        self._records = RequestTable()
+        self.records = RequestTable()
         self.prefetch = 0
         self._budget = 0  # no share: these tests look at one host's limit
         # Closed (no prefetch): these tests hold no request at a send gate.
         self.gate = SendGate(
             self.frontier,
-            self._records,
+            self.records,
             recorder=None,  # type: ignore[arg-type]
             enabled=False,
             backoff_codes=(),
             may_send_back=lambda request: False,
             room_changed=lambda host: None,
         )
-        self._direct = DirectDownloads(self.frontier, self._records, self.gate, gated=False)
+        self._direct = DirectDownloads(self.frontier, self.records, self.gate, gated=False)
         self._overdue = Unwatched()  # type: ignore[assignment]
 
     @property
-    def _store(self) -> MemoryStore[Request]:  # type: ignore[override]
+    def store(self) -> MemoryStore[Request]:  # type: ignore[override]
         return self.frontier
 
     def hand_out(self, request: Request) -> Request:
         """Count *request* as handed out by next_request(), and in flight for
         its host until :meth:`leave`."""
         host = self.host_of(request)
-        self._records.hand_out(request, host, None)
+        self.records.hand_out(request, host, None)
         self.frontier.adopt(host, self.frontier.clock())
         return request
 
     def leave(self, request: Request) -> None:
         """*request* left the downloader."""
-        record = self._records.leave(request)
+        record = self.records.leave(request)
         assert record is not None
         self.frontier.finish(record.host)
 
@@ -148,30 +150,39 @@ class StandInScheduler(HostQueueScheduler):
         return len(self.frontier.give_up(host))
 
 
+class StandInScheduler(HostQueueScheduler):
+    """A scheduler that is only its hosts."""
+
+    def __init__(self, hosts: StandInHosts) -> None:
+        # No super(): no crawler needed.
+        self.hosts = hosts
+
+
 def middleware(
-    monkeypatch: pytest.MonkeyPatch, scheduler: StandInScheduler | None = None, **overrides: Any
-) -> tuple[AIMDMiddleware, StandInScheduler, FakeClock]:
+    monkeypatch: pytest.MonkeyPatch, hosts: StandInHosts | None = None, **overrides: Any
+) -> tuple[AIMDMiddleware, StandInHosts, FakeClock]:
     crawler = get_crawler(
         PageSpider, settings(SCHEDULER=SCHEDULER, DOWNLOADER_MIDDLEWARES=MIDDLEWARE, **overrides)
     )
     mw = AIMDMiddleware.from_crawler(crawler)
     clock = FakeClock()
     mw.clock = mw.table.clock = clock
-    if scheduler is None:
-        scheduler = StandInScheduler()
-    scheduler.frontier.clock = clock
+    if hosts is None:
+        hosts = StandInHosts()
+    hosts.frontier.clock = clock
     # The scheduler's own crawler: attach_policy connects it to a signal.
-    scheduler.crawler = crawler
+    hosts.crawler = crawler
+    scheduler = StandInScheduler(hosts)
     monkeypatch.setattr(internals, "current_scheduler", lambda crawler: scheduler)
     mw.spider_opened(PageSpider())
-    return mw, scheduler, clock
+    return mw, hosts, clock
 
 
 def sent(mw: AIMDMiddleware, url: str = URL, *, scheduled: bool = True) -> Request:
     """A request that went through process_request (and so was sent)."""
     request = Request(url)
     if scheduled:
-        mw._scheduler().hand_out(request)  # type: ignore[attr-defined]
+        mw._hosts().hand_out(request)  # type: ignore[attr-defined]
     assert mw.process_request(request) is None
     return request
 
@@ -194,11 +205,11 @@ def deliver(mw: AIMDMiddleware, request: Request, answer: Response) -> Response:
 def answer(mw: AIMDMiddleware, request: Request, status: int = 200, latency: float = 0.01) -> None:
     """*request* is answered and leaves the downloader."""
     deliver(mw, request, response(request, status, latency))
-    mw._scheduler().leave(request)  # type: ignore[attr-defined]
+    mw._hosts().leave(request)  # type: ignore[attr-defined]
 
 
-def limit(scheduler: StandInScheduler, host: str = HOST) -> int:
-    return scheduler.host_state(host).limit
+def limit(hosts: StandInHosts, host: str = HOST) -> int:
+    return hosts.host_state(host).limit
 
 
 # -- start-up ------------------------------------------------------------------
@@ -268,28 +279,28 @@ def test_hosts_known_before_spider_opened_get_the_aimd_start(
 ) -> None:
     # With JOBDIR the scheduler resumes requests (and meets hosts) in open(),
     # before spider_opened attaches the middleware.
-    scheduler = StandInScheduler(configured=8)
-    scheduler.frontier.push(HOST, 0, "resumed request")
-    assert limit(scheduler) == 8
-    mw, scheduler, _ = middleware(monkeypatch, scheduler)
-    assert limit(scheduler) == 2
+    hosts = StandInHosts(configured=8)
+    hosts.frontier.push(HOST, 0, "resumed request")
+    assert limit(hosts) == 8
+    mw, hosts, _ = middleware(monkeypatch, hosts)
+    assert limit(hosts) == 2
     # And hosts met afterwards get it through the hook.
-    assert limit(scheduler, "other.example") == 2
+    assert limit(hosts, "other.example") == 2
     assert mw.table.host(HOST).limit == 2
 
 
 def test_download_slots_concurrency_caps_a_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, _ = middleware(
+    mw, hosts, _ = middleware(
         monkeypatch,
-        StandInScheduler(configured=3),
+        StandInHosts(configured=3),
         DOWNLOAD_SLOTS={HOST: {"concurrency": 3}},
         HOSTQUEUE_AIMD_START=4,
     )
-    assert limit(scheduler) == 3  # AIMD start, but never above the slot's concurrency
+    assert limit(hosts) == 3  # AIMD start, but never above the slot's concurrency
     for _ in range(50):
         deliver(mw, request := sent(mw), response(request))
-    assert limit(scheduler) == 3
-    assert limit(scheduler, "free.example") == 4
+    assert limit(hosts) == 3
+    assert limit(hosts, "free.example") == 4
 
 
 # -- process_request: the hand-out-to-wire race ----------------------------------
@@ -304,21 +315,21 @@ def test_process_request_stamps_the_start(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch)
-    scheduler.block_until(HOST, clock.now + 2, "retry-after")
-    request = scheduler.hand_out(Request(URL))
+    mw, hosts, clock = middleware(monkeypatch)
+    hosts.block_until(HOST, clock.now + 2, "retry-after")
+    request = hosts.hand_out(Request(URL))
     back = mw.process_request(request)
     assert isinstance(back, Request)
     assert back.url == URL
     assert back.dont_filter
-    assert scheduler.requeues(back) == 1
+    assert hosts.requeues(back) == 1
     assert META_START not in back.meta
     # Not forever: after MAX_REQUEUES it goes through.
     # A requeued request comes back through the scheduler.
     for _ in range(MAX_REQUEUES - 1):
-        back = mw.process_request(scheduler.hand_out(back))
+        back = mw.process_request(hosts.hand_out(back))
         assert isinstance(back, Request)
-    assert mw.process_request(scheduler.hand_out(back)) is None
+    assert mw.process_request(hosts.hand_out(back)) is None
 
 
 def held(outcome: Any) -> Awaitable[Any]:
@@ -331,7 +342,7 @@ def held(outcome: Any) -> Awaitable[Any]:
 
 def direct_middleware(
     monkeypatch: pytest.MonkeyPatch, *, closing: bool = False
-) -> tuple[AIMDMiddleware, StandInScheduler, FakeClock]:
+) -> tuple[AIMDMiddleware, StandInHosts, FakeClock]:
     """The middleware for requests that skip the scheduler, with the engine
     closing or not."""
     monkeypatch.setattr(internals, "engine_closing", lambda crawler: closing)
@@ -344,15 +355,15 @@ async def test_a_request_not_from_the_scheduler_waits_out_the_block(
 ) -> None:
     """engine.download_async requests (media pipelines) would loop if sent
     back to the scheduler: they wait in the middleware instead."""
-    mw, scheduler, clock = direct_middleware(monkeypatch)
-    scheduler.block_until(HOST, clock.now + 2, "retry-after")
+    mw, hosts, clock = direct_middleware(monkeypatch)
+    hosts.block_until(HOST, clock.now + 2, "retry-after")
     direct = Request(URL)
     waiting = held(mw.process_request(direct))
     clock.now += 2
     assert await waiting is None
     assert direct.meta[META_START] == clock.now
     # robots.txt waits for a block too.
-    scheduler.block_until(HOST, clock.now + 1, "retry-after")
+    hosts.block_until(HOST, clock.now + 1, "retry-after")
     robots = held(mw.process_request(Request(f"http://{HOST}/robots.txt")))
     clock.now += 1
     assert await robots is None
@@ -364,15 +375,15 @@ async def test_a_request_not_from_the_scheduler_waits_out_the_block(
 async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = direct_middleware(monkeypatch)
-    scheduler.set_interval(HOST, 1.0)
+    mw, hosts, clock = direct_middleware(monkeypatch)
+    hosts.set_interval(HOST, 1.0)
     assert mw.process_request(Request(URL)) is None
     # The next start waits the interval after it, scheduled or not.
-    assert scheduler.frontier.host_state(HOST).ready_at() == clock.now + 1.0
+    assert hosts.frontier.host_state(HOST).ready_at() == clock.now + 1.0
     waiting = held(mw.process_request(Request(URL)))
     clock.now += 1.0
     assert await waiting is None
-    assert scheduler.frontier.host_state(HOST).ready_at() == clock.now + 1.0
+    assert hosts.frontier.host_state(HOST).ready_at() == clock.now + 1.0
     # robots.txt is not spaced (the host's first request waits for it).
     assert mw.process_request(Request(f"http://{HOST}/robots.txt")) is None
 
@@ -381,10 +392,10 @@ async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
 async def test_a_request_not_from_the_scheduler_to_a_given_up_host_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = direct_middleware(monkeypatch)
-    scheduler.block_until(HOST, clock.now + 5, "error-cooldown")
+    mw, hosts, clock = direct_middleware(monkeypatch)
+    hosts.block_until(HOST, clock.now + 5, "error-cooldown")
     waiting = held(mw.process_request(Request(URL)))
-    scheduler.give_up(HOST)
+    hosts.give_up(HOST)
     with pytest.raises(HostGivenUp):
         mw.process_request(Request(URL))
     # One held during the cool-down that ended in the give-up.
@@ -397,8 +408,8 @@ async def test_a_request_not_from_the_scheduler_to_a_given_up_host_is_refused(
 async def test_a_held_request_not_from_the_scheduler_is_dropped_when_the_crawl_closes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = direct_middleware(monkeypatch, closing=True)
-    scheduler.block_until(HOST, clock.now + 300, "retry-after")
+    mw, hosts, clock = direct_middleware(monkeypatch, closing=True)
+    hosts.block_until(HOST, clock.now + 300, "retry-after")
     waiting = held(mw.process_request(Request(URL)))
     with pytest.raises(IgnoreRequest, match="closed"):
         await waiting
@@ -411,34 +422,34 @@ async def test_a_held_request_not_from_the_scheduler_is_dropped_when_the_crawl_c
 def test_a_back_off_status_halves_and_blocks_for_retry_after(
     monkeypatch: pytest.MonkeyPatch, status: int
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    mw, hosts, clock = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     request = sent(mw)
     clock.now += 0.1
     assert deliver(mw, request, response(request, status, **{"Retry-After": "2"}))
-    assert limit(scheduler) == 3
-    assert scheduler.blocks == [(HOST, clock.now + 2, "retry-after")]
+    assert limit(hosts) == 3
+    assert hosts.blocks == [(HOST, clock.now + 2, "retry-after")]
 
 
 def test_other_statuses_are_not_back_offs(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    mw, hosts, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     for status in (500, 404, 302):
         request = sent(mw)
         deliver(mw, request, response(request, status))
-    assert limit(scheduler) == 6
-    assert not scheduler.blocks
+    assert limit(hosts) == 6
+    assert not hosts.blocks
 
 
 def test_back_off_codes_are_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, clock = middleware(
+    mw, hosts, clock = middleware(
         monkeypatch, HOSTQUEUE_AIMD_START=6, HOSTQUEUE_AIMD_BACKOFF_HTTP_CODES=[500]
     )
     request = sent(mw)
     deliver(mw, request, response(request, 500))
-    assert limit(scheduler) == 3
+    assert limit(hosts) == 3
     clock.now += 5  # past the back-off block
     request = sent(mw)
     deliver(mw, request, response(request, 429))
-    assert limit(scheduler) == 3
+    assert limit(hosts) == 3
 
 
 @pytest.mark.parametrize(
@@ -460,13 +471,13 @@ def test_retry_after_forms(
 ) -> None:
     if isinstance(header, int):
         header = formatdate(time.time() + header, usegmt=True)
-    mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)
+    mw, hosts, clock = middleware(monkeypatch, HOSTQUEUE_RETRY_AFTER_MAX=60)
     request = sent(mw)
     deliver(mw, request, response(request, 429, **{"Retry-After": header}))
     if reason is None:
-        assert scheduler.blocks == []
+        assert hosts.blocks == []
         return
-    [(host, when, got)] = scheduler.blocks
+    [(host, when, got)] = hosts.blocks
     assert (host, got) == (HOST, reason)
     assert low <= when - clock.now <= high
 
@@ -478,14 +489,14 @@ def test_retry_after_forms(
 def test_of_several_retry_after_headers_the_longest_wait_counts(
     monkeypatch: pytest.MonkeyPatch, values: list[str], wait: float
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch)
+    mw, hosts, clock = middleware(monkeypatch)
     request = sent(mw)
     request.meta["download_latency"] = 0.01
     answer = Response(
         request.url, status=429, headers=Headers({"Retry-After": values}), request=request
     )
     deliver(mw, request, answer)
-    [(_, when, reason)] = scheduler.blocks
+    [(_, when, reason)] = hosts.blocks
     assert reason == "retry-after"
     assert when - clock.now == pytest.approx(wait)
 
@@ -517,10 +528,10 @@ def test_the_back_off_warning_says_what_became_of_retry_after(
 def test_a_capped_crawl_delay_is_logged_with_what_robots_txt_asked(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    mw, hosts, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
         robots(mw, "User-agent: *\nCrawl-delay: 99999\n")
-    assert scheduler.host_state(HOST).interval == pytest.approx(30 + CRAWL_DELAY_MARGIN)
+    assert hosts.host_state(HOST).interval == pytest.approx(30 + CRAWL_DELAY_MARGIN)
     (record,) = [r for r in caplog.records if "Crawl-delay" in r.getMessage()]
     assert "Crawl-delay 30s is obeyed (it asks 99999s; HOSTQUEUE_CRAWL_DELAY_MAX)" in (
         record.getMessage()
@@ -528,45 +539,45 @@ def test_a_capped_crawl_delay_is_logged_with_what_robots_txt_asked(
 
 
 def test_one_decrease_per_burst_through_the_middleware(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, clock = middleware(monkeypatch, HOSTQUEUE_AIMD_START=8)
+    mw, hosts, clock = middleware(monkeypatch, HOSTQUEUE_AIMD_START=8)
     burst = [sent(mw, f"{URL}/{i}") for i in range(4)]
     clock.now += 0.05
     for request in burst:
         deliver(mw, request, response(request, 429, **{"Retry-After": "1"}))
-    assert limit(scheduler) == 4
-    assert scheduler.limits == [(HOST, 4)]
+    assert limit(hosts) == 4
+    assert hosts.limits == [(HOST, 4)]
     stats = get_recorder(mw.crawler).host_stats()
     assert stats[host_stat_key(HOST, "backoff_count/backoff")] == 1
     assert stats[host_stat_key(HOST, "block_count/retry-after")] == 4
 
 
 def test_fast_and_slow_responses(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, clock = middleware(
+    mw, hosts, clock = middleware(
         monkeypatch, HOSTQUEUE_AIMD_SLOW_LATENCY=1.0, HOSTQUEUE_AIMD_FAST_LATENCY=0.2
     )
     # Two in flight at once: the host used its whole limit of 2.
     burst = [sent(mw), sent(mw)]
     for request in burst:
         answer(mw, request, latency=0.05)
-    assert limit(scheduler) == 3
+    assert limit(hosts) == 3
     clock.now += 1
     request = sent(mw)
     clock.now += 2
     deliver(mw, request, response(request, latency=2.0))
-    assert limit(scheduler) == 1
+    assert limit(hosts) == 1
 
 
 def test_only_answers_while_the_host_filled_its_limit_raise_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch)
+    mw, hosts, clock = middleware(monkeypatch)
     # One request at a time (a host held back by its delay, or short of
     # URLs): it never had its limit of 2 in flight.
     for _ in range(40):
         clock.now += 0.1
         answer(mw, sent(mw))
-    assert limit(scheduler) == 2
-    assert scheduler.limits == []
+    assert limit(hosts) == 2
+    assert hosts.limits == []
     # Answered while its host has its limit in flight, a request vouches for
     # the limit; so does one that was alone when it started, if a later
     # hand-out filled the limit while it was in flight.
@@ -575,9 +586,9 @@ def test_only_answers_while_the_host_filled_its_limit_raise_it(
     second = sent(mw)
     clock.now += 0.01
     answer(mw, second)
-    assert limit(scheduler) == 2
+    assert limit(hosts) == 2
     answer(mw, first)
-    assert limit(scheduler) == 3
+    assert limit(hosts) == 3
 
 
 def test_each_request_of_a_burst_that_fills_the_limit_vouches_for_it(
@@ -585,39 +596,39 @@ def test_each_request_of_a_burst_that_fills_the_limit_vouches_for_it(
 ) -> None:
     # The engine hands out a burst in one go; each request passes this
     # middleware a moment later, after the frontier noted the limit filled.
-    mw, scheduler, clock = middleware(monkeypatch)
-    burst = [scheduler.hand_out(Request(f"{URL}/{i}")) for i in range(2)]
+    mw, hosts, clock = middleware(monkeypatch)
+    burst = [hosts.hand_out(Request(f"{URL}/{i}")) for i in range(2)]
     for request in burst:
         clock.now += 0.01
         assert mw.process_request(request) is None
     clock.now += 0.01
     answer(mw, burst[0])  # two in flight: the limit is filled now
-    assert limit(scheduler) == 2
+    assert limit(hosts) == 2
     answer(mw, burst[1])  # alone now, but sent while two were out
-    assert limit(scheduler) == 3
+    assert limit(hosts) == 3
 
 
 def test_a_cached_answer_counts_as_heard_from(monkeypatch: pytest.MonkeyPatch) -> None:
     # A crawl replayed from the HTTP cache is not held to one request per host.
-    mw, scheduler, _ = middleware(monkeypatch)
+    mw, hosts, _ = middleware(monkeypatch)
     request = sent(mw)
-    scheduler.frontier.set_answering(HOST, False)
+    hosts.frontier.set_answering(HOST, False)
     mw.process_response(request, Response(URL, status=200, flags=["cached"], request=request))
-    state = scheduler.host_state(HOST)
+    state = hosts.host_state(HOST)
     assert state.answering
-    assert scheduler.frontier.in_flight_cap(state) == state.limit == 2
+    assert hosts.frontier.in_flight_cap(state) == state.limit == 2
 
 
 def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    mw, hosts, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     request = sent(mw)
     cached = Response(URL, status=429, flags=["cached"], request=request)
     mw.process_response(request, cached)
     # Never went through process_request (a middleware above answered it).
     foreign = Request(URL)
     deliver(mw, foreign, Response(URL, status=429, request=foreign))
-    assert limit(scheduler) == 6
-    assert not scheduler.blocks
+    assert limit(hosts) == 6
+    assert not hosts.blocks
 
 
 # -- process_exception --------------------------------------------------------------
@@ -644,10 +655,10 @@ def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatc
 )
 def test_connection_errors_decrease(monkeypatch: pytest.MonkeyPatch, exception: Exception) -> None:
     assert isinstance(exception, CONNECTION_ERRORS)
-    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    mw, hosts, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     request = sent(mw)
     assert mw.process_exception(request, exception) is None
-    assert limit(scheduler) == 3
+    assert limit(hosts) == 3
     stats = get_recorder(mw.crawler).host_stats()
     assert stats[host_stat_key(HOST, f"exception_type_count/{type(exception).__name__}")] == 1
 
@@ -659,31 +670,31 @@ def test_other_exceptions_are_only_counted(
     monkeypatch: pytest.MonkeyPatch, exception: Exception
 ) -> None:
     assert not isinstance(exception, CONNECTION_ERRORS)
-    mw, scheduler, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
+    mw, hosts, _ = middleware(monkeypatch, HOSTQUEUE_AIMD_START=6)
     mw.process_exception(sent(mw), exception)
-    assert limit(scheduler) == 6
+    assert limit(hosts) == 6
     assert get_recorder(mw.crawler).host_stats()[host_stat_key(HOST, "exception_count")] == 1
 
 
 def test_error_budget_parks_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, clock = middleware(
+    mw, hosts, clock = middleware(
         monkeypatch,
         HOSTQUEUE_ERROR_BUDGET=2,
         HOSTQUEUE_ERROR_COOLDOWN=5,
         HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
     )
-    scheduler.frontier.push(HOST, 0, "queued")
+    hosts.frontier.push(HOST, 0, "queued")
     error = DownloadConnectionRefusedError("refused")
     for _ in range(2):
         clock.now += 1
         mw.process_exception(sent(mw), error)
-    assert scheduler.blocks == [(HOST, clock.now + 5, "error-cooldown")]
-    assert not scheduler.given_up
+    assert hosts.blocks == [(HOST, clock.now + 5, "error-cooldown")]
+    assert not hosts.given_up
     for _ in range(2):
         clock.now += 10
         mw.process_exception(sent(mw), error)
-    assert scheduler.given_up == [HOST]
-    assert scheduler.host_state(HOST).given_up
+    assert hosts.given_up == [HOST]
+    assert hosts.host_state(HOST).given_up
     stats = mw.crawler.stats
     assert stats is not None
     assert stats.get_value("hostqueue/hosts_parked_count") == 1
@@ -691,7 +702,7 @@ def test_error_budget_parks_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> No
     assert stats.get_value("hostqueue/dropped_request_count") == 1
     # Given up once: later failures change nothing.
     mw.process_exception(sent(mw), error)
-    assert scheduler.given_up == [HOST]
+    assert hosts.given_up == [HOST]
 
 
 def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts_than_remembered(
@@ -700,15 +711,15 @@ def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts
     # HOSTQUEUE_REMEMBER_HOSTS bounds the memory of idle hosts; a host with
     # work queued is not idle and must keep what the middleware learned
     # (failures, cool-downs) however many other hosts answer meanwhile.
-    mw, scheduler, clock = middleware(
+    mw, hosts, clock = middleware(
         monkeypatch,
-        StandInScheduler(remember=2),
+        StandInHosts(remember=2),
         HOSTQUEUE_REMEMBER_HOSTS=2,
         HOSTQUEUE_ERROR_BUDGET=2,
         HOSTQUEUE_ERROR_COOLDOWN=5,
         HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
     )
-    scheduler.frontier.push(HOST, 0, "queued")
+    hosts.frontier.push(HOST, 0, "queued")
     error = DownloadConnectionRefusedError("refused")
 
     def others_answer(first: int) -> None:
@@ -718,13 +729,13 @@ def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts
     for _ in range(2):
         clock.now += 1
         mw.process_exception(sent(mw), error)
-    assert scheduler.blocks == [(HOST, clock.now + 5, "error-cooldown")]
+    assert hosts.blocks == [(HOST, clock.now + 5, "error-cooldown")]
     others_answer(0)  # during the cool-down
     for _ in range(2):
         clock.now += 10
         mw.process_exception(sent(mw), error)
         others_answer(100)
-    assert scheduler.given_up == [HOST]
+    assert hosts.given_up == [HOST]
     assert len(mw.table) <= 2 + 2 + 1  # both memories of idle hosts, and HOST
 
 
@@ -735,7 +746,7 @@ def test_robots_txt_answers_leave_nothing_behind_when_no_idle_host_is_remembered
     # once; what the middleware learns from a robots.txt answer (which no
     # scheduler hand-out covers) was kept for good, an entry per host of a
     # broad crawl.
-    mw, _, _ = middleware(monkeypatch, StandInScheduler(remember=0), HOSTQUEUE_REMEMBER_HOSTS=0)
+    mw, _, _ = middleware(monkeypatch, StandInHosts(remember=0), HOSTQUEUE_REMEMBER_HOSTS=0)
     for i in range(20):
         request = sent(mw, f"http://other{i}.test/robots.txt", scheduled=False)
         deliver(mw, request, response(request, 503 if i % 2 else 200))
@@ -747,22 +758,20 @@ def test_robots_txt_answers_leave_nothing_behind_when_no_idle_host_is_remembered
 def test_what_was_learned_about_a_host_is_forgotten_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = middleware(
-        monkeypatch, StandInScheduler(remember=3), HOSTQUEUE_AIMD_START=4
-    )
+    mw, hosts, clock = middleware(monkeypatch, StandInHosts(remember=3), HOSTQUEUE_AIMD_START=4)
     request = sent(mw)
     clock.now += 1
     answer(mw, request, latency=60)  # slow: halved, no block
-    assert limit(scheduler) == 2
+    assert limit(hosts) == 2
     assert HOST in mw.table
     for i in range(2):
         answer(mw, sent(mw, f"http://other{i}.test/"))
-    assert limit(scheduler) == 2  # still remembered
+    assert limit(hosts) == 2  # still remembered
     for i in range(2, 6):
         answer(mw, sent(mw, f"http://other{i}.test/"))
     assert HOST not in mw.table
-    assert scheduler.frontier.known_state(HOST) is None
-    assert limit(scheduler) == 4  # met again: from the start
+    assert hosts.frontier.known_state(HOST) is None
+    assert limit(hosts) == 4  # met again: from the start
     assert len(mw.table) <= 3 + 1
 
 
@@ -796,26 +805,26 @@ def robots(mw: AIMDMiddleware, body: str, url: str = URL) -> None:
 def test_crawl_delay_becomes_the_interval_without_jitter(
     monkeypatch: pytest.MonkeyPatch, body: str, overrides: dict[str, Any], interval: float
 ) -> None:
-    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True, **overrides)
+    mw, hosts, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True, **overrides)
     robots(mw, body)
-    state = scheduler.host_state(HOST)
+    state = hosts.host_state(HOST)
     assert state.interval == pytest.approx(interval)
     if interval:
         assert state.jitter == 0
 
 
 def test_the_strictest_crawl_delay_of_a_hosts_ports_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    mw, hosts, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 3\n", f"http://{HOST}:8001/")
     robots(mw, "User-agent: *\nCrawl-delay: 1\n", f"http://{HOST}:8002/")
-    assert scheduler.host_state(HOST).interval == pytest.approx(3 + CRAWL_DELAY_MARGIN)
+    assert hosts.host_state(HOST).interval == pytest.approx(3 + CRAWL_DELAY_MARGIN)
 
 
 def test_a_larger_download_delay_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    mw, scheduler, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
-    scheduler.frontier.set_interval(HOST, 5.0, jitter=0.0)
+    mw, hosts, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    hosts.frontier.set_interval(HOST, 5.0, jitter=0.0)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
-    assert scheduler.host_state(HOST).interval == 5.0
+    assert hosts.host_state(HOST).interval == 5.0
 
 
 def test_robots_crawl_delay_holds_requests_already_handed_out(
@@ -823,12 +832,12 @@ def test_robots_crawl_delay_holds_requests_already_handed_out(
 ) -> None:
     """Requests handed out before robots.txt was parsed wait for it past the
     scheduler; they must not all start at once when it arrives."""
-    mw, scheduler, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    mw, hosts, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
     # The robots.txt fetch counts as the previous request: the host is blocked
     # for one delay, and the waiting requests go back to the scheduler.
-    assert scheduler.blocks == [(HOST, clock.now + 1 + CRAWL_DELAY_MARGIN, "crawl-delay")]
-    waiting = [scheduler.hand_out(Request(f"{URL}/{i}")) for i in range(3)]
+    assert hosts.blocks == [(HOST, clock.now + 1 + CRAWL_DELAY_MARGIN, "crawl-delay")]
+    waiting = [hosts.hand_out(Request(f"{URL}/{i}")) for i in range(3)]
     assert all(isinstance(mw.process_request(request), Request) for request in waiting)
     clock.now += 1 + CRAWL_DELAY_MARGIN
     first = sent(mw)
@@ -836,23 +845,23 @@ def test_robots_crawl_delay_holds_requests_already_handed_out(
     # One that comes too soon after goes back too, without blocking the host
     # (which would also hold ``first`` if it is not on the wire yet).
     clock.now += 0.2
-    back = mw.process_request(scheduler.hand_out(Request(URL + "/2")))
+    back = mw.process_request(hosts.hand_out(Request(URL + "/2")))
     assert isinstance(back, Request)
-    assert scheduler.requeues(back) == 1
-    assert len(scheduler.blocks) == 1
+    assert hosts.requeues(back) == 1
+    assert len(hosts.blocks) == 1
     clock.now += 1
-    assert mw.process_request(scheduler.hand_out(back)) is None
+    assert mw.process_request(hosts.hand_out(back)) is None
 
 
 def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    mw, scheduler, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
+    mw, hosts, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
-    scheduler.frontier = MemoryStore(scheduler._make_state)  # forgot every host
+    hosts.frontier = MemoryStore(hosts._make_state)  # forgot every host
     clock.now += 2  # past the block that follows robots.txt
     sent(mw)
-    assert scheduler.host_state(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
+    assert hosts.host_state(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
 
 
 # -- the add-on wiring, end to end --------------------------------------------------
@@ -895,15 +904,15 @@ def test_a_child_of_a_request_sent_back_often_is_held_by_a_block(
     """How often a request went back is the request's own: a request built
     from its response's meta (``meta=response.meta``) starts from zero and is
     held by its host's block like any other."""
-    mw, scheduler, clock = middleware(monkeypatch)
-    scheduler.block_until(HOST, clock.now + 2, "retry-after")
-    back = mw.process_request(scheduler.hand_out(Request(URL)))
+    mw, hosts, clock = middleware(monkeypatch)
+    hosts.block_until(HOST, clock.now + 2, "retry-after")
+    back = mw.process_request(hosts.hand_out(Request(URL)))
     for _ in range(MAX_REQUEUES - 1):
         assert isinstance(back, Request)
-        back = mw.process_request(scheduler.hand_out(back))
+        back = mw.process_request(hosts.hand_out(back))
     assert isinstance(back, Request)
-    assert scheduler.requeues(back) == MAX_REQUEUES
-    assert mw.process_request(scheduler.hand_out(back)) is None  # goes at last
+    assert hosts.requeues(back) == MAX_REQUEUES
+    assert mw.process_request(hosts.hand_out(back)) is None  # goes at last
     child = Request(URL + "/child", meta=back.meta)
-    assert scheduler.requeues(child) == 0
-    assert isinstance(mw.process_request(scheduler.hand_out(child)), Request)
+    assert hosts.requeues(child) == 0
+    assert isinstance(mw.process_request(hosts.hand_out(child)), Request)

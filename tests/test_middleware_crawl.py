@@ -943,7 +943,7 @@ async def test_direct_downloads_keep_the_download_delay(
     def opened(spider: Any) -> None:
         if handler != OUR_HANDLER:
             return
-        gate = internals.current_scheduler(crawler).gate
+        gate = internals.current_scheduler(crawler).hosts.gate
         take = gate.take
 
         def taken(host: str, request: Request) -> None:

@@ -393,7 +393,7 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
         DOWNLOADER_MIDDLEWARES={f"{__name__}._ShortCircuit": 999},
     )
     assert scheduler, "no response reached the spider"
-    frontier = scheduler[-1].store
+    frontier = scheduler[-1].hosts.store
     # Nothing is left in flight; a host may still hold its place in its grace.
     assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
     assert all(frontier.placement(key) == IDLE for key, *_ in frontier.hosts())
@@ -446,11 +446,11 @@ async def test_priorities_within_a_host(local_hosts: HostsFactory) -> None:
 def test_host_keys_for_odd_urls() -> None:
     crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER))
     scheduler = HostQueueScheduler.from_crawler(crawler)
-    assert scheduler.host_of(Request("http://bücher.example/")) == "xn--bcher-kva.example"
-    assert scheduler.host_of(Request("http://[::1]:8080/x")) == "::1"
-    assert scheduler.host_of(Request("data:,hello")) == ""
-    assert scheduler.host_of(Request("http://EXAMPLE.com/")) == "example.com"
-    assert scheduler.host_of(Request("http://a.com/", meta={"download_slot": "s1"})) == "s1"
+    assert scheduler.hosts.host_of(Request("http://bücher.example/")) == "xn--bcher-kva.example"
+    assert scheduler.hosts.host_of(Request("http://[::1]:8080/x")) == "::1"
+    assert scheduler.hosts.host_of(Request("data:,hello")) == ""
+    assert scheduler.hosts.host_of(Request("http://EXAMPLE.com/")) == "example.com"
+    assert scheduler.hosts.host_of(Request("http://a.com/", meta={"download_slot": "s1"})) == "s1"
 
 
 class _DataSpider(PageSpider):
@@ -802,8 +802,8 @@ class _BlockingSpider(_StopAtFirstPageSpider):
     def parse(self, response: Response) -> Any:
         scheduler = self.crawler.engine.scheduler
         assert isinstance(scheduler, HostQueueScheduler)
-        host = scheduler.host_of(response.request)
-        scheduler.block_until(host, time.monotonic() + self.block, "test")
+        host = scheduler.hosts.host_of(response.request)
+        scheduler.hosts.block_until(host, time.monotonic() + self.block, "test")
         return super().parse(response)
 
 
@@ -1162,9 +1162,9 @@ def test_an_answer_marks_the_host_it_was_handed_out_for(monkeypatch: pytest.Monk
     assert request is not None
     request.meta["download_slot"] = "proxy-7"
     response = Response(request.url, request=request)
-    scheduler._on_response_downloaded(response, request, PageSpider())
-    assert scheduler.store.host_state("example.com").answering
-    assert scheduler.store.known_state("proxy-7") is None
+    scheduler.hosts.on_response_downloaded(response, request, PageSpider())
+    assert scheduler.hosts.store.host_state("example.com").answering
+    assert scheduler.hosts.store.known_state("proxy-7") is None
 
 
 @deferred_f_from_coro_f
@@ -1187,30 +1187,30 @@ async def test_the_send_gate_holds_a_host_while_its_back_off_status_crosses_the_
     monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)
     scheduler = HostQueueScheduler.from_crawler(crawler)
     scheduler.open(PageSpider())
-    assert scheduler.prefetch == 1
+    assert scheduler.hosts.prefetch == 1
     for page in range(3):
         assert scheduler.enqueue_request(Request(f"http://example.com/{page}"))
     first, second, third = (scheduler.next_request() for _ in range(3))
     assert first is not None and second is not None and third is not None
-    await scheduler.gate.acquire(first)
-    await scheduler.gate.acquire(second)
-    waiting = asyncio.ensure_future(scheduler.gate.acquire(third))
+    await scheduler.hosts.gate.acquire(first)
+    await scheduler.hosts.gate.acquire(second)
+    waiting = asyncio.ensure_future(scheduler.hosts.gate.acquire(third))
     await asyncio.sleep(0)
     assert not waiting.done()  # the limit is 2
 
-    scheduler.gate.body_read(first, 429)
-    scheduler.gate.body_read(second, 200)  # frees its slot
+    scheduler.hosts.gate.body_read(first, 429)
+    scheduler.hosts.gate.body_read(second, 200)  # frees its slot
     await asyncio.sleep(0)
     assert not waiting.done()  # the 429 has not crossed the middlewares yet
 
     # The 429 leaves the downloader (the middlewares have seen it): the gate opens.
-    scheduler._request_left(first)
+    scheduler.hosts.on_request_left(first)
     await asyncio.wait_for(waiting, 1)
-    scheduler._request_left(second)
-    scheduler._request_left(third)
-    assert not scheduler.gate._backing_off_hosts
+    scheduler.hosts.on_request_left(second)
+    scheduler.hosts.on_request_left(third)
+    assert not scheduler.hosts.gate._backing_off_hosts
     assert not any(
-        (record := scheduler._records.get(request)) is not None and record.backing_off
+        (record := scheduler.hosts.records.get(request)) is not None and record.backing_off
         for request in (first, second, third)
     )
 
@@ -1309,7 +1309,7 @@ class _FullDiskSpider(PageSpider):
     def parse(self, response: Response) -> Iterable[Any]:
         scheduler = self.crawler.engine.scheduler
         assert isinstance(scheduler, HostQueueScheduler)
-        store = scheduler.store
+        store = scheduler.hosts.store
         assert isinstance(store, SqliteStore)
         if not self.seen:
             conn = store.file.conn

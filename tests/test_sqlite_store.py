@@ -509,7 +509,7 @@ def test_a_jobdir_another_crawl_holds_is_refused_at_start(tmp_path: Path) -> Non
     # Once the other crawl is gone, the job resumes.
     scheduler = _scheduler(tmp_path)
     assert isinstance(scheduler.df, FrontierDupeFilter)
-    scheduler.store.close()
+    scheduler.hosts.store.close()
 
 
 def test_a_damaged_frontier_in_jobdir_is_refused_at_start(tmp_path: Path) -> None:
