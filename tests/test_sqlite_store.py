@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy import FormRequest, Request, Spider
+from scrapy.utils.request import request_from_dict
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.__main__ import main
@@ -547,16 +548,45 @@ def test_the_codec_writes_what_request_to_dict_gives() -> None:
         Request("http://a.example/4", callback=other.parse_item, cb_kwargs={"n": 2}),
         Request("http://a.example/5", headers={"X-A": "b"}, cookies={"c": "d"}),
         FormRequest("http://a.example/6", formdata={"q": "x"}, callback=spider.parse),
+        Request(
+            "http://a.example/9",
+            method="PUT",
+            body=b"x",
+            encoding="latin-1",
+            priority=-2,
+            dont_filter=True,
+            flags=["f"],
+        ),
     ]
+    default = Request("http://a.example/0").to_dict()
     # Twice: the second time the callbacks' names are remembered.
     for _ in range(2):
         for request in requests:
             data = codec.encode(request)
             assert data is not None
-            assert pickle.loads(data) == request.to_dict(spider=spider)
+            stored, full = pickle.loads(data), request.to_dict(spider=spider)
+            if type(request) is Request:
+                # What is left out is at the default of a plain Request.
+                assert stored.items() <= full.items()
+                left_out = full.keys() - stored.keys()
+                assert {key: full[key] for key in left_out} == {
+                    key: value for key, value in default.items() if key in left_out
+                }
+            else:
+                assert stored == full
+            # Scrapy reads it back as it reads its own disk queues.
+            assert request_from_dict(stored, spider=spider).to_dict(spider=spider) == full
             again = codec.decode(data)
             assert type(again) is type(request)
             assert again.to_dict(spider=spider) == request.to_dict(spider=spider)
+        # A row written whole (every field, as Request.to_dict gives it) reads the same.
+        for request in requests:
+            whole = pickle.dumps(request.to_dict(spider=spider), protocol=4)
+            assert codec.decode(whole).to_dict(spider=spider) == request.to_dict(spider=spider)
+    # A followed link is its URL and its callback's name.
+    data = codec.encode(requests[1].replace(errback=None))
+    assert data is not None
+    assert pickle.loads(data) == {"url": "http://a.example/2", "callback": "parse"}
     # A callback that is not one of the spider's methods cannot be written,
     # as with Request.to_dict.
     assert codec.encode(Request("http://a.example/7", callback=lambda r: None)) is None
