@@ -6,6 +6,7 @@ A fake clock for the ring; no crawl, no sleep.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
@@ -25,13 +26,15 @@ from scrapy_hostqueue.__main__ import main
 from scrapy_hostqueue._frontier import FrontierDupeFilter, RequestCodec
 from scrapy_hostqueue.scheduler import HostQueueScheduler
 from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store import _sqlfile as sqlfile
 from scrapy_hostqueue.store._sqlfile import (
     FORMAT_VERSION,
     FRONTIER_FILE,
     FrontierFile,
     FrontierFileError,
+    SeenFilter,
 )
-from scrapy_hostqueue.store.sqlite import WINDOW, SqliteStore
+from scrapy_hostqueue.store.sqlite import SPARE, WINDOW, SqliteStore
 
 
 class Clock:
@@ -222,6 +225,81 @@ def test_fingerprints_are_kept(path: Path) -> None:
     assert again.seen(b"a" * 20)
     assert not again.seen(b"b" * 20)
     again.close()
+
+
+@pytest.mark.parametrize("filtered", [True, False])
+def test_fingerprints_are_told_after_a_crash(
+    path: Path, monkeypatch: pytest.MonkeyPatch, filtered: bool
+) -> None:
+    """Seen fingerprints are told apart from new ones after a crash, with the
+    filter in front of the table and without it (a file with more
+    fingerprints than it takes in at the start), across the generations of
+    recent ones."""
+    monkeypatch.setattr(sqlfile, "RECENT", 64)
+    fingerprints = [hashlib.sha1(str(n).encode()).digest() for n in range(3000)]
+    store = open_store(path)
+    assert not any(store.seen(fp) for fp in fingerprints[:2000])
+    assert all(store.seen(fp) for fp in fingerprints[:2000])
+    store.push("h", 0, Item("last"))
+    store.commit()
+    store.file._lock.close()  # type: ignore[union-attr]
+    store.file.conn.close()  # killed
+    if not filtered:
+        monkeypatch.setattr(sqlfile, "FILTER_LOAD_MAX", 1999)
+    again = open_store(path)
+    assert (again.file._filter is not None) is filtered
+    assert all(again.seen(fp) for fp in fingerprints[:2000])
+    assert not any(again.seen(fp) for fp in fingerprints[2000:])
+    assert all(again.seen(fp) for fp in fingerprints)
+    again.close()
+
+
+def test_a_fingerprint_is_durable_with_its_request_only(path: Path) -> None:
+    store = open_store(path)
+    assert not store.seen(b"1" * 20)
+    store.push("h", 0, Item("1"))
+    store.commit()
+    assert not store.seen(b"2" * 20)
+    store.push("h", 0, Item("2"))
+    store.file.flush()  # in the transaction, not committed
+    store.file._lock.close()  # type: ignore[union-attr]
+    store.file.conn.close()  # killed before the commit
+    again = open_store(path)
+    assert [name for _, name in drain(again)] == ["1"]
+    assert again.seen(b"1" * 20)
+    assert not again.seen(b"2" * 20)
+    again.close()
+
+
+def test_the_seen_filter_never_takes_a_fingerprint_for_new_twice() -> None:
+    seen = SeenFilter(bits=2**16)  # small: many fingerprints share bits
+    fingerprints = [hashlib.sha1(str(n).encode()).digest() for n in range(20000)]
+    told_new = [seen.add(fp) for fp in fingerprints]
+    assert not any(seen.add(fp) for fp in fingerprints)
+    # Past its size it tells fewer new ones, and still some.
+    assert 0 < sum(told_new) < len(fingerprints)
+
+
+def test_requests_pushed_here_come_back_from_the_backlog_without_decoding(path: Path) -> None:
+    decoded: list[bytes] = []
+
+    def counting_decode(data: bytes) -> Item:
+        decoded.append(data)
+        return decode(data)
+
+    for spare in (SPARE, 0):
+        decoded.clear()
+        memory: MemoryStore = MemoryStore(lambda key: HostState(100), clock=Clock())
+        store = SqliteStore(memory, FrontierFile(str(path)), encode, counting_decode, spare=spare)
+        pushed = [Item(str(n)) for n in range(40)]
+        for item in pushed:
+            store.push("h", 0, item)
+        assert store.queued("h") == 40 and len(store._mem) < 40  # a backlog
+        popped = drain(store)
+        assert [name for _, name in popped] == [item.name for item in pushed]
+        store.close()
+        path.unlink()
+        assert len(decoded) == (0 if spare else 40)
 
 
 def test_host_state_survives(path: Path) -> None:
