@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -116,7 +117,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         # Rows held in the memory store's queues.
         self._held: set[int] = set()
         # Decoded requests of rows in the backlogs (see SPARE), oldest first.
-        self._spare: dict[int, T] = {}
+        self._spare: OrderedDict[int, T] = OrderedDict()
         self._spare_max = spare
         # Handed-out items by identity: (item, row, host, rank).
         self._leases: dict[int, tuple[T, int, str, int]] = {}
@@ -181,7 +182,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         spare = self._spare
         spare[rowid] = item
         if len(spare) > self._spare_max:
-            del spare[next(iter(spare))]
+            spare.popitem(last=False)
 
     def _to_backlog(self, key: str, rank: int) -> bool:
         """Whether a request of *rank* for *key* waits in the file (and is
