@@ -251,6 +251,8 @@ def test_fingerprints_are_told_after_a_crash(
     assert all(again.seen(fp) for fp in fingerprints[:2000])
     assert not any(again.seen(fp) for fp in fingerprints[2000:])
     assert all(again.seen(fp) for fp in fingerprints)
+    # What is kept in memory stays bounded.
+    assert len(again.file._recent) < 64 and len(again.file._older) <= 64
     again.close()
 
 

@@ -363,37 +363,34 @@ class FrontierFile:
         the request pushed next (committed with it). Without a statement if it
         is a recent one or the filter knows it is new; else one, into the
         open transaction."""
-        if (
-            fingerprint in self._recent
-            or fingerprint in self._older
-            or fingerprint in self._fingerprints
-        ):
+        recent = self._recent
+        if fingerprint in recent or fingerprint in self._older:
             return True
         if self.failed is not None:
             return False
+        found = False
         if self._filter is not None and self._filter.add(fingerprint):
             # Written at the next flush, with the request pushed next (not
             # flushed here: a commit must not take one without the other).
             self._fingerprints.add(fingerprint)
-            self._remember(fingerprint)
-            return False
-        try:
-            if not self.conn.in_transaction:
-                self.conn.execute("BEGIN")
-            cursor = self.conn.execute(
-                "INSERT OR IGNORE INTO fingerprints (fp) VALUES (?)", (fingerprint,)
-            )
-        except sqlite3.Error as error:
-            self._fail("cannot be written", error)  # the next commit raises it
-            return False
-        self._remember(fingerprint)
-        return cursor.rowcount == 0
-
-    def _remember(self, fingerprint: bytes) -> None:
-        recent = self._recent
+        elif fingerprint in self._fingerprints:
+            return True  # noted, not written yet
+        else:
+            try:
+                if not self.conn.in_transaction:
+                    self.conn.execute("BEGIN")
+                cursor = self.conn.execute(
+                    "INSERT OR IGNORE INTO fingerprints (fp) VALUES (?)", (fingerprint,)
+                )
+            except sqlite3.Error as error:
+                self._fail("cannot be written", error)  # the next commit raises it
+                return False
+            found = not cursor.rowcount
+        # Known to be in the file (or in the batch) from now on.
         recent.add(fingerprint)
         if len(recent) >= RECENT:
             self._older, self._recent = recent, set()
+        return found
 
     def put_host(self, row: HostRow) -> None:
         self._hosts[row[0]] = row
