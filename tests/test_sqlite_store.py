@@ -273,6 +273,17 @@ def test_a_fingerprint_is_durable_with_its_request_only(path: Path) -> None:
     again.close()
 
 
+def test_a_large_batch_is_committed_before_the_timer(path: Path) -> None:
+    store = open_store(path)
+    for n in range(sqlfile._BATCH + 10):
+        store.push(f"h{n % 7}", 0, Item(str(n)))
+    reader = sqlite3.connect(str(path))
+    committed = reader.execute("SELECT count(*) FROM requests").fetchone()[0]
+    reader.close()
+    assert committed == sqlfile._BATCH
+    store.close()
+
+
 def test_the_seen_filter_never_takes_a_fingerprint_for_new_twice() -> None:
     seen = SeenFilter(bits=2**16)  # small: many fingerprints share bits
     fingerprints = [hashlib.sha1(str(n).encode()).digest() for n in range(20000)]

@@ -230,6 +230,7 @@ class FrontierFile:
         self._recent: set[bytes] = set()
         self._older: set[bytes] = set()
         self._hosts: dict[str, HostRow] = {}
+        self._writes = 0
         self.failed: FrontierFileError | None = None
         self._checkpointer: _Checkpointer | None = None
         if not readonly:
@@ -373,6 +374,7 @@ class FrontierFile:
             # Written at the next flush, with the request pushed next (not
             # flushed here: a commit must not take one without the other).
             self._fingerprints.add(fingerprint)
+            self._writes += 1
         elif fingerprint in self._fingerprints:
             return True  # noted, not written yet
         else:
@@ -405,7 +407,10 @@ class FrontierFile:
         )
 
     def _maybe_flush(self) -> None:
-        if self._pending() >= _BATCH:
+        # Writes since the last flush (those that cancelled others included):
+        # cheaper to count than the pending writes.
+        self._writes += 1
+        if self._writes >= _BATCH and self._pending() >= _BATCH:
             if self.failed is not None:
                 self._clear()
                 return
@@ -458,6 +463,7 @@ class FrontierFile:
         self._clear()
 
     def _clear(self) -> None:
+        self._writes = 0
         self._inserts.clear()
         self._leases.clear()
         self._deletes.clear()
