@@ -691,3 +691,15 @@ def test_the_codec_writes_what_request_to_dict_gives() -> None:
         request.to_dict(spider=spider)
     assert codec.encode(request) is None
     assert crawler.stats.get_value("scheduler/unserializable") == 2
+
+
+def test_the_cpu_bench_runs_the_same_crawl_on_both_stores() -> None:
+    """``python -m bench.frontier_cpu`` compares the stores on one crawl: the
+    same requests enqueued and handed out with each (timing is its business)."""
+    from bench import frontier_cpu
+
+    memory = frontier_cpu.crawl("memory", pages=60, per_host=10)
+    sqlite = frontier_cpu.crawl("sqlite", pages=60, per_host=10)
+    assert memory["pages"] == sqlite["pages"] == 60
+    for key in ("enqueued", "popped"):
+        assert memory[key] == sqlite[key] > 60
