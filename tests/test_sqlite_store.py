@@ -6,6 +6,7 @@ A fake clock for the ring; no crawl, no sleep.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
@@ -18,19 +19,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy import FormRequest, Request, Spider
+from scrapy.utils.request import request_from_dict
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.__main__ import main
 from scrapy_hostqueue._frontier import FrontierDupeFilter, RequestCodec
 from scrapy_hostqueue.scheduler import HostQueueScheduler
 from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store import _sqlfile as sqlfile
 from scrapy_hostqueue.store._sqlfile import (
     FORMAT_VERSION,
     FRONTIER_FILE,
     FrontierFile,
     FrontierFileError,
+    SeenFilter,
 )
-from scrapy_hostqueue.store.sqlite import WINDOW, SqliteStore
+from scrapy_hostqueue.store.sqlite import SPARE, WINDOW, SqliteStore
 
 
 class Clock:
@@ -221,6 +225,94 @@ def test_fingerprints_are_kept(path: Path) -> None:
     assert again.seen(b"a" * 20)
     assert not again.seen(b"b" * 20)
     again.close()
+
+
+@pytest.mark.parametrize("filtered", [True, False])
+def test_fingerprints_are_told_after_a_crash(
+    path: Path, monkeypatch: pytest.MonkeyPatch, filtered: bool
+) -> None:
+    """Seen fingerprints are told apart from new ones after a crash, with the
+    filter in front of the table and without it (a file with more
+    fingerprints than it takes in at the start), across the generations of
+    recent ones."""
+    monkeypatch.setattr(sqlfile, "RECENT", 64)
+    fingerprints = [hashlib.sha1(str(n).encode()).digest() for n in range(3000)]
+    store = open_store(path)
+    assert not any(store.seen(fp) for fp in fingerprints[:2000])
+    assert all(store.seen(fp) for fp in fingerprints[:2000])
+    store.push("h", 0, Item("last"))
+    store.commit()
+    store.file._lock.close()  # type: ignore[union-attr]
+    store.file.conn.close()  # killed
+    if not filtered:
+        monkeypatch.setattr(sqlfile, "FILTER_LOAD_MAX", 1999)
+    again = open_store(path)
+    assert (again.file._filter is not None) is filtered
+    assert all(again.seen(fp) for fp in fingerprints[:2000])
+    assert not any(again.seen(fp) for fp in fingerprints[2000:])
+    assert all(again.seen(fp) for fp in fingerprints)
+    # What is kept in memory stays bounded.
+    assert len(again.file._recent) < 64 and len(again.file._older) <= 64
+    again.close()
+
+
+def test_a_fingerprint_is_durable_with_its_request_only(path: Path) -> None:
+    store = open_store(path)
+    assert not store.seen(b"1" * 20)
+    store.push("h", 0, Item("1"))
+    store.commit()
+    assert not store.seen(b"2" * 20)
+    store.push("h", 0, Item("2"))
+    store.file.flush()  # in the transaction, not committed
+    store.file._lock.close()  # type: ignore[union-attr]
+    store.file.conn.close()  # killed before the commit
+    again = open_store(path)
+    assert [name for _, name in drain(again)] == ["1"]
+    assert again.seen(b"1" * 20)
+    assert not again.seen(b"2" * 20)
+    again.close()
+
+
+def test_a_large_batch_is_committed_before_the_timer(path: Path) -> None:
+    store = open_store(path)
+    for n in range(sqlfile._BATCH + 10):
+        store.push(f"h{n % 7}", 0, Item(str(n)))
+    reader = sqlite3.connect(str(path))
+    committed = reader.execute("SELECT count(*) FROM requests").fetchone()[0]
+    reader.close()
+    assert committed == sqlfile._BATCH
+    store.close()
+
+
+def test_the_seen_filter_never_takes_a_fingerprint_for_new_twice() -> None:
+    seen = SeenFilter(bits=2**16)  # small: many fingerprints share bits
+    fingerprints = [hashlib.sha1(str(n).encode()).digest() for n in range(20000)]
+    told_new = [seen.add(fp) for fp in fingerprints]
+    assert not any(seen.add(fp) for fp in fingerprints)
+    # Past its size it tells fewer new ones, and still some.
+    assert 0 < sum(told_new) < len(fingerprints)
+
+
+def test_requests_pushed_here_come_back_from_the_backlog_without_decoding(path: Path) -> None:
+    decoded: list[bytes] = []
+
+    def counting_decode(data: bytes) -> Item:
+        decoded.append(data)
+        return decode(data)
+
+    for spare in (SPARE, 0):
+        decoded.clear()
+        memory: MemoryStore = MemoryStore(lambda key: HostState(100), clock=Clock())
+        store = SqliteStore(memory, FrontierFile(str(path)), encode, counting_decode, spare=spare)
+        pushed = [Item(str(n)) for n in range(40)]
+        for item in pushed:
+            store.push("h", 0, item)
+        assert store.queued("h") == 40 and len(store._mem) < 40  # a backlog
+        popped = drain(store)
+        assert [name for _, name in popped] == [item.name for item in pushed]
+        store.close()
+        path.unlink()
+        assert len(decoded) == (0 if spare else 40)
 
 
 def test_host_state_survives(path: Path) -> None:
@@ -547,16 +639,45 @@ def test_the_codec_writes_what_request_to_dict_gives() -> None:
         Request("http://a.example/4", callback=other.parse_item, cb_kwargs={"n": 2}),
         Request("http://a.example/5", headers={"X-A": "b"}, cookies={"c": "d"}),
         FormRequest("http://a.example/6", formdata={"q": "x"}, callback=spider.parse),
+        Request(
+            "http://a.example/9",
+            method="PUT",
+            body=b"x",
+            encoding="latin-1",
+            priority=-2,
+            dont_filter=True,
+            flags=["f"],
+        ),
     ]
+    default = Request("http://a.example/0").to_dict()
     # Twice: the second time the callbacks' names are remembered.
     for _ in range(2):
         for request in requests:
             data = codec.encode(request)
             assert data is not None
-            assert pickle.loads(data) == request.to_dict(spider=spider)
+            stored, full = pickle.loads(data), request.to_dict(spider=spider)
+            if type(request) is Request:
+                # What is left out is at the default of a plain Request.
+                assert stored.items() <= full.items()
+                left_out = full.keys() - stored.keys()
+                assert {key: full[key] for key in left_out} == {
+                    key: value for key, value in default.items() if key in left_out
+                }
+            else:
+                assert stored == full
+            # Scrapy reads it back as it reads its own disk queues.
+            assert request_from_dict(stored, spider=spider).to_dict(spider=spider) == full
             again = codec.decode(data)
             assert type(again) is type(request)
             assert again.to_dict(spider=spider) == request.to_dict(spider=spider)
+        # A row written whole (every field, as Request.to_dict gives it) reads the same.
+        for request in requests:
+            whole = pickle.dumps(request.to_dict(spider=spider), protocol=4)
+            assert codec.decode(whole).to_dict(spider=spider) == request.to_dict(spider=spider)
+    # A followed link is its URL and its callback's name.
+    data = codec.encode(requests[1].replace(errback=None))
+    assert data is not None
+    assert pickle.loads(data) == {"url": "http://a.example/2", "callback": "parse"}
     # A callback that is not one of the spider's methods cannot be written,
     # as with Request.to_dict.
     assert codec.encode(Request("http://a.example/7", callback=lambda r: None)) is None
@@ -570,3 +691,15 @@ def test_the_codec_writes_what_request_to_dict_gives() -> None:
         request.to_dict(spider=spider)
     assert codec.encode(request) is None
     assert crawler.stats.get_value("scheduler/unserializable") == 2
+
+
+def test_the_cpu_bench_runs_the_same_crawl_on_both_stores() -> None:
+    """``python -m bench.frontier_cpu`` compares the stores on one crawl: the
+    same requests enqueued and handed out with each (timing is its business)."""
+    from bench import frontier_cpu
+
+    memory = frontier_cpu.crawl("memory", pages=60, per_host=10)
+    sqlite = frontier_cpu.crawl("sqlite", pages=60, per_host=10)
+    assert memory["pages"] == sqlite["pages"] == 60
+    for key in ("enqueued", "popped"):
+        assert memory[key] == sqlite[key] > 60

@@ -11,6 +11,11 @@ durable without the requests its callback produced, which were written before.
 A lock file next to the file (``fcntl.flock``, which the OS releases when the
 process dies, however it dies) keeps a second crawl out.
 
+The dupefilter's question (:meth:`FrontierFile.seen`) is answered without a
+statement for a recent fingerprint and, through a Bloom filter of the
+fingerprints in the file (:class:`SeenFilter`), for most new ones; a new
+fingerprint is then written with the pending writes, so with its request.
+
 Checkpoints (copying the WAL into the file, with an ``fsync``) run in a thread
 of their own on a connection of their own: done inside a commit on the event
 loop they held it for 200 ms at times.
@@ -19,6 +24,7 @@ loop they held it for 200 ms at times.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import sqlite3
 import threading
@@ -72,6 +78,15 @@ _TABLES = {"requests", "fingerprints", "hosts"}
 _BATCH = 2_000
 #: Seconds between two checkpoints of the WAL (in the checkpoint thread).
 CHECKPOINT_INTERVAL = 1.0
+#: Bits of the filter in front of the fingerprints table (4 MiB): see SeenFilter.
+FILTER_BITS = 2**25
+#: Fingerprints noted or found in the file kept in memory (two generations of
+#: up to this many): a duplicate is most often of a recent link (a site's
+#: navigation, a page linked from its neighbours), told without a statement.
+RECENT = 8192
+#: A file opened with more fingerprints than this gets no filter: reading
+#: them all into it would hold the start of the crawl (about 1.5 s a million).
+FILTER_LOAD_MAX = 1_000_000
 
 
 def _has_learned_column(conn: sqlite3.Connection) -> bool:
@@ -141,6 +156,35 @@ class _Checkpointer(threading.Thread):
         self.join()
 
 
+class SeenFilter:
+    """A Bloom filter of the fingerprints in the file: :meth:`add` tells a
+    fingerprint never added (most new ones) without a statement, which costs
+    more than the rest of the dupefilter's work. Its size is fixed
+    (:data:`FILTER_BITS`): past millions of fingerprints it tells fewer of
+    them, never a wrong one. It lives in the process (Python's ``hash``)."""
+
+    __slots__ = ("_bits", "_mask")
+
+    def __init__(self, bits: int = FILTER_BITS) -> None:
+        # Anonymous memory: the pages are zero and take no RAM until written.
+        self._bits = mmap.mmap(-1, bits >> 3)
+        self._mask = bits - 1
+
+    def add(self, fingerprint: bytes) -> bool:
+        """Note *fingerprint*; True if it was certainly not noted before."""
+        h = hash(fingerprint) & 0xFFFFFFFFFFFFFFFF
+        bits, mask = self._bits, self._mask
+        # Three positions from the 64 bits of the hash (rotated).
+        one, two, three = h & mask, (h >> 21) & mask, ((h >> 42) | (h << 22)) & mask
+        bit1, bit2, bit3 = 1 << (one & 7), 1 << (two & 7), 1 << (three & 7)
+        if bits[one >> 3] & bit1 and bits[two >> 3] & bit2 and bits[three >> 3] & bit3:
+            return False
+        bits[one >> 3] |= bit1
+        bits[two >> 3] |= bit2
+        bits[three >> 3] |= bit3
+        return True
+
+
 class FrontierFile:
     """An open frontier file, locked for this process.
 
@@ -182,7 +226,11 @@ class FrontierFile:
         self._leases: dict[int, int] = {}
         self._deletes: set[int] = set()
         self._fingerprints: set[bytes] = set()
+        # Fingerprints known to be in the file (see RECENT).
+        self._recent: set[bytes] = set()
+        self._older: set[bytes] = set()
         self._hosts: dict[str, HostRow] = {}
+        self._writes = 0
         self.failed: FrontierFileError | None = None
         self._checkpointer: _Checkpointer | None = None
         if not readonly:
@@ -191,6 +239,28 @@ class FrontierFile:
             self._checkpointer.start()
         row = self.conn.execute("SELECT max(id) FROM requests").fetchone()
         self._next_id = (row[0] or 0) + 1
+        self._filter: SeenFilter | None = None
+        if not readonly:
+            self._filter = self._load_filter()
+
+    def _load_filter(self) -> SeenFilter | None:
+        """The filter of the fingerprints in the file; None if they are too
+        many to read at the start (see FILTER_LOAD_MAX)."""
+        try:
+            count = self.conn.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM fingerprints LIMIT ?)",
+                (FILTER_LOAD_MAX + 1,),
+            ).fetchone()[0]
+            if count > FILTER_LOAD_MAX:
+                return None
+            seen = SeenFilter()
+            for (fingerprint,) in self.conn.execute("SELECT fp FROM fingerprints"):
+                seen.add(fingerprint)
+        except sqlite3.Error as error:
+            with contextlib.suppress(FrontierFileError, sqlite3.Error):
+                self.close()
+            raise self._error("cannot be read", error) from error
+        return seen
 
     def _connect(self) -> sqlite3.Connection:
         existed = os.path.exists(self.path) and os.path.getsize(self.path) > 0
@@ -290,23 +360,39 @@ class FrontierFile:
             self._maybe_flush()
 
     def seen(self, fingerprint: bytes) -> bool:
-        """Whether *fingerprint* was seen; notes it if not. One statement: it
-        goes into the open transaction, committed with the request pushed
-        next."""
-        if fingerprint in self._fingerprints:
+        """Whether *fingerprint* was seen; notes it if not, in the batch of
+        the request pushed next (committed with it). Without a statement if it
+        is a recent one or the filter knows it is new; else one, into the
+        open transaction."""
+        recent = self._recent
+        if fingerprint in recent or fingerprint in self._older:
             return True
         if self.failed is not None:
             return False
-        try:
-            if not self.conn.in_transaction:
-                self.conn.execute("BEGIN")
-            cursor = self.conn.execute(
-                "INSERT OR IGNORE INTO fingerprints (fp) VALUES (?)", (fingerprint,)
-            )
-        except sqlite3.Error as error:
-            self._fail("cannot be written", error)  # the next commit raises it
-            return False
-        return cursor.rowcount == 0
+        found = False
+        if self._filter is not None and self._filter.add(fingerprint):
+            # Written at the next flush, with the request pushed next (not
+            # flushed here: a commit must not take one without the other).
+            self._fingerprints.add(fingerprint)
+            self._writes += 1
+        elif fingerprint in self._fingerprints:
+            return True  # noted, not written yet
+        else:
+            try:
+                if not self.conn.in_transaction:
+                    self.conn.execute("BEGIN")
+                cursor = self.conn.execute(
+                    "INSERT OR IGNORE INTO fingerprints (fp) VALUES (?)", (fingerprint,)
+                )
+            except sqlite3.Error as error:
+                self._fail("cannot be written", error)  # the next commit raises it
+                return False
+            found = not cursor.rowcount
+        # Known to be in the file (or in the batch) from now on.
+        recent.add(fingerprint)
+        if len(recent) >= RECENT:
+            self._older, self._recent = recent, set()
+        return found
 
     def put_host(self, row: HostRow) -> None:
         self._hosts[row[0]] = row
@@ -321,7 +407,10 @@ class FrontierFile:
         )
 
     def _maybe_flush(self) -> None:
-        if self._pending() >= _BATCH:
+        # Writes since the last flush (those that cancelled others included):
+        # cheaper to count than the pending writes.
+        self._writes += 1
+        if self._writes >= _BATCH and self._pending() >= _BATCH:
             if self.failed is not None:
                 self._clear()
                 return
@@ -374,6 +463,7 @@ class FrontierFile:
         self._clear()
 
     def _clear(self) -> None:
+        self._writes = 0
         self._inserts.clear()
         self._leases.clear()
         self._deletes.clear()
@@ -416,15 +506,15 @@ class FrontierFile:
         except sqlite3.Error as error:
             raise self._error("cannot be read", error) from error
 
-    def head(self, host: str, limit: int) -> list[tuple[int, int]]:
-        """``(id, rank)`` of the first *limit* queued (not leased) requests
-        of *host*, in serving order."""
+    def head(self, host: str, limit: int) -> list[tuple[int, int, bytes]]:
+        """``(id, rank, data)`` of the first *limit* queued (not leased)
+        requests of *host*, in serving order."""
         rows = self._read(
-            "SELECT id, nrank FROM requests WHERE host = ? AND leased = 0 "
+            "SELECT id, nrank, data FROM requests WHERE host = ? AND leased = 0 "
             "ORDER BY nrank, id LIMIT ?",
             (host, limit),
         ).fetchall()
-        return [(rowid, -nrank) for rowid, nrank in rows]
+        return [(rowid, -nrank, data) for rowid, nrank, data in rows]
 
     def data(self, rowid: int) -> bytes:
         """The encoded request of row *rowid*."""
@@ -473,6 +563,8 @@ class FrontierFile:
     def add_fingerprints(self, fingerprints: Iterable[bytes]) -> None:
         for fingerprint in fingerprints:
             self._fingerprints.add(fingerprint)
+            if self._filter is not None:
+                self._filter.add(fingerprint)
         self._maybe_flush()
 
     def close(self) -> None:
@@ -487,6 +579,7 @@ class FrontierFile:
                 with contextlib.suppress(sqlite3.Error):
                     self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
+            self._filter = None
             with contextlib.suppress(sqlite3.Error):
                 self.conn.close()
             if self._lock is not None:

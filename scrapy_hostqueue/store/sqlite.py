@@ -7,10 +7,13 @@ per-host state are the in-memory store's (:class:`MemoryStore`), which holds,
 per host, only a *window*: the first few requests of its queue. A host's
 requests beyond its window wait in the file, its *backlog*, counted by a
 number; when a host's window runs low, the next requests are read from the
-file. A request in a window is its row's id, and the request itself only for
-hosts with requests in flight (whose next requests are handed out soon); the
-others are read from the file when handed out. So the memory a crawl needs
-grows with the hosts it knows, not with the requests it queued. A host with
+file. A request in a window is its row's id and its bytes, and the request
+itself only for hosts with requests in flight (whose next requests are
+handed out soon); the others are decoded when handed out. The latest
+requests pushed in this process that wait as bytes or in a backlog are also
+kept whole, up to :data:`SPARE` of them, so that a crawl of a few hosts
+hands them out without decoding them. So the memory a crawl needs grows with
+the hosts it knows, not with the requests it queued. A host with
 requests in flight has a larger window (:data:`ACTIVE_WINDOW`): the requests
 its responses yield stay in memory, as in the in-memory store, until its last
 request in flight finishes.
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -57,19 +61,24 @@ REFILL_AT = 1
 #: crawled have one (they are as many as the active-host places, about); a
 #: host's window shrinks back when its last request in flight finishes.
 ACTIVE_WINDOW = 64
+#: Requests pushed in this process that went to their host's backlog, kept
+#: decoded (by row, the latest this many): a crawl of a few hosts reads them
+#: back without decoding them. A decoded request is about 1 KB.
+SPARE = 2048
 
 
 class _Entry(Generic[T]):
     """A request in memory: its row (0: kept in memory only, its codec could
-    not encode it), its rank, and the item, or None to read it from the file
-    when it is handed out."""
+    not encode it), its rank, and the item, or None to decode it when it is
+    handed out: from *data*, its bytes, or if None, from the file."""
 
-    __slots__ = ("item", "rank", "rowid")
+    __slots__ = ("data", "item", "rank", "rowid")
 
-    def __init__(self, rowid: int, rank: int, item: T | None) -> None:
+    def __init__(self, rowid: int, rank: int, item: T | None, data: bytes | None = None) -> None:
         self.rowid = rowid
         self.rank = rank
         self.item = item
+        self.data = data
 
 
 class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
@@ -90,6 +99,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         *,
         window: int = WINDOW,
         active_window: int = ACTIVE_WINDOW,
+        spare: int = SPARE,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(memory)
@@ -106,6 +116,9 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         self._backlog_total = 0
         # Rows held in the memory store's queues.
         self._held: set[int] = set()
+        # Decoded requests of rows in the backlogs (see SPARE), oldest first.
+        self._spare: OrderedDict[int, T] = OrderedDict()
+        self._spare_max = spare
         # Handed-out items by identity: (item, row, host, rank).
         self._leases: dict[int, tuple[T, int, str, int]] = {}
         self._dirty_hosts: set[str] = set()
@@ -150,15 +163,26 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         rowid = self.file.new_id()
         if self._to_backlog(key, rank):
             self.file.insert(rowid, key, rank, data)
+            self._keep_spare(rowid, item)
             return True
-        # Kept whole only for a host being crawled: the others' requests wait.
-        kept = item if self._mem.inflight(key) else None
-        if not self._mem.push(key, rank, _Entry(rowid, rank, kept)):
+        # Kept whole only for a host being crawled: the others' requests wait
+        # as bytes.
+        inflight = self._mem.inflight(key)
+        entry = _Entry(rowid, rank, item) if inflight else _Entry(rowid, rank, None, data)
+        if not self._mem.push(key, rank, entry):
             return False
+        if not inflight:
+            self._keep_spare(rowid, item)
         self.file.insert(rowid, key, rank, data)
         self._held.add(rowid)
         self._trim(key)
         return True
+
+    def _keep_spare(self, rowid: int, item: T) -> None:
+        spare = self._spare
+        spare[rowid] = item
+        if len(spare) > self._spare_max:
+            spare.popitem(last=False)
 
     def _to_backlog(self, key: str, rank: int) -> bool:
         """Whether a request of *rank* for *key* waits in the file (and is
@@ -193,6 +217,8 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             if entry.rowid:
                 self._held.discard(entry.rowid)
                 self._add_backlog(key, 1, entry.rank)
+                if entry.item is not None:
+                    self._keep_spare(entry.rowid, entry.item)
             else:
                 kept.append(entry)  # nowhere else to keep it
         for entry in kept:
@@ -200,9 +226,9 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
 
     def _refill(self, key: str) -> None:
         """Read the next requests of *key*'s backlog into memory: up to its
-        window, which grows for a host with requests in flight (their row ids
-        only: a read, and the flush of the pending writes before it, per few
-        requests handed out cost more than the memory)."""
+        window, which grows for a host with requests in flight (their rows,
+        as bytes: a read, and the flush of the pending writes before it, per
+        few requests handed out cost more than the memory)."""
         backlog = self._backlog.get(key, 0)
         if not backlog:
             return
@@ -220,10 +246,12 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         rows = self.file.head(key, held + want)
         loaded = 0
         last_rank = None
-        for rowid, rank in rows:
+        spare = self._spare
+        for rowid, rank, data in rows:
             if rowid in self._held:
                 continue
-            self._mem.push(key, rank, _Entry(rowid, rank, None))
+            item = spare.pop(rowid, None)
+            self._mem.push(key, rank, _Entry(rowid, rank, item, None if item is not None else data))
             self._held.add(rowid)
             last_rank = rank
             loaded += 1
@@ -246,9 +274,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         if popped is None:
             return None
         key, entry = popped
-        item = entry.item
-        if item is None:
-            item = self._decode(self.file.data(entry.rowid))
+        item = self._item(entry)
         if entry.rowid:
             self._held.discard(entry.rowid)
             self.file.set_leased(entry.rowid, True)
@@ -256,6 +282,16 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         if key in self._backlog and self._mem.queued(key) <= REFILL_AT:
             self._refill(key)
         return key, item
+
+    def _item(self, entry: _Entry[T]) -> T:
+        """The request of *entry*, leaving memory: whole, from the spare, or
+        decoded."""
+        item = entry.item
+        if item is None:
+            item = self._spare.pop(entry.rowid, None)
+            if item is None:
+                item = self._decode(entry.data or self.file.data(entry.rowid))
+        return item
 
     def finish(self, key: str, overdue: bool = False) -> None:
         self._mem.finish(key, overdue)
@@ -280,6 +316,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         if key in self._backlog:
             # Back in the file: read again in its turn.
             self._add_backlog(key, 1, rank)
+            self._keep_spare(rowid, item)
             return
         if self._mem.push(key, rank, _Entry(rowid, rank, item)):
             self._held.add(rowid)
@@ -299,15 +336,13 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         held = {entry.rowid for entry in entries}
         if backlog:
             entries += [
-                _Entry(rowid, rank, None)
-                for rowid, _host, rank, _data in self.file.rows(key)
+                _Entry(rowid, rank, None, data)
+                for rowid, _host, rank, data in self.file.rows(key)
                 if rowid not in held
             ]
         items = []
         for entry in entries:
-            item = entry.item
-            if item is None:
-                item = self._decode(self.file.data(entry.rowid))
+            item = self._item(entry)
             if entry.rowid:
                 self.file.set_leased(entry.rowid, True)
                 self._leases[id(item)] = (item, entry.rowid, key, entry.rank)
