@@ -268,9 +268,15 @@ async def test_retry_after_values(
     )
     responses = record_statuses(crawler, hostname)
 
+    def resumed_after_429() -> bool:
+        received = next((t for t, s in responses if s == 429), None)
+        return received is not None and any(a > received for a in hosts.stats(0).arrivals)
+
     async def control() -> None:
         await wait_for(lambda: any(s == 429 for _, s in responses), 10)
-        spider_of(crawler).stop_at = time.monotonic() + wait_max + 0.3
+        # Stopped once the host has its next request, or when it is overdue.
+        await wait_for(resumed_after_429, wait_max + 0.3)
+        spider_of(crawler).stop_at = time.monotonic()
 
     controller = asyncio.ensure_future(control())
     await crawler.crawl_async(start_urls=[hosts.url(0)], follow=True)
@@ -434,7 +440,9 @@ async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
             CONCURRENT_REQUESTS=8,
             CONCURRENT_REQUESTS_PER_DOMAIN=2,
             HOSTQUEUE_TURN_REQUESTS=5,
-            DOWNLOAD_TIMEOUT=2,
+            # Longer than the sites' pages take (about 0.6 s), and each wave
+            # of hanging hosts waits it out: 4 waves at most.
+            DOWNLOAD_TIMEOUT=1,
             RETRY_TIMES=0,
         ),
     )
