@@ -1231,6 +1231,7 @@ class _ChildrenWithSlot(PageSpider):
             yield Request(url, meta={**response.meta, "download_slot": "custom"})
 
 
+@pytest.mark.crawl
 @pytest.mark.parametrize("handler", [SCRAPY_HTTP11, OUR_HANDLER])
 @deferred_f_from_coro_f
 async def test_a_download_slot_set_on_a_child_built_from_response_meta_is_kept(
@@ -1270,6 +1271,7 @@ class _NoSetStats(MemoryStatsCollector):
         return super().__getattribute__(name)
 
 
+@pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_close_runs_every_duty_with_a_stats_collector_without_set_stats(
     local_hosts: HostsFactory, tmp_path: Any
