@@ -1540,8 +1540,9 @@ async def test_hung_requests_do_not_hold_the_budget_of_hosts_that_answer(
     counted against the budget until their timeout, their hung requests would
     hold both places and the healthy host would wait for the timeout. Overdue
     after half a second (the hosts answered in 20 ms before), they no longer
-    count: the healthy host's pages all come before any hung one times out."""
-    timeout = 3
+    count: the healthy host's pages all come before any hung one times out
+    (about 1 s: twice that is the timeout)."""
+    timeout = 2
     hanging = HostSpec(latency=0.02, links=0, fault="hang", fault_rate=0.5)
     hosts = local_hosts([hanging, hanging, HostSpec(latency=0.02, links=0)])
     crawler = get_crawler(
