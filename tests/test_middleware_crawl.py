@@ -1110,9 +1110,9 @@ async def test_a_new_host_gets_its_limit_once_its_first_headers_are_in(
 ) -> None:
     """A host not heard from yet is handed one request at a time; its first
     response headers, not the end of a large first body, give it its limit.
-    Before, the host's second request reached it only after the first body's
-    whole second."""
-    first_body = 1.0
+    Before, the host's second request reached it only after the whole first
+    body."""
+    first_body = 0.6
     hosts = local_hosts([HostSpec(latency=0.01, links=0, fault="slow-body", trickle=first_body)])
     crawler = get_crawler(PageSpider, aimd_settings(handler))
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
@@ -1208,10 +1208,10 @@ async def test_with_the_own_handler_a_200_with_retry_after_gives_a_new_host_its_
     """Retry-After on a 200 (some CDNs send it) asks for nothing: with this
     project's handler, which reads the status first, the new host gets its
     limit at those headers as usual, and its next request goes while the
-    first body (1 s) is still coming."""
+    first body (0.6 s) is still coming."""
 
     arrivals: list[float] = []
-    chunks, chunk_delay = 5, 0.2
+    chunks, chunk_delay = 3, 0.2
 
     def slow_ok(received: Received) -> Reply:
         arrivals.append(time.monotonic())
