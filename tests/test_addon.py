@@ -218,6 +218,7 @@ def test_the_scheduler_refuses_an_engine_without_its_wake_up(
     ],
     ids=["addon", "scheduler"],
 )
+@pytest.mark.crawl
 def test_scrapy_crawl_with_a_bad_setting_says_so_in_one_line(wiring: list[str]) -> None:
     command = [
         *(sys.executable, "-m", "scrapy", "crawl", "pages"),

@@ -98,7 +98,7 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
         sys.executable,
         "-m",
         "bench.redis_scale",
-        *("--quick", "--hosts", "8", "--seconds", "2", "--budget", "100", "--scenarios", "S1"),
+        *("--quick", "--hosts", "8", "--seconds", "1.5", "--budget", "100", "--scenarios", "S1"),
         *("--out", str(tmp_path)),
     ]
     done = subprocess.run(

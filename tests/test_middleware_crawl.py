@@ -268,9 +268,15 @@ async def test_retry_after_values(
     )
     responses = record_statuses(crawler, hostname)
 
+    def resumed_after_429() -> bool:
+        received = next((t for t, s in responses if s == 429), None)
+        return received is not None and any(a > received for a in hosts.stats(0).arrivals)
+
     async def control() -> None:
         await wait_for(lambda: any(s == 429 for _, s in responses), 10)
-        spider_of(crawler).stop_at = time.monotonic() + wait_max + 0.3
+        # Stopped once the host has its next request, or when it is overdue.
+        await wait_for(resumed_after_429, wait_max + 0.3)
+        spider_of(crawler).stop_at = time.monotonic()
 
     controller = asyncio.ensure_future(control())
     await crawler.crawl_async(start_urls=[hosts.url(0)], follow=True)
@@ -434,7 +440,9 @@ async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
             CONCURRENT_REQUESTS=8,
             CONCURRENT_REQUESTS_PER_DOMAIN=2,
             HOSTQUEUE_TURN_REQUESTS=5,
-            DOWNLOAD_TIMEOUT=2,
+            # Longer than the sites' pages take (about 0.6 s), and each wave
+            # of hanging hosts waits it out: 4 waves at most.
+            DOWNLOAD_TIMEOUT=1,
             RETRY_TIMES=0,
         ),
     )
@@ -904,9 +912,10 @@ async def test_crawl_delay_holds_at_the_server_when_bodies_are_slow(
         PageSpider,
         aimd_settings(OUR_HANDLER, ROBOTSTXT_OBEY=True, CONCURRENT_REQUESTS_PER_DOMAIN=1),
     )
-    await crawler.crawl_async(start_urls=hosts.start_urls(0, 6))
+    # Pages 2 and 4 are slow: 3 and 5 wait, 4 keeps the delay from 3.
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 5))
     stats = hosts.stats(0)
-    assert stats.served == 6
+    assert stats.served == 5
     gaps = [later - earlier for earlier, later in itertools.pairwise(stats.arrivals)]
     assert min(gaps) >= delay - 0.025, gaps
 
@@ -1101,9 +1110,9 @@ async def test_a_new_host_gets_its_limit_once_its_first_headers_are_in(
 ) -> None:
     """A host not heard from yet is handed one request at a time; its first
     response headers, not the end of a large first body, give it its limit.
-    Before, the host's second request reached it only after the first body's
-    whole second."""
-    first_body = 1.0
+    Before, the host's second request reached it only after the whole first
+    body."""
+    first_body = 0.6
     hosts = local_hosts([HostSpec(latency=0.01, links=0, fault="slow-body", trickle=first_body)])
     crawler = get_crawler(PageSpider, aimd_settings(handler))
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
@@ -1199,10 +1208,10 @@ async def test_with_the_own_handler_a_200_with_retry_after_gives_a_new_host_its_
     """Retry-After on a 200 (some CDNs send it) asks for nothing: with this
     project's handler, which reads the status first, the new host gets its
     limit at those headers as usual, and its next request goes while the
-    first body (1 s) is still coming."""
+    first body (0.6 s) is still coming."""
 
     arrivals: list[float] = []
-    chunks, chunk_delay = 5, 0.2
+    chunks, chunk_delay = 3, 0.2
 
     def slow_ok(received: Received) -> Reply:
         arrivals.append(time.monotonic())
@@ -1531,8 +1540,9 @@ async def test_hung_requests_do_not_hold_the_budget_of_hosts_that_answer(
     counted against the budget until their timeout, their hung requests would
     hold both places and the healthy host would wait for the timeout. Overdue
     after half a second (the hosts answered in 20 ms before), they no longer
-    count: the healthy host's pages all come before any hung one times out."""
-    timeout = 3
+    count: the healthy host's pages all come before any hung one times out
+    (about 1 s: twice that is the timeout)."""
+    timeout = 2
     hanging = HostSpec(latency=0.02, links=0, fault="hang", fault_rate=0.5)
     hosts = local_hosts([hanging, hanging, HostSpec(latency=0.02, links=0)])
     crawler = get_crawler(

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests._redis import CuttableProxy, RedisServer, redis_server
+from tests._redis import CuttableProxy, RedisServer
 from tests.crawling import ADDON, HostsFactory, crawl, start_demo_crawl
 
 redis = pytest.importorskip("redis")
@@ -40,9 +39,12 @@ WORKERS = 3
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with redis_server() as running:
-        yield running
+def server(redis_server: RedisServer) -> RedisServer:
+    """The session's Redis server, emptied for this test (each test has a
+    crawl id of its own too)."""
+    redis_server.flushall()
+    redis_server.reset_stats()
+    return redis_server
 
 
 def _worker(
@@ -63,7 +65,7 @@ def _worker(
         "HOSTQUEUE_TIMELINE_FILE": "",
         "ROBOTSTXT_OBEY": False,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
-        "HOSTQUEUE_REDIS_FINISH_GRACE": 1.5,
+        "HOSTQUEUE_REDIS_FINISH_GRACE": 1.0,
         "DEMO_STATS_FILE": tmp_path / f"stats{n}.json",
         "DEMO_ITEMS_FILE": tmp_path / "items.jsonl",
     }

@@ -86,6 +86,7 @@ def test_no_server_anywhere_is_one_clear_error(
         RedisServer().start()
 
 
+@pytest.mark.crawl
 def test_the_server_answers_counts_commands_and_stops() -> None:
     with redis_server() as server:
         assert server.running
@@ -121,6 +122,7 @@ def test_the_server_answers_counts_commands_and_stops() -> None:
         _ = server.url
 
 
+@pytest.mark.crawl
 def test_two_servers_get_two_ports() -> None:
     with RedisServer() as first, RedisServer() as second:
         assert first.port != second.port
@@ -128,6 +130,7 @@ def test_two_servers_get_two_ports() -> None:
         assert second.command("EXISTS only-here") == 0
 
 
+@pytest.mark.crawl
 def test_a_server_that_exits_at_start_is_reported_with_its_output(tmp_path: Path) -> None:
     binary = script(tmp_path, "echo 'FATAL: bad config directive'\nexit 1\n")
     server = RedisServer(binary)
@@ -136,6 +139,7 @@ def test_a_server_that_exits_at_start_is_reported_with_its_output(tmp_path: Path
     assert not server.running
 
 
+@pytest.mark.crawl
 def test_a_server_that_never_answers_is_stopped_even_if_it_ignores_sigterm(
     tmp_path: Path,
 ) -> None:

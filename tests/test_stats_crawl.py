@@ -308,7 +308,7 @@ async def test_the_log_line_and_timeline_show_a_silent_hosts_one_request(
     timeline = tmp_path / "timeline.jsonl"
     caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
     await crawl(
-        [*hosts.start_urls(0, 30), *hosts.start_urls(1, 3)],
+        [*hosts.start_urls(0, 30), *hosts.start_urls(1, 2)],
         **stats_settings(
             ADDONS={"scrapy_hostqueue.Addon": 0},
             DOWNLOAD_HANDLERS={"http": OUR_HANDLER, "https": OUR_HANDLER},

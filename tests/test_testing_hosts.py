@@ -532,6 +532,7 @@ async def test_stop_with_requests_waiting_logs_no_error(caplog: pytest.LogCaptur
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+@pytest.mark.crawl
 @async_test
 async def test_process_mode(local_hosts: Factory) -> None:
     hosts = local_hosts("2x latency=0; refuse", process=True)
@@ -551,6 +552,7 @@ async def test_process_mode(local_hosts: Factory) -> None:
     assert [s.requests for s in hosts.all_stats()] == [0, 0, 0]
 
 
+@pytest.mark.crawl
 def test_process_mode_stops_the_child() -> None:
     hosts = LocalHosts("latency=0", process=True)
     with hosts:
@@ -713,6 +715,7 @@ def test_cli_help_documents_the_language(capsys: pytest.CaptureFixture[str]) -> 
     assert "3x latency=10ms" in out
 
 
+@pytest.mark.crawl
 def test_cli_serve_stats_reset(capsys: pytest.CaptureFixture[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     server = subprocess.Popen(
