@@ -31,9 +31,9 @@ pytestmark = [
 ]
 
 HOSTS = 20
-PAGES = 30
-#: Each kill takes 50 to 150 more pages: the crawl (600 pages) outlasts them.
-KILLS = 3
+PAGES = 50
+#: Each kill takes 50 to 150 more pages: the crawl (1,000 pages) outlasts them.
+KILLS = 5
 SEED = 27
 #: Pages served within this many seconds before a kill may be fetched again:
 #: acknowledged after the last commit (one commit interval, plus the time a
