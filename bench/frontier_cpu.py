@@ -60,10 +60,10 @@ def crawl(store: str, pages: int, per_host: int) -> dict[str, Any]:
         scheduler = HostQueueScheduler.from_crawler(crawler)
         spider = _Spider.from_crawler(crawler)
         scheduler.spider = spider
-        if scheduler._codec is not None:
-            scheduler._codec.spider = spider
+        if scheduler._job._codec is not None:
+            scheduler._job._codec.spider = spider
         scheduler.df.open()
-        commit = getattr(scheduler.store, "commit", lambda: None)
+        commit = getattr(scheduler.hosts.store, "commit", lambda: None)
         starts = [
             Request(f"{host}/page/{page}", callback=spider.parse, meta={"is_start_request": True})
             for page in range(per_host)
@@ -98,8 +98,8 @@ def crawl(store: str, pages: int, per_host: int) -> dict[str, Any]:
                 scheduler.enqueue_request(child)
                 enqueued += 1
             # What the downloader's "left" hook and the engine's "done" do.
-            scheduler._request_left(request)
-            scheduler.store.ack(request)
+            scheduler.hosts.on_request_left(request)
+            scheduler.hosts.store.ack(request)
             done += 1
             if not done % COMMIT_EVERY:
                 commit()
