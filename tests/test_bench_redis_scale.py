@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -94,20 +95,34 @@ def test_a_refused_redis_frontier_is_said_and_measures_nothing() -> None:
 
 @pytest.mark.crawl
 def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "bench.redis_scale",
-        *("--quick", "--hosts", "8", "--seconds", "1.5", "--budget", "100", "--scenarios", "S1"),
-        *("--out", str(tmp_path)),
-    ]
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
-    )
-    (result_file,) = tmp_path.glob("redis_scale-*.json")
-    result = json.loads(result_file.read_text())
-    stdout = done.stdout
-    memory = [run for run in result["scale_runs"] if run["store"] == "memory"]
+    # Part a in one run, parts d and b in another, side by side: each part
+    # runs end to end as in a whole run (their crawls are time-limited or
+    # tiny, so the two runs take about as long as the longer one).
+    runs = {}
+    for parts in ("a", "db"):
+        out = tmp_path / parts
+        command = [
+            sys.executable,
+            "-m",
+            "bench.redis_scale",
+            *("--parts", parts, "--quick", "--hosts", "8", "--seconds", "1.5"),
+            *("--budget", "100", "--scenarios", "S1", "--out", str(out)),
+        ]
+        process = subprocess.Popen(command, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True)
+        runs[parts] = (out, process)
+    done = {}
+    try:
+        for parts, (out, process) in runs.items():
+            stdout, _ = process.communicate(timeout=240)
+            (result_file,) = out.glob("redis_scale-*.json")
+            done[parts] = (process.returncode, stdout, json.loads(result_file.read_text()))
+    finally:
+        for _, process in runs.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    (a_code, a_out, a_result), (db_code, db_out, db_result) = done["a"], done["db"]
+    memory = [run for run in a_result["scale_runs"] if run["store"] == "memory"]
     assert [run["processes"] for run in memory] == [1, 2]
     for run in memory:
         assert run["error"] is None, run
@@ -116,33 +131,35 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
         assert len(run["process_pages"]) == run["processes"]
         assert all(run["process_pages"])
         assert sum(run["process_pages"]) == run["pages"]
-    assert re.search(r"Target: 2 processes on Redis >= 1.6x 1: ", stdout), stdout
-    assert re.search(r"Target: Redis / memory <= 1.15x: ", stdout), stdout
-    assert re.search(r"CPU probe before each crawl .*: .*\(a\) memory x1 [0-9.]+", stdout)
-    if result["summary"]["refused"]:
-        # This version refuses a Redis frontier: the run says so and fails.
-        assert done.returncode == 1
-        assert "The Redis frontier is refused, memory parts only" in stdout
-        assert stdout.count("NOT MEASURED (Redis frontier refused)") == 2
-        assert [run["store"] for run in result["overhead_runs"]] == ["memory"]
+    assert re.search(r"Target: 2 processes on Redis >= 1.6x 1: ", a_out), a_out
+    assert re.search(r"Target: Redis / memory <= 1.15x: ", db_out), db_out
+    assert re.search(r"CPU probe before each crawl .*: .*\(a\) memory x1 [0-9.]+", a_out)
+    if a_result["summary"]["refused"]:
+        # This version refuses a Redis frontier: the runs say so and fail.
+        assert a_code == db_code == 1
+        for stdout in (a_out, db_out):
+            assert "The Redis frontier is refused, memory parts only" in stdout
+        assert (a_out + db_out).count("NOT MEASURED (Redis frontier refused)") == 2
+        assert [run["store"] for run in db_result["overhead_runs"]] == ["memory"]
     else:
-        redis = [run for run in result["scale_runs"] if run["store"] == "redis"]
+        assert db_result["summary"]["refused"] is None
+        redis = [run for run in a_result["scale_runs"] if run["store"] == "redis"]
         assert [run["processes"] for run in redis] == [1, 2]
         for run in redis:
             assert run["error"] is None, run
             assert run["commands_per_page"] > 0
             # One budget per host across the processes.
             assert run["max_in_flight"] <= 4
-        stores = [run["store"] for run in result["overhead_runs"]]
+        stores = [run["store"] for run in db_result["overhead_runs"]]
         assert sorted(stores) == ["memory", "redis"]
-        busy = [(run["store"], run["processes"]) for run in result["busy_runs"]]
+        busy = [(run["store"], run["processes"]) for run in db_result["busy_runs"]]
         assert busy == [("shared", 1), ("shared", 2), ("whole", 2)]
-        for run in result["busy_runs"]:
+        for run in db_result["busy_runs"]:
             assert run["error"] is None, run
             # Shared or not, the one host's limit holds across the processes.
             assert 0 < run["max_in_flight"] <= 16
-        assert re.search(r"\(d\) one busy host \(limit 16\), pages/s: shared x1 \d+", stdout)
-        assert re.search(r"Redis commands per crawled page: \(a\) x1 [0-9.]+", stdout)
+        assert re.search(r"\(d\) one busy host \(limit 16\), pages/s: shared x1 \d+", db_out)
+        assert re.search(r"Redis commands per crawled page: \(a\) x1 [0-9.]+", a_out)
 
 
 def test_the_busy_host_ratios_from_the_runs() -> None:
