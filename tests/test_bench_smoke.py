@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -434,35 +434,83 @@ def test_cpu_probe_lines_warn_when_the_machine_speed_drifted() -> None:
     assert "changed by up to 1.30x" in drifted[1]
 
 
-def run_bench(tmp_path: Path, scenarios: str, configs: str) -> tuple[str, dict[str, Any]]:
+#: The four runs of the benchmarks' command lines below, two at a time: each
+#: pair runs side by side when a test first needs one of them, and is waited
+#: for there (their crawls are tiny, so a pair takes little longer than its
+#: longer run).
+BENCH_COMMANDS: dict[str, tuple[str, ...]] = {
+    # python -m bench for one round of 60 pages
+    "pair": ("bench", "--scenarios", "S1,S1b", "--configs", "scrapy,hq-scheduler"),
+    "gc": ("bench", "--scenarios", "S1", "--configs", "hq-full,hq-full-no-gc"),
+    "hanging_hosts": (
+        "bench.hanging_hosts",
+        *("--quick", "--healthy", "8", "--hanging", "2", "--timeout", "1", "--rounds", "1"),
+    ),
+    "soak": ("bench.soak", "--smoke"),
+}
+BENCH_PAIRS = (("pair", "hanging_hosts"), ("soak", "gc"))
+
+
+class BenchRuns:
+    """The runs of :data:`BENCH_COMMANDS`, started a pair at a time and read once."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.running: dict[str, subprocess.Popen[str]] = {}
+        self.done: dict[str, tuple[int, str, str, dict[str, Any]]] = {}
+
+    def _start(self, name: str) -> None:
+        module, *args = BENCH_COMMANDS[name]
+        extra = ("--repeats", "1", "--budget", "60", "--no-chart") if module == "bench" else ()
+        command = [sys.executable, "-m", module, *args, *extra, "--out", str(self.out / name)]
+        self.running[name] = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def result(self, name: str) -> tuple[int, str, str, dict[str, Any]]:
+        """Return code, output, error output and JSON results of run *name*
+        (its pair started and waited for if it has not run: nothing of the
+        pair runs on behind the test that started it)."""
+        if name not in self.done:
+            (pair,) = [pair for pair in BENCH_PAIRS if name in pair]
+            for other in pair:
+                self._start(other)
+            for other in pair:
+                process = self.running[other]
+                stdout, stderr = process.communicate(timeout=240)
+                del self.running[other]
+                (result_file,) = (self.out / other).glob("*.json")
+                self.done[other] = (
+                    process.returncode,
+                    stdout,
+                    stderr,
+                    json.loads(result_file.read_text()),
+                )
+        return self.done[name]
+
+    def stop(self) -> None:
+        for process in self.running.values():
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def bench_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchRuns]:
+    runs = BenchRuns(tmp_path_factory.mktemp("bench"))
+    yield runs
+    runs.stop()
+
+
+def run_bench(bench_runs: BenchRuns, name: str) -> tuple[str, dict[str, Any]]:
     """``python -m bench`` for one round of 60 pages: its output and its JSON results."""
-    command = [
-        sys.executable,
-        "-m",
-        "bench",
-        "--scenarios",
-        scenarios,
-        "--configs",
-        configs,
-        "--repeats",
-        "1",
-        "--budget",
-        "60",
-        "--out",
-        str(tmp_path),
-        "--no-chart",
-    ]
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    (result_file,) = tmp_path.glob("*.json")
-    return done.stdout, json.loads(result_file.read_text())
+    returncode, stdout, stderr, result = bench_runs.result(name)
+    assert returncode == 0, stderr[-2000:]
+    return stdout, result
 
 
 @pytest.mark.crawl
-def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
-    stdout, result = run_bench(tmp_path, "S1,S1b", "scrapy,hq-scheduler")
+def test_bench_runs_a_scenario_pair(bench_runs: BenchRuns) -> None:
+    stdout, result = run_bench(bench_runs, "pair")
     assert "hq-scheduler" in stdout
     assert "Targets:" in stdout
     assert "CPU probe (ms" in stdout
@@ -499,8 +547,8 @@ def test_bench_runs_a_scenario_pair(tmp_path: Path) -> None:
 
 
 @pytest.mark.crawl
-def test_bench_runs_the_addon_with_and_without_gc_tuning(tmp_path: Path) -> None:
-    stdout, result = run_bench(tmp_path, "S1", "hq-full,hq-full-no-gc")
+def test_bench_runs_the_addon_with_and_without_gc_tuning(bench_runs: BenchRuns) -> None:
+    stdout, result = run_bench(bench_runs, "gc")
     assert "GC tuning: hq-full (with GcTuning) against hq-full-no-gc (without):" in stdout
     assert re.search(r"S1 +[0-9.]+ s with, [0-9.]+ s without", stdout), stdout
     rows = {row["config"]: row for row in result["summary"]}
@@ -696,23 +744,15 @@ def test_a_crawl_marks_the_budget_and_goes_on_to_the_end(
     assert times[2] < 0.5 <= times[3]
 
 
-def run_standalone(module: str, tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
+def run_standalone(bench_runs: BenchRuns, module: str) -> tuple[str, dict[str, Any]]:
     """``python -m bench.<module>``: its output and its JSON results."""
-    command = [sys.executable, "-m", f"bench.{module}", *args, "--out", str(tmp_path)]
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
-    )
-    (result_file,) = tmp_path.glob(f"{module}-*.json")
-    return done.stdout, json.loads(result_file.read_text())
+    _, stdout, _, result = bench_runs.result(module)
+    return stdout, result
 
 
 @pytest.mark.crawl
-def test_the_hanging_hosts_bench_compares_mixed_with_alone(tmp_path: Path) -> None:
-    stdout, result = run_standalone(
-        "hanging_hosts",
-        tmp_path,
-        *("--quick", "--healthy", "8", "--hanging", "2", "--timeout", "1", "--rounds", "1"),
-    )
+def test_the_hanging_hosts_bench_compares_mixed_with_alone(bench_runs: BenchRuns) -> None:
+    stdout, result = run_standalone(bench_runs, "hanging_hosts")
     for config in ("scrapy", "hq-full"):
         assert re.search(
             rf"{config}: mixed / alone [0-9.]+x \(rounds: [0-9.]+\); alone [0-9.]+ s, mixed "
@@ -739,8 +779,8 @@ def test_the_hanging_hosts_bench_compares_mixed_with_alone(tmp_path: Path) -> No
 
 
 @pytest.mark.crawl
-def test_the_soak_bench_reports_gaps_pages_and_sockets(tmp_path: Path) -> None:
-    stdout, result = run_standalone("soak", tmp_path, "--smoke")
+def test_the_soak_bench_reports_gaps_pages_and_sockets(bench_runs: BenchRuns) -> None:
+    stdout, result = run_standalone(bench_runs, "soak")
     assert "Targets for hq-full:" in stdout
     assert re.search(r"connections at most 1.5x stock Scrapy's: \d+, [0-9.]+x (PASS|FAIL)", stdout)
     assert re.search(r"no gap of 2 s or more .*: longest [0-9.]+ s (PASS|FAIL)", stdout)
