@@ -143,7 +143,10 @@ async def test_a_throttling_host_is_learnt_while_healthy_hosts_reach_the_ceiling
         learning.extend(hosts.all_stats(arrivals=False))
         hosts.reset()
         learnt.set()
-        spider_of(crawler).stop_at = time.monotonic() + 4
+        # Past three push-backs a probe of the refused level comes at its
+        # rarest (MAX_PROBE_PENALTY): 2.5 s of the learnt limit (about 150
+        # pages of the host) show the 429s at their steady rate.
+        spider_of(crawler).stop_at = time.monotonic() + 2.5
 
     controller = asyncio.ensure_future(control())
     with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
