@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.runner import child_environment
+from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store.sqlite import FRONTIER_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import start_demo_crawl
@@ -110,7 +110,9 @@ def test_sigint_then_resume_fetches_every_page_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
-def test_a_resumed_crawl_starts_a_host_at_its_learned_limit(tmp_path: Path) -> None:
+def test_a_resumed_crawl_starts_a_host_at_its_learned_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # The host answers 429 (Retry-After: 1) to a second request in flight.
     # The AIMD middleware starts it at 4 and halves its limit down to 1; no
     # answer is fast enough to raise it again (HOSTQUEUE_AIMD_FAST_LATENCY).
@@ -134,13 +136,10 @@ def test_a_resumed_crawl_starts_a_host_at_its_learned_limit(tmp_path: Path) -> N
         _wait(first, first_log, 60)
         assert hosts.stats(0, arrivals=False).statuses.get(429, 0) >= 2
 
-        shown = subprocess.run(
-            [sys.executable, "-m", "scrapy_hostqueue", "frontier", str(jobdir)],
-            capture_output=True,
-            text=True,
-            check=True,
-            env=child_environment(),
-        ).stdout
+        # What python -m scrapy_hostqueue frontier shows of the job (its
+        # command line, in this process).
+        assert cli(["frontier", str(jobdir)]) == 0
+        shown = capsys.readouterr().out
         assert "AIMD limit 1, latency" in shown, shown
 
         hosts.wait_idle(10)
