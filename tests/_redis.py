@@ -7,11 +7,84 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from scrapy_hostqueue._redis_server import RedisServer, redis_server
+from scrapy_hostqueue.store import HostState, MemoryStore
+from scrapy_hostqueue.store._redisdb import prefix, register
+from scrapy_hostqueue.store._redislink import RedisLink
+from scrapy_hostqueue.store.redis import RedisStore
 
-__all__ = ["CuttableProxy", "RedisClusterServers", "RedisServer", "redis_server"]
+__all__ = [
+    "CuttableProxy",
+    "RedisClusterServers",
+    "RedisServer",
+    "StoreProcess",
+    "crawl_stats",
+    "new_store",
+    "redis_server",
+]
+
+
+def new_store(
+    sync: Any,
+    crawl: str,
+    *,
+    limit: int = 8,
+    clock: Callable[[], float] | None = None,
+    **options: Any,
+) -> RedisStore[str]:
+    """A Redis store of ``"host/page"`` strings on *crawl*, registered as a
+    new process through the client *sync*; every host starts at *limit*,
+    on *clock* if given. *options* go to :class:`RedisStore` (by default
+    ``max_hold=4``, ``finish_grace=0``)."""
+    proc = register(sync, crawl, int((time.time() + 30) * 1000))
+    memory: MemoryStore[str] = (
+        MemoryStore(lambda key: HostState(limit))
+        if clock is None
+        else MemoryStore(lambda key: HostState(limit), clock=clock)
+    )
+    return RedisStore(
+        memory,
+        crawl,
+        proc,
+        str.encode,
+        bytes.decode,
+        lambda item: item.encode(),
+        **{"max_hold": 4, "finish_grace": 0.0, **options},
+    )
+
+
+class StoreProcess:
+    """One crawl process as the store tests see it: a store and its asyncio
+    Redis client, the store's task stepped by hand (:meth:`step`)."""
+
+    def __init__(self, store: RedisStore[str], client: Any, errors: tuple[type, ...]) -> None:
+        self.store = store
+        self.client = client
+        self.link = RedisLink(store, client, errors)
+
+    async def step(self, n: int = 1, *, beat: bool = True, totals: bool = True) -> None:
+        for _ in range(n):
+            # Claim at every step, not after the store's pause between claims.
+            self.store._claim_after = 0.0
+            await self.link.step(beat=beat, totals=totals)
+
+    def pop_all(self) -> list[str]:
+        """Every request the store hands out now."""
+        out = []
+        while (popped := self.store.pop()) is not None:
+            out.append(popped[1])
+        return out
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def crawl_stats(sync: Any, crawl: str) -> dict[str, int]:
+    """The crawl-wide totals *crawl* keeps in Redis."""
+    return {k.decode(): int(v) for k, v in sync.hgetall(prefix(crawl) + "stats").items()}
 
 
 class CuttableProxy:

@@ -22,12 +22,15 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
-from scrapy_hostqueue.store import HostState, MemoryStore
 from scrapy_hostqueue.store._redisdb import SCRIPTS, RedisFrontierError, prefix, register
-from scrapy_hostqueue.store._redislink import RedisLink
-from scrapy_hostqueue.store.redis import RedisStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests._redis import RedisClusterServers, RedisServer
+from tests._redis import (
+    RedisClusterServers,
+    RedisServer,
+    StoreProcess,
+    crawl_stats,
+    new_store,
+)
 from tests.crawling import start_demo_crawl
 
 redis = pytest.importorskip("redis")
@@ -59,41 +62,14 @@ def _crawl_node(cluster: RedisClusterServers, sync: Any) -> int:
     return [node.port for node in cluster.nodes].index(int(port))
 
 
-class Process:
+def _process(url: str, sync: Any, **options: Any) -> StoreProcess:
     """A store on the cluster, its task's steps run by hand."""
-
-    def __init__(self, url: str, sync: Any, **kwargs: Any) -> None:
-        proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
-        options: dict[str, Any] = {"max_hold": 4, "finish_grace": 0.0}
-        options.update(kwargs)
-        self.store: RedisStore[str] = RedisStore(
-            MemoryStore(lambda key: HostState(8)),
-            CRAWL,
-            proc,
-            str.encode,
-            bytes.decode,
-            lambda item: item.encode(),
-            **options,
-        )
-        self.client = async_client(redis, url, cluster=True)
-        self.link = RedisLink(self.store, self.client, redis_errors(redis))
-
-    async def step(self) -> None:
-        self.store._claim_after = 0.0
-        await self.link.step(beat=True, totals=True)
-
-    def pop_all(self) -> list[str]:
-        out = []
-        while (popped := self.store.pop()) is not None:
-            out.append(popped[1])
-        return out
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    client = async_client(redis, url, cluster=True)
+    return StoreProcess(new_store(sync, CRAWL, **options), client, redis_errors(redis))
 
 
 def _stats(sync: Any) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in sync.hgetall(P + "stats").items()}
+    return crawl_stats(sync, CRAWL)
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
@@ -122,8 +98,8 @@ async def test_a_crawl_runs_through_the_cluster_on_the_node_of_its_slot(
     home = _crawl_node(cluster, sync)
     # The URL of a node that does not serve the crawl's slot works too.
     url = cluster.nodes[(home + 1) % len(cluster.nodes)].url
-    a = Process(url, sync)
-    b = Process(url, sync)
+    a = _process(url, sync)
+    b = _process(url, sync)
     for path in ("h1/a", "h1/b", "h1/a", "h2/a"):
         a.store.push(path.split("/")[0], 0, path)
     b.store.push("h1", 0, "h1/b")
@@ -167,7 +143,7 @@ async def test_connections_to_the_crawl_node_lost_mid_crawl_are_an_outage_retrie
     cluster: RedisClusterServers, sync: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     home = cluster.nodes[_crawl_node(cluster, sync)]
-    a = Process(cluster.url, sync)
+    a = _process(cluster.url, sync)
     a.link.start()
 
     async def pushed(n: int) -> None:
@@ -195,7 +171,7 @@ async def test_the_crawl_goes_on_when_its_slot_moves_to_another_node(
     cluster: RedisClusterServers, sync: Any
 ) -> None:
     home = _crawl_node(cluster, sync)
-    a = Process(cluster.url, sync)
+    a = _process(cluster.url, sync)
     for n in range(4):
         a.store.push("h1", 0, f"h1/{n}")
     await a.step()

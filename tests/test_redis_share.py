@@ -5,7 +5,6 @@ two processes, their task's steps run by hand on a fake clock."""
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,12 +12,9 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.store import HostState, MemoryStore
-from scrapy_hostqueue.store._redisdb import prefix, register
-from scrapy_hostqueue.store._redislink import RedisLink
+from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.store._redisshare import OFFER_WAIT, may_share
-from scrapy_hostqueue.store.redis import RedisStore
-from tests._redis import RedisServer, redis_server
+from tests._redis import RedisServer, StoreProcess, new_store, redis_server
 
 redis = pytest.importorskip("redis")
 
@@ -49,31 +45,15 @@ class Clock:
         return self.now
 
 
-class Process:
+class Process(StoreProcess):
     """A store on the fake clock and an asyncio client, stepped by hand."""
 
     def __init__(self, url: str, sync: Any, clock: Clock, **options: Any) -> None:
-        proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
         options = {"share_hosts": True, **options}
-        self.store: RedisStore[str] = RedisStore(
-            MemoryStore(lambda key: HostState(LIMIT), clock=clock),
-            CRAWL,
-            proc,
-            str.encode,
-            bytes.decode,
-            lambda item: item.encode(),
-            max_hold=4,
-            finish_grace=0.0,
-            **options,
-        )
-        self.client = redis.asyncio.Redis.from_url(url)
-        self.link = RedisLink(self.store, self.client, (redis.exceptions.ConnectionError,))
+        store = new_store(sync, CRAWL, limit=LIMIT, clock=clock, **options)
+        client = redis.asyncio.Redis.from_url(url)
+        super().__init__(store, client, (redis.exceptions.ConnectionError,))
         self.handed: list[str] = []
-
-    async def step(self, n: int = 1) -> None:
-        for _ in range(n):
-            self.store._claim_after = 0.0
-            await self.link.step(beat=True, totals=True)
 
     def pop_all(self) -> list[str]:
         out = []
@@ -94,9 +74,6 @@ class Process:
 
     def limit(self) -> int:
         return self.store.host_state("h").limit
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
 
 
 async def _shared(server: RedisServer, sync: Any, clock: Clock) -> tuple[Process, Process]:

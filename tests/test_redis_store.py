@@ -14,7 +14,6 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.store import HostState, MemoryStore
 from scrapy_hostqueue.store import redis as redis_store
 from scrapy_hostqueue.store._redisdb import (
     LAYOUT_VERSION,
@@ -22,9 +21,8 @@ from scrapy_hostqueue.store._redisdb import (
     prefix,
     register,
 )
-from scrapy_hostqueue.store._redislink import RedisLink
 from scrapy_hostqueue.store.redis import RedisStore
-from tests._redis import RedisServer, redis_server
+from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store, redis_server
 
 redis = pytest.importorskip("redis")
 
@@ -46,53 +44,26 @@ def sync(server: RedisServer) -> Iterator[Any]:
     client.close()
 
 
-def _store(sync: Any, **kwargs: Any) -> RedisStore[str]:
-    proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
-    options: dict[str, Any] = {"max_hold": 4, "finish_grace": 0.0}
-    options.update(kwargs)
-    return RedisStore(
-        MemoryStore(lambda key: HostState(8)),
-        CRAWL,
-        proc,
-        str.encode,
-        bytes.decode,
-        lambda item: item.encode(),
-        **options,
-    )
+def _store(sync: Any, **options: Any) -> RedisStore[str]:
+    return new_store(sync, CRAWL, **options)
 
 
-class Process:
+def _process(url: str, store: RedisStore[str]) -> StoreProcess:
     """A store and an asyncio client, stepped by hand."""
-
-    def __init__(self, url: str, store: RedisStore[str]) -> None:
-        self.store = store
-        self.client = redis.asyncio.Redis.from_url(url)
-        self.link = RedisLink(store, self.client, (redis.exceptions.ConnectionError,))
-
-    async def step(self, *, beat: bool = True, totals: bool = True) -> None:
-        self.store._claim_after = 0.0
-        await self.link.step(beat=beat, totals=totals)
-
-    def pop_all(self) -> list[str]:
-        out = []
-        while (popped := self.store.pop()) is not None:
-            out.append(popped[1])
-        return out
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
+    client = redis.asyncio.Redis.from_url(url)
+    return StoreProcess(store, client, (redis.exceptions.ConnectionError,))
 
 
 def _stats(sync: Any) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in sync.hgetall(P + "stats").items()}
+    return crawl_stats(sync, CRAWL)
 
 
 @deferred_f_from_coro_f
 async def test_push_dedupes_across_processes_and_claims_are_exclusive(
     server: RedisServer, sync: Any
 ) -> None:
-    a = Process(server.url, _store(sync))
-    b = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
+    b = _process(server.url, _store(sync))
     for url in ("h1/a", "h1/b", "h1/a", "h2/a"):
         a.store.push(url.split("/")[0], 0, url)
     b.store.push("h1", 0, "h1/b")
@@ -117,7 +88,7 @@ async def test_push_dedupes_across_processes_and_claims_are_exclusive(
 async def test_a_child_of_a_held_host_stays_here_and_acks_end_leases(
     server: RedisServer, sync: Any
 ) -> None:
-    a = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
     a.store.push("h1", 0, "h1/0")
     await a.step()
     await a.step()
@@ -142,8 +113,8 @@ async def test_a_child_of_a_held_host_stays_here_and_acks_end_leases(
 async def test_a_dead_process_hosts_and_requests_go_to_the_others(
     server: RedisServer, sync: Any
 ) -> None:
-    a = Process(server.url, _store(sync))
-    b = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
+    b = _process(server.url, _store(sync))
     for n in range(3):
         a.store.push("h1", 0, f"h1/{n}")
     await a.step()
@@ -170,8 +141,8 @@ async def test_a_dead_process_hosts_and_requests_go_to_the_others(
 async def test_a_process_that_waits_for_hosts_gets_its_share(
     server: RedisServer, sync: Any
 ) -> None:
-    a = Process(server.url, _store(sync, max_hold=8))
-    b = Process(server.url, _store(sync, max_hold=8))
+    a = _process(server.url, _store(sync, max_hold=8))
+    b = _process(server.url, _store(sync, max_hold=8))
     for host in ("h1", "h2", "h3", "h4"):
         for n in range(3):
             a.store.push(host, 0, f"{host}/{n}")
@@ -211,7 +182,7 @@ async def test_a_host_never_handed_out_while_others_keep_the_budget_is_given_bac
     server: RedisServer, sync: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_store, "UNUSED_GRACE", 0.2)
-    a = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
     for host in ("h1", "h2"):
         for n in range(3):
             a.store.push(host, 0, f"{host}/{n}")
@@ -240,7 +211,7 @@ async def test_a_host_never_handed_out_while_others_keep_the_budget_is_given_bac
 
 @deferred_f_from_coro_f
 async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync: Any) -> None:
-    a = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
     for host in ("h1", "h2"):
         a.store.push(host, 0, f"{host}/0")
     await a.step()
@@ -278,8 +249,8 @@ async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync
 async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
     server: RedisServer, sync: Any
 ) -> None:
-    a = Process(server.url, _store(sync, window=2))
-    b = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync, window=2))
+    b = _process(server.url, _store(sync))
     for n in range(5):
         a.store.push("h1", 0, f"h1/{n}")
     await a.step()
@@ -304,8 +275,8 @@ async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
 
 @deferred_f_from_coro_f
 async def test_state_and_learned_blob_travel_with_the_host(server: RedisServer, sync: Any) -> None:
-    a = Process(server.url, _store(sync))
-    b = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
+    b = _process(server.url, _store(sync))
     learned: dict[str, dict[str, float]] = {}
     a.store.export_learned = lambda host: {"limit": 3.0, "latency": 0.2}
     b.store.import_learned = learned.__setitem__
@@ -329,8 +300,8 @@ async def test_state_and_learned_blob_travel_with_the_host(server: RedisServer, 
 async def test_the_crawl_finishes_when_nothing_is_queued_or_leased(
     server: RedisServer, sync: Any
 ) -> None:
-    a = Process(server.url, _store(sync))
-    waiting = Process(server.url, _store(sync, wait_for_urls=True))
+    a = _process(server.url, _store(sync))
+    waiting = _process(server.url, _store(sync, wait_for_urls=True))
     a.store.push("h1", 0, "h1/0")
     await a.step()
     await a.step()
@@ -360,7 +331,7 @@ def test_a_crawl_id_of_another_layout_is_refused(sync: Any) -> None:
 @deferred_f_from_coro_f
 async def test_a_batch_sent_twice_changes_nothing_more(server: RedisServer, sync: Any) -> None:
     """What a lost answer does: the batch is sent again as it was."""
-    a = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
     a.store.push("h1", 0, "h1/0")
     a.store.push("h2", 0, "h2/0")
     ops = list(a.store.outbox)
@@ -399,7 +370,7 @@ def test_push_and_frontier_commands(
 async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
     server: RedisServer, sync: Any
 ) -> None:
-    a = Process(server.url, _store(sync))
+    a = _process(server.url, _store(sync))
     for n in range(3):
         a.store.push("h1", 0, f"h1/{n}")
     a.store._claim_after = float("inf")  # pushed, not claimed
