@@ -24,7 +24,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.store._redisdb import prefix
-from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests._redis import CuttableProxy, RedisServer
 from tests.crawling import ADDON, HostsFactory, crawl, start_demo_crawl
 
@@ -325,13 +325,16 @@ def _host_counts(tmp_path: Path, hostname: str) -> list[tuple[int, int]]:
     return out
 
 
-def test_one_busy_host_is_shared_by_two_processes_within_its_limit(
-    server: RedisServer, tmp_path: Path
-) -> None:
-    spec = HostSpec(latency=0.01, pages=600, links=3)
+def _crawl_one_busy_host(
+    server: RedisServer, tmp_path: Path, spec: HostSpec, crawl: str, **settings: Any
+) -> tuple[HostStats, list[tuple[int, int]]]:
+    """Two ``scrapy crawl`` processes on one host of *spec*: the host's
+    counts at the server, and per process its responses and the parts of
+    the host it was lent. Both processes ended normally."""
     with LocalHosts([spec], process=True) as hosts:
         workers = [
-            _worker(server, hosts, tmp_path, n, "busy", HOSTQUEUE_AIMD_START=4) for n in range(2)
+            _worker(server, hosts, tmp_path, n, crawl, HOSTQUEUE_AIMD_START=4, **settings)
+            for n in range(2)
         ]
         _wait(workers, tmp_path)
         hosts.wait_idle(10)
@@ -339,11 +342,18 @@ def test_one_busy_host_is_shared_by_two_processes_within_its_limit(
     logs = _logs(tmp_path)
     assert "Traceback" not in logs, logs[-4000:]
     _responses(tmp_path)
+    return host, _host_counts(tmp_path, host.hostname)
+
+
+def test_one_busy_host_is_shared_by_two_processes_within_its_limit(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    spec = HostSpec(latency=0.01, pages=600, links=3)
+    host, counts = _crawl_one_busy_host(server, tmp_path, spec, "busy")
     # Two processes on one host: never more than its one limit at the host.
     assert host.max_in_flight <= 4, host.max_in_flight
     assert set(host.pages) == {f"/page/{n}" for n in range(600)}
     assert max(host.pages.values()) == 1
-    counts = _host_counts(tmp_path, host.hostname)
     # The process that did not hold it was lent a part, and crawled a real
     # part of the pages.
     assert sum(lent for _, lent in counts) >= 1, counts
@@ -356,26 +366,9 @@ def test_a_retry_after_seen_by_one_holder_of_a_shared_host_holds_for_both(
     # Every 100th request gets a 429; the host's limit stays 4 (the AIMD
     # floor), so that it stays worth sharing after its 429s.
     spec = HostSpec(latency=0.02, pages=300, fault="throttle", fault_rate=0.01, retry_after="1")
-    with LocalHosts([spec], process=True) as hosts:
-        workers = [
-            _worker(
-                server,
-                hosts,
-                tmp_path,
-                n,
-                "busy-retry",
-                HOSTQUEUE_AIMD_START=4,
-                HOSTQUEUE_AIMD_FLOOR=4,
-            )
-            for n in range(2)
-        ]
-        _wait(workers, tmp_path)
-        hosts.wait_idle(10)
-        (host,) = hosts.all_stats(arrivals=False)
-    logs = _logs(tmp_path)
-    assert "Traceback" not in logs, logs[-4000:]
-    _responses(tmp_path)
-    counts = _host_counts(tmp_path, host.hostname)
+    host, counts = _crawl_one_busy_host(
+        server, tmp_path, spec, "busy-retry", HOSTQUEUE_AIMD_FLOOR=4
+    )
     assert sum(lent for _, lent in counts) >= 1, counts
     assert min(responses for responses, _ in counts) >= 40, counts
     windows = host.statuses.get(429, 0)
