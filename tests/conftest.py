@@ -52,3 +52,14 @@ def redis_url(redis_server: RedisServer) -> str:
     redis_server.flushall()
     redis_server.reset_stats()
     return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[Any]:
+    """A client of the session's Redis server (``redis.Redis``), the server
+    emptied for this test."""
+    redis = pytest.importorskip("redis")
+    redis_server.flushall()
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()

@@ -5,7 +5,6 @@ two processes, their task's steps run by hand on a fake clock."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,27 +13,13 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.store._redisshare import OFFER_WAIT, may_share
-from tests._redis import RedisServer, StoreProcess, new_store, redis_server
+from tests._redis import RedisServer, StoreProcess, new_store
 
 redis = pytest.importorskip("redis")
 
 CRAWL = "share"
 P = prefix(CRAWL)
 LIMIT = 4
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with redis_server() as running:
-        yield running
-
-
-@pytest.fixture
-def sync(server: RedisServer) -> Iterator[Any]:
-    client = redis.Redis.from_url(server.url)
-    client.flushall()
-    yield client
-    client.close()
 
 
 class Clock:
@@ -48,9 +33,9 @@ class Clock:
 class Process(StoreProcess):
     """A store on the fake clock and an asyncio client, stepped by hand."""
 
-    def __init__(self, url: str, sync: Any, clock: Clock, **options: Any) -> None:
+    def __init__(self, url: str, redis_client: Any, clock: Clock, **options: Any) -> None:
         options = {"share_hosts": True, **options}
-        store = new_store(sync, CRAWL, limit=LIMIT, clock=clock, **options)
+        store = new_store(redis_client, CRAWL, limit=LIMIT, clock=clock, **options)
         client = redis.asyncio.Redis.from_url(url)
         super().__init__(store, client, (redis.exceptions.ConnectionError,))
         self.handed: list[str] = []
@@ -76,11 +61,13 @@ class Process(StoreProcess):
         return self.store.host_state("h").limit
 
 
-async def _shared(server: RedisServer, sync: Any, clock: Clock) -> tuple[Process, Process]:
+async def _shared(
+    redis_server: RedisServer, redis_client: Any, clock: Clock
+) -> tuple[Process, Process]:
     """a holds "h" (limit 4, 60 requests queued) with 4 in flight; b has
     no host. Returns them once b works a part of "h"."""
-    a = Process(server.url, sync, clock)
-    b = Process(server.url, sync, clock)
+    a = Process(redis_server.url, redis_client, clock)
+    b = Process(redis_server.url, redis_client, clock)
     for n in range(60):
         a.store.push("h", 0, f"h/{n}")
     await a.step(2)
@@ -91,11 +78,11 @@ async def _shared(server: RedisServer, sync: Any, clock: Clock) -> tuple[Process
     clock.now += OFFER_WAIT
     await a.step(2)  # reads that b wants one, lowers itself to 1
     assert a.limit() == 1
-    assert sync.zcard(P + "offers") == 0  # not before it has its part in flight
+    assert redis_client.zcard(P + "offers") == 0  # not before it has its part in flight
     a.finish(2)
     await a.step()  # 2 in flight: it offers 2 and keeps 2
     assert a.limit() == 2
-    assert sync.zrange(P + "offers", 0, -1) == [b"h"]
+    assert redis_client.zrange(P + "offers", 0, -1) == [b"h"]
     await b.step()
     assert b.store.held_hosts == ["h"]
     assert b.limit() == 2
@@ -104,11 +91,11 @@ async def _shared(server: RedisServer, sync: Any, clock: Clock) -> tuple[Process
 
 @deferred_f_from_coro_f
 async def test_a_busy_host_is_lent_in_part_and_the_limit_holds(
-    server: RedisServer, sync: Any, capsys: pytest.CaptureFixture[str]
+    redis_server: RedisServer, redis_client: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     clock = Clock()
-    a, b = await _shared(server, sync, clock)
-    assert cli(["frontier", server.url, "--crawl-id", CRAWL]) == 0
+    a, b = await _shared(redis_server, redis_client, clock)
+    assert cli(["frontier", redis_server.url, "--crawl-id", CRAWL]) == 0
     out = capsys.readouterr().out
     assert f"held by {a.store.proc}, 2 of its limit lent to {b.store.proc}" in out
     assert len(b.pop_all()) == 2
@@ -128,9 +115,11 @@ async def test_a_busy_host_is_lent_in_part_and_the_limit_holds(
 
 
 @deferred_f_from_coro_f
-async def test_a_block_seen_by_one_holder_reaches_the_other(server: RedisServer, sync: Any) -> None:
+async def test_a_block_seen_by_one_holder_reaches_the_other(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
     clock = Clock()
-    a, b = await _shared(server, sync, clock)
+    a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     b.store.block_until("h", clock.now + 5, "retry-after")
     await b.step()
@@ -144,10 +133,10 @@ async def test_a_block_seen_by_one_holder_reaches_the_other(server: RedisServer,
 
 @deferred_f_from_coro_f
 async def test_the_holder_gets_its_part_back_only_once_the_co_holder_is_done(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
     clock = Clock()
-    a, b = await _shared(server, sync, clock)
+    a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     # a's AIMD halves its limit twice (errors): the host is no longer worth
     # two processes.
@@ -155,7 +144,7 @@ async def test_the_holder_gets_its_part_back_only_once_the_co_holder_is_done(
     a.store.set_limit("h", 1)
     await a.step()  # recalls the part
     await b.step()  # b reads it: hands out nothing more
-    assert sync.hget(P + "share:h", "recall") == b"1"
+    assert redis_client.hget(P + "share:h", "recall") == b"1"
     assert b.pop_all() == []
     for _ in range(3):
         await a.step()
@@ -163,7 +152,7 @@ async def test_the_holder_gets_its_part_back_only_once_the_co_holder_is_done(
     b.finish(2)
     await b.step()  # nothing in flight: the part ends
     assert b.store.held_hosts == []
-    assert not sync.exists(P + "share:h")
+    assert not redis_client.exists(P + "share:h")
     await a.step()
     assert a.store._held["h"].share is None
     a.store.set_limit("h", LIMIT)  # and its AIMD may raise it to the whole limit again
@@ -174,23 +163,23 @@ async def test_the_holder_gets_its_part_back_only_once_the_co_holder_is_done(
 
 @deferred_f_from_coro_f
 async def test_a_holder_that_lets_go_leaves_the_host_unclaimable_until_the_part_ends(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
     clock = Clock()
-    a, b = await _shared(server, sync, clock)
+    a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     a.finish(2)
     a.store.hand_back_all()  # a graceful close
     await a.step()
-    assert not sync.hexists(P + "owner", "h")
-    assert sync.zscore(P + "avail", "h") is None  # b has 2 in flight
-    c = Process(server.url, sync, clock, share_hosts=False)
+    assert not redis_client.hexists(P + "owner", "h")
+    assert redis_client.zscore(P + "avail", "h") is None  # b has 2 in flight
+    c = Process(redis_server.url, redis_client, clock, share_hosts=False)
     await c.step(2)
     assert c.store.held_hosts == []
     await b.step()
     b.finish(2)
     await b.step()  # its part ends (and it may claim the host whole)
-    assert not sync.exists(P + "share:h")
+    assert not redis_client.exists(P + "share:h")
     await c.step()
     (holder,) = [p for p in (b, c) if p.store.held_hosts == ["h"]]
     assert holder.store._held["h"].share is None
@@ -201,27 +190,29 @@ async def test_a_holder_that_lets_go_leaves_the_host_unclaimable_until_the_part_
 
 @deferred_f_from_coro_f
 async def test_a_dead_co_holders_part_comes_back_when_its_lease_expires(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
     clock = Clock()
-    a, b = await _shared(server, sync, clock)
+    a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     await a.step(3)
     assert a.limit() == 2
-    sync.zadd(P + "procs", {b.store.proc: 1})  # b's heartbeat expired
+    redis_client.zadd(P + "procs", {b.store.proc: 1})  # b's heartbeat expired
     await a.step()  # the heartbeat reclaims what b held
     await a.step()
     assert a.limit() == LIMIT
-    assert not sync.exists(P + "share:h")
+    assert not redis_client.exists(P + "share:h")
     await a.aclose()
     await b.aclose()
 
 
 @deferred_f_from_coro_f
-async def test_a_host_not_busy_enough_is_not_lent(server: RedisServer, sync: Any) -> None:
+async def test_a_host_not_busy_enough_is_not_lent(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
     clock = Clock()
-    a = Process(server.url, sync, clock)
-    b = Process(server.url, sync, clock)
+    a = Process(redis_server.url, redis_client, clock)
+    b = Process(redis_server.url, redis_client, clock)
     for n in range(12):  # fewer than 4 times its limit
         a.store.push("h", 0, f"h/{n}")
     await a.step(2)
@@ -230,7 +221,7 @@ async def test_a_host_not_busy_enough_is_not_lent(server: RedisServer, sync: Any
     clock.now += OFFER_WAIT
     await a.step(3)
     assert a.limit() == LIMIT
-    assert not sync.exists(P + "share:h")
+    assert not redis_client.exists(P + "share:h")
     await a.aclose()
     await b.aclose()
 
@@ -265,14 +256,14 @@ def test_which_hosts_may_be_lent(limit: int, options: dict[str, Any], expected: 
 
 @deferred_f_from_coro_f
 async def test_two_holders_never_have_more_than_the_limit_in_flight(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
     """Random hand-outs, answers, steps and time on two processes: at every
     moment the two have at most the host's limit in flight between them."""
     rng = random.Random(7)
     clock = Clock()
-    a = Process(server.url, sync, clock)
-    b = Process(server.url, sync, clock)
+    a = Process(redis_server.url, redis_client, clock)
+    b = Process(redis_server.url, redis_client, clock)
     for n in range(400):
         a.store.push("h", 0, f"h/{n}")
     await a.step(2)

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from scrapy_hostqueue.store._redisdb import (
     register,
 )
 from scrapy_hostqueue.store.redis import RedisStore
-from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store, redis_server
+from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
 
 redis = pytest.importorskip("redis")
 
@@ -30,22 +29,8 @@ CRAWL = "unit"
 P = prefix(CRAWL)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with redis_server() as running:
-        yield running
-
-
-@pytest.fixture
-def sync(server: RedisServer) -> Iterator[Any]:
-    client = redis.Redis.from_url(server.url)
-    client.flushall()
-    yield client
-    client.close()
-
-
-def _store(sync: Any, **options: Any) -> RedisStore[str]:
-    return new_store(sync, CRAWL, **options)
+def _store(redis_client: Any, **options: Any) -> RedisStore[str]:
+    return new_store(redis_client, CRAWL, **options)
 
 
 def _process(url: str, store: RedisStore[str]) -> StoreProcess:
@@ -54,22 +39,22 @@ def _process(url: str, store: RedisStore[str]) -> StoreProcess:
     return StoreProcess(store, client, (redis.exceptions.ConnectionError,))
 
 
-def _stats(sync: Any) -> dict[str, int]:
-    return crawl_stats(sync, CRAWL)
+def _stats(redis_client: Any) -> dict[str, int]:
+    return crawl_stats(redis_client, CRAWL)
 
 
 @deferred_f_from_coro_f
 async def test_push_dedupes_across_processes_and_claims_are_exclusive(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
-    a = _process(server.url, _store(sync))
-    b = _process(server.url, _store(sync))
+    a = _process(redis_server.url, _store(redis_client))
+    b = _process(redis_server.url, _store(redis_client))
     for url in ("h1/a", "h1/b", "h1/a", "h2/a"):
         a.store.push(url.split("/")[0], 0, url)
     b.store.push("h1", 0, "h1/b")
     await a.step()
     await b.step()
-    stats = _stats(sync)
+    stats = _stats(redis_client)
     assert stats["pushed"] == 3
     assert stats["duplicates"] == 2
     # a pushed first and claimed both hosts; b got none.
@@ -79,16 +64,19 @@ async def test_push_dedupes_across_processes_and_claims_are_exclusive(
     assert b.store.held_hosts == []
     assert sorted(a.pop_all()) == ["h1/a", "h1/b", "h2/a"]
     assert b.pop_all() == []
-    assert sync.hgetall(P + "owner") == {b"h1": a.store.proc.encode(), b"h2": a.store.proc.encode()}
+    assert redis_client.hgetall(P + "owner") == {
+        b"h1": a.store.proc.encode(),
+        b"h2": a.store.proc.encode(),
+    }
     await a.aclose()
     await b.aclose()
 
 
 @deferred_f_from_coro_f
 async def test_a_child_of_a_held_host_stays_here_and_acks_end_leases(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
-    a = _process(server.url, _store(sync))
+    a = _process(redis_server.url, _store(redis_client))
     a.store.push("h1", 0, "h1/0")
     await a.step()
     await a.step()
@@ -100,21 +88,21 @@ async def test_a_child_of_a_held_host_stays_here_and_acks_end_leases(
     await a.step()
     (second,) = a.pop_all()
     assert second == "h1/1"
-    stats = _stats(sync)
+    stats = _stats(redis_client)
     assert (stats["queued"], stats["leased"], stats["acked"], stats["duplicates"]) == (0, 1, 1, 1)
     a.store.ack(second)
     await a.step()
-    assert _stats(sync)["leased"] == 0
-    assert sync.hlen(P + "r") == 0
+    assert _stats(redis_client)["leased"] == 0
+    assert redis_client.hlen(P + "r") == 0
     await a.aclose()
 
 
 @deferred_f_from_coro_f
 async def test_a_dead_process_hosts_and_requests_go_to_the_others(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
-    a = _process(server.url, _store(sync))
-    b = _process(server.url, _store(sync))
+    a = _process(redis_server.url, _store(redis_client))
+    b = _process(redis_server.url, _store(redis_client))
     for n in range(3):
         a.store.push("h1", 0, f"h1/{n}")
     await a.step()
@@ -124,12 +112,12 @@ async def test_a_dead_process_hosts_and_requests_go_to_the_others(
     await b.step()
     assert b.store.held_hosts == []
     # a stops renewing its heartbeat: its lease expires.
-    sync.zadd(P + "procs", {a.store.proc: 1})
+    redis_client.zadd(P + "procs", {a.store.proc: 1})
     await b.step()  # the heartbeat reclaims
     await b.step()  # the claim
     assert b.store.held_hosts == ["h1"]
     assert sorted(b.pop_all()) == sorted(handed)
-    assert _stats(sync)["reclaimed"] == 3
+    assert _stats(redis_client)["reclaimed"] == 3
     # a hears it was taken back at its next heartbeat, and forgets the host.
     await a.step()
     assert a.store.held_hosts == []
@@ -139,10 +127,10 @@ async def test_a_dead_process_hosts_and_requests_go_to_the_others(
 
 @deferred_f_from_coro_f
 async def test_a_process_that_waits_for_hosts_gets_its_share(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
-    a = _process(server.url, _store(sync, max_hold=8))
-    b = _process(server.url, _store(sync, max_hold=8))
+    a = _process(redis_server.url, _store(redis_client, max_hold=8))
+    b = _process(redis_server.url, _store(redis_client, max_hold=8))
     for host in ("h1", "h2", "h3", "h4"):
         for n in range(3):
             a.store.push(host, 0, f"{host}/{n}")
@@ -152,7 +140,7 @@ async def test_a_process_that_waits_for_hosts_gets_its_share(
     in_flight = [a.store.pop() for _ in range(2)]  # one request of 2 hosts
     await b.step()  # finds no host: waits
     assert b.store.held_hosts == []
-    assert sync.zscore(P + "hungry", b.store.proc) is not None
+    assert redis_client.zscore(P + "hungry", b.store.proc) is not None
     # a holds twice its share (4 hosts, 2 processes): it gives back the two
     # hosts with nothing in flight, keeps the other two (it hears of b, drains
     # two hosts, gives them back).
@@ -166,7 +154,7 @@ async def test_a_process_that_waits_for_hosts_gets_its_share(
     await b.step()
     assert len(b.store.held_hosts) == 2
     assert set(a.store.held_hosts).isdisjoint(b.store.held_hosts)
-    assert sync.zscore(P + "hungry", b.store.proc) is None
+    assert redis_client.zscore(P + "hungry", b.store.proc) is None
     assert len(b.pop_all()) == 6
     # Both hold their share: nothing moves any more.
     for _ in range(3):
@@ -179,10 +167,10 @@ async def test_a_process_that_waits_for_hosts_gets_its_share(
 
 @deferred_f_from_coro_f
 async def test_a_host_never_handed_out_while_others_keep_the_budget_is_given_back(
-    server: RedisServer, sync: Any, monkeypatch: pytest.MonkeyPatch
+    redis_server: RedisServer, redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(redis_store, "UNUSED_GRACE", 0.2)
-    a = _process(server.url, _store(sync))
+    a = _process(redis_server.url, _store(redis_client))
     for host in ("h1", "h2"):
         for n in range(3):
             a.store.push(host, 0, f"{host}/{n}")
@@ -199,7 +187,7 @@ async def test_a_host_never_handed_out_while_others_keep_the_budget_is_given_bac
     # The host it worked stays; the other goes back, and is not claimed
     # again while this process has no room for it.
     assert a.store.held_hosts == [popped[0]]
-    assert sync.zscore(P + "avail", "h2" if popped[0] == "h1" else "h1") is not None
+    assert redis_client.zscore(P + "avail", "h2" if popped[0] == "h1" else "h1") is not None
     # Room again (nothing to hand out): it claims.
     assert a.store.pop() is not None
     assert a.store.pop() is not None
@@ -210,15 +198,17 @@ async def test_a_host_never_handed_out_while_others_keep_the_budget_is_given_bac
 
 
 @deferred_f_from_coro_f
-async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync: Any) -> None:
-    a = _process(server.url, _store(sync))
+async def test_requests_cost_a_few_redis_commands_each(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
+    a = _process(redis_server.url, _store(redis_client))
     for host in ("h1", "h2"):
         a.store.push(host, 0, f"{host}/0")
     await a.step()
     await a.step()
     parents = a.pop_all()
     assert len(parents) == 2
-    server.reset_stats()
+    redis_server.reset_stats()
     # 200 children of held hosts (kept here), 200 of a host nobody holds
     # (queued in Redis), and the parents acknowledged: one batch.
     for n in range(1, 101):
@@ -227,10 +217,10 @@ async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync
     for parent in parents:
         a.store.ack(parent)
     await a.step(beat=False, totals=False)
-    stats = _stats(sync)
+    stats = _stats(redis_client)
     assert stats["pushed"] == 302
     assert stats["acked"] == 2
-    calls = {name: stat.calls for name, stat in server.commandstats().items()}
+    calls = {name: stat.calls for name, stat in redis_server.commandstats().items()}
     # Per request: is its fingerprint new, and for one queued in Redis (the
     # held hosts keep 64 here) its place in its host's queue. The rest
     # (counters, values, leases, host lookups) once per script call.
@@ -247,10 +237,10 @@ async def test_requests_cost_a_few_redis_commands_each(server: RedisServer, sync
 
 @deferred_f_from_coro_f
 async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
-    a = _process(server.url, _store(sync, window=2))
-    b = _process(server.url, _store(sync))
+    a = _process(redis_server.url, _store(redis_client, window=2))
+    b = _process(redis_server.url, _store(redis_client))
     for n in range(5):
         a.store.push("h1", 0, f"h1/{n}")
     await a.step()
@@ -260,8 +250,8 @@ async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
     a.store.ack(popped[1])
     a.store.block_until("h1", a.store._mem.clock() + 0.5, "retry-after")
     assert await a.link.close() is None
-    assert sync.zscore(P + "procs", a.store.proc) is None
-    assert _stats(sync)["queued"] == 4
+    assert redis_client.zscore(P + "procs", a.store.proc) is None
+    assert _stats(redis_client)["queued"] == 4
     # Blocked: not claimable before the block ends, then with its block.
     await b.step()
     assert b.store.held_hosts == []
@@ -274,9 +264,11 @@ async def test_a_graceful_close_hands_back_at_once_with_the_host_state(
 
 
 @deferred_f_from_coro_f
-async def test_state_and_learned_blob_travel_with_the_host(server: RedisServer, sync: Any) -> None:
-    a = _process(server.url, _store(sync))
-    b = _process(server.url, _store(sync))
+async def test_state_and_learned_blob_travel_with_the_host(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
+    a = _process(redis_server.url, _store(redis_client))
+    b = _process(redis_server.url, _store(redis_client))
     learned: dict[str, dict[str, float]] = {}
     a.store.export_learned = lambda host: {"limit": 3.0, "latency": 0.2}
     b.store.import_learned = learned.__setitem__
@@ -298,10 +290,10 @@ async def test_state_and_learned_blob_travel_with_the_host(server: RedisServer, 
 
 @deferred_f_from_coro_f
 async def test_the_crawl_finishes_when_nothing_is_queued_or_leased(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
-    a = _process(server.url, _store(sync))
-    waiting = _process(server.url, _store(sync, wait_for_urls=True))
+    a = _process(redis_server.url, _store(redis_client))
+    waiting = _process(redis_server.url, _store(redis_client, wait_for_urls=True))
     a.store.push("h1", 0, "h1/0")
     await a.step()
     await a.step()
@@ -320,41 +312,47 @@ async def test_the_crawl_finishes_when_nothing_is_queued_or_leased(
     await waiting.aclose()
 
 
-def test_a_crawl_id_of_another_layout_is_refused(sync: Any) -> None:
-    sync.set(P + "version", "0")
+def test_a_crawl_id_of_another_layout_is_refused(redis_client: Any) -> None:
+    redis_client.set(P + "version", "0")
     with pytest.raises(RedisFrontierError, match="layout 0, this scrapy-hostqueue uses layout"):
-        register(sync, CRAWL, 0)
-    sync.set(P + "version", LAYOUT_VERSION)
-    assert register(sync, CRAWL, 0)
+        register(redis_client, CRAWL, 0)
+    redis_client.set(P + "version", LAYOUT_VERSION)
+    assert register(redis_client, CRAWL, 0)
 
 
 @deferred_f_from_coro_f
-async def test_a_batch_sent_twice_changes_nothing_more(server: RedisServer, sync: Any) -> None:
+async def test_a_batch_sent_twice_changes_nothing_more(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
     """What a lost answer does: the batch is sent again as it was."""
-    a = _process(server.url, _store(sync))
+    a = _process(redis_server.url, _store(redis_client))
     a.store.push("h1", 0, "h1/0")
     a.store.push("h2", 0, "h2/0")
     ops = list(a.store.outbox)
     await a.step()
-    before = _stats(sync), sync.zrange(P + "q:h1", 0, -1)
+    before = _stats(redis_client), redis_client.zrange(P + "q:h1", 0, -1)
     a.store.outbox[:0] = ops
     a.store._unanswered += len(ops)
     await a.step(beat=False)
-    assert (_stats(sync), sync.zrange(P + "q:h1", 0, -1)) == before
+    assert (_stats(redis_client), redis_client.zrange(P + "q:h1", 0, -1)) == before
     await a.aclose()
 
 
 def test_push_and_frontier_commands(
-    server: RedisServer, sync: Any, capsys: pytest.CaptureFixture[str]
+    redis_server: RedisServer, redis_client: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = "http://127.0.0.2:8000/page/"
-    assert cli(["push", server.url, "--crawl-id", CRAWL, url + "1", url + "2", url + "1"]) == 0
+    assert (
+        cli(["push", redis_server.url, "--crawl-id", CRAWL, url + "1", url + "2", url + "1"]) == 0
+    )
     assert capsys.readouterr().out.strip() == "queued 2, 1 already seen"
-    assert cli(["push", server.url, "--crawl-id", CRAWL, url + "2"]) == 0
+    assert cli(["push", redis_server.url, "--crawl-id", CRAWL, url + "2"]) == 0
     assert capsys.readouterr().out.strip() == "queued 0, 1 already seen"
-    proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
-    sync.hset(P + "state", "127.0.0.2", '{"limit":3,"blocked_until":%f}' % (time.time() + 60))
-    assert cli(["frontier", server.url, "--crawl-id", CRAWL]) == 0
+    proc = register(redis_client, CRAWL, int((time.time() + 30) * 1000))
+    redis_client.hset(
+        P + "state", "127.0.0.2", '{"limit":3,"blocked_until":%f}' % (time.time() + 60)
+    )
+    assert cli(["frontier", redis_server.url, "--crawl-id", CRAWL]) == 0
     out = capsys.readouterr().out
     assert "2 requests queued and 0 leased" in out
     assert re.search(r"127\.0\.0\.2 +2 queued +0 leased", out), out
@@ -362,15 +360,15 @@ def test_push_and_frontier_commands(
     assert "blocked hosts:\n  127.0.0.2  until" in out
     assert "127.0.0.2  limit 3" in out
     with pytest.raises(SystemExit):
-        cli(["frontier", server.url])
+        cli(["frontier", redis_server.url])
     assert "needs --crawl-id" in capsys.readouterr().err
 
 
 @deferred_f_from_coro_f
 async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
-    server: RedisServer, sync: Any
+    redis_server: RedisServer, redis_client: Any
 ) -> None:
-    a = _process(server.url, _store(sync))
+    a = _process(redis_server.url, _store(redis_client))
     for n in range(3):
         a.store.push("h1", 0, f"h1/{n}")
     a.store._claim_after = float("inf")  # pushed, not claimed
@@ -380,11 +378,11 @@ async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
     assert a.link.shas is not None
     claim = a.link.shas["claim"]
     await a.client.evalsha(claim, 1, P, a.store.proc, int(time.time() * 1000), 4, 16)
-    assert sync.hget(P + "owner", "h1") == a.store.proc.encode()
+    assert redis_client.hget(P + "owner", "h1") == a.store.proc.encode()
     assert a.store.held_hosts == []
     await a.link.resync()
-    assert sync.hget(P + "owner", "h1") is None
-    assert _stats(sync)["queued"] == 3
+    assert redis_client.hget(P + "owner", "h1") is None
+    assert _stats(redis_client)["queued"] == 3
     await a.step()
     assert a.store.held_hosts == ["h1"]
     assert sorted(a.pop_all()) == ["h1/0", "h1/1", "h1/2"]
