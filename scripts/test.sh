@@ -14,4 +14,6 @@ html=$(mktemp -d)
 trap 'rm -rf "$html"' EXIT
 "$PY" -m sphinx -q -W -n -b html docs "$html"
 echo "== pytest"
-"$PY" -m pytest "$@"
+# Two worker processes: most crawl tests wait on their local hosts, so two
+# keep both cores busy. Arguments after the script go to pytest.
+"$PY" -m pytest -n 2 --dist worksteal "$@"
