@@ -171,8 +171,9 @@ def _proc_of(log: Path) -> str:
 
 
 def test_a_process_killed_mid_crawl_loses_nothing(server: RedisServer, tmp_path: Path) -> None:
-    hosts_count, pages = 20, 40
-    spec = HostSpec(latency=0.05, pages=pages, links=3)
+    # The site: 2,000 pages over 20 hosts.
+    hosts_count, pages = 20, 100
+    spec = HostSpec(latency=0.02, pages=pages, links=3)
     client = redis.Redis.from_url(server.url)
     with LocalHosts([spec] * hosts_count, process=True) as hosts:
         workers = [
@@ -191,7 +192,7 @@ def test_a_process_killed_mid_crawl_loses_nothing(server: RedisServer, tmp_path:
         victim = workers[0]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if sum(s.served for s in hosts.all_stats(arrivals=False)) >= 250:
+            if sum(s.served for s in hosts.all_stats(arrivals=False)) >= 600:
                 break
             time.sleep(0.02)
         # Frozen first, so that what it holds cannot change while it is read.
