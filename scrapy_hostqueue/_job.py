@@ -19,7 +19,7 @@ the Redis store in Redis.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from scrapy import signals
 from scrapy.exceptions import CloseSpider
@@ -36,8 +36,6 @@ from scrapy_hostqueue._frontier import (
 )
 from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
 from scrapy_hostqueue._redis_glue import LocalSeen
-from scrapy_hostqueue.store.redis import RedisStore
-from scrapy_hostqueue.store.sqlite import SqliteStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -50,7 +48,7 @@ if TYPE_CHECKING:
     from scrapy_hostqueue._frontier import RequestCodec
     from scrapy_hostqueue._redis_glue import RedisFrontier
     from scrapy_hostqueue.store import RequestStore
-    from scrapy_hostqueue.store.sqlite import FrontierFile
+    from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +99,8 @@ def shared_fingerprint(
 
 class Job:
     """Opens, resumes and saves the job of a crawl with *store* (in
-    *jobdir*, in the SQLite store's frontier file, or with *redis* in a shared
-    crawl; encoded by *codec*)."""
+    *jobdir*, in *frontier*, the SQLite store's file, or with *redis* in a
+    shared crawl; encoded by *codec*)."""
 
     def __init__(
         self,
@@ -110,12 +108,14 @@ class Job:
         store: RequestStore[Request],
         codec: RequestCodec | None,
         jobdir: str | None,
-        redis: RedisFrontier | None = None,
         *,
+        frontier: FrontierFile | None = None,
+        redis: RedisFrontier | None = None,
         debug: bool,
     ) -> None:
         self._crawler = crawler
         self._store = store
+        self._frontier = frontier
         self._codec = codec
         self.jobdir = jobdir
         self._redis = redis
@@ -125,6 +125,12 @@ class Job:
         #: The finish reason when the crawl must close before its first
         #: request (a JOBDIR it cannot resume), else None.
         self.refusal: str | None = None
+
+    @property
+    def _store_saves_itself(self) -> bool:
+        """Whether the store keeps every change (in its file or in Redis),
+        rather than the job saving it at the stop."""
+        return self._frontier is not None or self._redis is not None
 
     @property
     def opened(self) -> bool:
@@ -139,7 +145,7 @@ class Job:
             logger.error(refusal)
             self.refuse(JOBDIR_OF_SCRAPY_SCHEDULER)
             return False
-        if not isinstance(self._store, (SqliteStore, RedisStore)):
+        if not self._store_saves_itself:
             refusal = memory_job_refusal(self.jobdir)
             if refusal is not None:
                 logger.error(refusal)
@@ -159,8 +165,9 @@ class Job:
             self._codec.spider = self._spider
             self._redis.start(lambda: internals.wake_engine(self._crawler))
             return 0, 0
-        if isinstance(self._store, SqliteStore):
-            return self._open_frontier(self._store, push), 0
+        if self._frontier is not None:
+            # make_store built the SQLite store on this file.
+            return self._open_frontier(cast("SqliteStore[Request]", self._store), push), 0
         if not self.jobdir:
             return 0, 0
         path = state_path(self.jobdir)
@@ -269,7 +276,7 @@ class Job:
         """At the stop, write what the in-memory store holds (and *given_up*,
         the requests of given-up hosts) to the JOBDIR. Returns how many
         requests could not be serialised."""
-        if isinstance(self._store, (SqliteStore, RedisStore)):
+        if self._store_saves_itself:
             return 0  # every change is in the frontier file or Redis already
         if not (self.jobdir and self._spider is not None and self.refusal is None):
             return 0

@@ -102,7 +102,9 @@ class HostQueueScheduler(BaseScheduler):
         self._records = self.hosts.records
         self._given_up = self.hosts.given_up_requests
         self._undo_hooks: list[Any] = []
-        self._job = Job(crawler, self._store, codec, jobdir, redis, debug=self.debug)
+        self._job = Job(
+            crawler, self._store, codec, jobdir, frontier=frontier, redis=redis, debug=self.debug
+        )
 
     @classmethod
     @internals.refuses_at_start_up
