@@ -294,6 +294,13 @@ class RedisServer:
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
+    def kill(self) -> None:
+        """End the server with SIGKILL, as a crash does: no reply to anyone,
+        nothing handed over (:meth:`stop` still removes its directory)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait(self.stop_timeout)
+
     def __enter__(self) -> RedisServer:
         return self.start()
 

@@ -167,16 +167,31 @@ SLOTS = 16384
 
 
 class RedisClusterServers:
-    """A Redis Cluster of *masters* real ``redis-server`` processes (no
-    replicas) on free loopback ports, its slots split evenly between them:
-    :meth:`start` starts the servers, introduces them (``CLUSTER MEET``),
-    hands out the slots (``CLUSTER ADDSLOTS``, which Redis 6.2 has) and waits
-    for ``cluster_state:ok`` on every node; :meth:`stop` ends them (``with``
-    does both). The ``redis`` client must be installed."""
+    """A Redis Cluster of *masters* real ``redis-server`` processes on free
+    loopback ports, its slots split evenly between them, each master with
+    *replicas* replicas (none by default): :meth:`start` starts the servers,
+    introduces them (``CLUSTER MEET``), hands out the slots (``CLUSTER
+    ADDSLOTS``, which Redis 6.2 has), makes the replicas
+    (``CLUSTER REPLICATE``) and waits until every node serves and every
+    replica is in sync; :meth:`stop` ends them (``with`` does both). The
+    ``redis`` client must be installed.
 
-    def __init__(self, masters: int = 3, *, start_timeout: float = 20.0) -> None:
+    :attr:`nodes` are the masters as started and :attr:`replicas` the
+    replicas (``replicas[i * replicas + j]`` of ``nodes[i]``); after a
+    failover (:meth:`failover`) the roles differ: :meth:`serving` says which
+    server serves a slot now."""
+
+    def __init__(self, masters: int = 3, *, replicas: int = 0, start_timeout: float = 20.0) -> None:
         self.nodes = [RedisServer(cluster=True) for _ in range(masters)]
+        self.replicas = [RedisServer(cluster=True) for _ in range(masters * replicas)]
+        self.replicas_per_master = replicas
         self.start_timeout = start_timeout
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        """Every server of the cluster: the masters as started, then the
+        replicas."""
+        return [*self.nodes, *self.replicas]
 
     @property
     def url(self) -> str:
@@ -187,21 +202,24 @@ class RedisClusterServers:
     def start(self) -> RedisClusterServers:
         import redis  # here: the tests that use a cluster skip without it
 
+        servers = self.servers
         try:
-            for node in self.nodes:
+            for node in servers:
                 node.start()
-            clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+            clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in servers]
             try:
                 # Distinct config epochs at once, as redis-cli --cluster create
                 # gives them, so that the nodes agree without a vote.
                 for epoch, client in enumerate(clients, 1):
                     client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
-                for node in self.nodes[1:]:
+                for node in servers[1:]:
                     clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
-                share = -(-SLOTS // len(clients))
-                for n, client in enumerate(clients):
+                share = -(-SLOTS // len(self.nodes))
+                for n, client in enumerate(clients[: len(self.nodes)]):
                     slots = range(n * share, min(SLOTS, (n + 1) * share))
                     client.execute_command("CLUSTER", "ADDSLOTS", *slots)
+                if self.replicas:
+                    self._replicate(clients)
             finally:
                 for client in clients:
                     client.close()
@@ -211,25 +229,128 @@ class RedisClusterServers:
             raise
         return self
 
+    def _replicate(self, clients: list[Any]) -> None:
+        """Make each replica replicate its master, once it has heard of it."""
+        import redis  # here: the tests that use a cluster skip without it
+
+        masters = clients[: len(self.nodes)]
+        ids = [client.execute_command("CLUSTER", "MYID").decode() for client in masters]
+        for client in masters:
+            # A replica's first sync at once (Redis 7 waits 5 s by default
+            # before a diskless one).
+            client.config_set("repl-diskless-sync-delay", 0)
+        deadline = time.monotonic() + self.start_timeout
+        for n, client in enumerate(clients[len(self.nodes) :]):
+            master = ids[n // self.replicas_per_master]
+            while True:
+                try:
+                    client.execute_command("CLUSTER", "REPLICATE", master)
+                    break
+                except redis.ResponseError as error:  # the master not met yet
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"CLUSTER REPLICATE {master}: {error}") from None
+                    time.sleep(0.05)
+
     def cluster_info(self, node: RedisServer) -> dict[str, str]:
         text = str(node.command("CLUSTER INFO"))
         return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
 
     def wait_ok(self) -> None:
-        """Wait until every node sees every node and every slot served."""
+        """Wait until every node sees every node and every slot served, and
+        every replica is in sync with its master and seen as its replica by
+        every node."""
+        servers = self.servers
         deadline = time.monotonic() + self.start_timeout
         while True:
-            infos = [self.cluster_info(node) for node in self.nodes]
-            if all(
-                info.get("cluster_state") == "ok"
-                and info.get("cluster_known_nodes") == str(len(self.nodes))
-                and info.get("cluster_slots_assigned") == str(SLOTS)
-                for info in infos
+            infos = [self.cluster_info(node) for node in servers]
+            views = [self.cluster_nodes(node) for node in servers]
+            if (
+                all(
+                    info.get("cluster_state") == "ok"
+                    and info.get("cluster_known_nodes") == str(len(servers))
+                    and info.get("cluster_slots_assigned") == str(SLOTS)
+                    for info in infos
+                )
+                and all(self._in_sync(replica) for replica in self.replicas)
+                and all(
+                    sum("slave" in line["flags"] for line in view) == len(self.replicas)
+                    for view in views
+                )
             ):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the Redis Cluster did not come up: {infos}")
             time.sleep(0.05)
+
+    @staticmethod
+    def _in_sync(replica: RedisServer) -> bool:
+        text = str(replica.command("INFO replication"))
+        return "role:slave" in text and "master_link_status:up" in text
+
+    def cluster_nodes(self, node: RedisServer) -> list[dict[str, Any]]:
+        """*node*'s view of the cluster (``CLUSTER NODES``): per node its
+        ``id``, ``port``, ``flags`` (a set: ``master``, ``slave``,
+        ``myself``, ``fail``...) and ``master`` (the id a replica replicates,
+        else ``-``)."""
+        out = []
+        for line in str(node.command("CLUSTER NODES")).splitlines():
+            fields = line.split()
+            address = fields[1].split("@")[0]
+            out.append(
+                {
+                    "id": fields[0],
+                    "port": int(address.rsplit(":", 1)[1]),
+                    "flags": set(fields[2].split(",")),
+                    "master": fields[3],
+                }
+            )
+        return out
+
+    def node_id(self, node: RedisServer) -> str:
+        return str(node.command("CLUSTER MYID"))
+
+    def serving(self, slot: int) -> RedisServer:
+        """The server that serves *slot* now, as the first running server
+        sees it (``CLUSTER SLOTS``)."""
+        asked = next(server for server in self.servers if server.running)
+        reply = asked.command("CLUSTER SLOTS")
+        assert isinstance(reply, list)
+        for start, end, master, *_replicas in reply:  # type: ignore[misc]
+            if int(start) <= slot <= int(end):
+                port = int(master[1])
+                return next(server for server in self.servers if server.port == port)
+        raise LookupError(f"slot {slot} is not served")
+
+    def replica_of(self, master: RedisServer) -> RedisServer:
+        """A replica of *master*, as *master* sees them."""
+        master_id = self.node_id(master)
+        ports = [
+            line["port"]
+            for line in self.cluster_nodes(master)
+            if line["master"] == master_id and "fail" not in line["flags"]
+        ]
+        return next(server for server in self.servers if server.port in ports)
+
+    def failover(self, replica: RedisServer, option: str = "") -> None:
+        """``CLUSTER FAILOVER [FORCE|TAKEOVER]`` sent to *replica*, then wait
+        until every running node sees it serve its master's slots and the
+        cluster serving. Without *option* the master hands over once the
+        replica has every write it acknowledged, and becomes its replica."""
+        reply = replica.command(f"CLUSTER FAILOVER {option}".strip())
+        assert reply == "OK", reply
+        replica_id = self.node_id(replica)
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            running = [server for server in self.servers if server.running]
+            views = [self.cluster_nodes(server) for server in running]
+            if all(
+                any(line["id"] == replica_id and "master" in line["flags"] for line in view)
+                for view in views
+            ) and all(self.cluster_info(server).get("cluster_state") == "ok" for server in running):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the failover to port {replica.port} did not finish: {views}")
+            time.sleep(0.02)
 
     def node_keys(self, pattern: str = "*") -> list[list[str]]:
         """The keys matching *pattern* on each node, in node order."""
@@ -279,7 +400,7 @@ class RedisClusterServers:
         return calls
 
     def stop(self) -> None:
-        for node in self.nodes:
+        for node in self.servers:
             node.stop()
 
     def __enter__(self) -> RedisClusterServers:
