@@ -67,7 +67,7 @@ class RedisLink:
         backoff = 0.1
         outage_at: float | None = None
         next_beat = next_totals = 0.0
-        resync = False
+        resync = reloaded = False
         while not store.closing:
             try:
                 if self.shas is None:
@@ -83,6 +83,17 @@ class RedisLink:
                 if totals:
                     next_totals = now + TOTALS_INTERVAL
             except Exception as error:
+                if type(error).__name__ == "NoScriptError" and not reloaded:
+                    # A replica promoted by a failover (Redis 7 does not copy
+                    # SCRIPT LOAD to replicas): load them there and send the
+                    # batch again at once, not after the back-off.
+                    logger.info(
+                        "The shared frontier at Redis lacks this package's scripts (a "
+                        "failover to a replica, or a restart): loading them again"
+                    )
+                    self.shas = None
+                    resync = reloaded = True
+                    continue
                 if not isinstance(error, self.errors):
                     logger.error("The shared frontier at Redis failed: %r", error)
                 if outage_at is None:
@@ -100,6 +111,7 @@ class RedisLink:
                 if type(error).__name__ == "NoScriptError":
                     self.shas = None  # Redis restarted: load them again
                 continue
+            reloaded = False
             if outage_at is not None:
                 logger.warning(
                     "The shared frontier at Redis is back after %.1f s",

@@ -1,0 +1,199 @@
+"""The shared frontier through a failover of Redis: a Redis Cluster of real
+``redis-server`` nodes with one replica per master, the master serving the
+crawl's slot handed over to its replica (``CLUSTER FAILOVER``) or killed
+with SIGKILL and its replica promoted (``CLUSTER FAILOVER TAKEOVER``) while
+two ``scrapy crawl`` processes run one crawl (``crawl`` marker); and the
+scripts lost by Redis (a replica promoted on Redis 7, which does not copy
+``SCRIPT LOAD``) loaded again without an outage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from scrapy_hostqueue._redis_glue import async_client, redis_errors
+from scrapy_hostqueue._redis_server import RedisServer
+from scrapy_hostqueue.store._redisdb import prefix
+from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
+from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store
+from tests.crawling import start_demo_crawl
+
+redis = pytest.importorskip("redis")
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="redis-server")
+
+CRAWL = "pages"
+P = prefix(CRAWL)
+#: The site: 4 hosts of 40 pages, each page linking to 3 others.
+SPECS = [HostSpec(latency=0.03, pages=40, links=3)] * 4
+PAGES = sum(spec.pages or 0 for spec in SPECS)
+
+
+@pytest.fixture
+def cluster() -> Iterator[RedisClusterServers]:
+    """Three masters with a replica each, for one test (a failover changes
+    the roles, a kill ends a node)."""
+    with RedisClusterServers(3, replicas=1) as running:
+        yield running
+
+
+def _crawl_stat(cluster: RedisClusterServers, name: str) -> int:
+    """A crawl-wide total, read from the node serving the crawl's slot."""
+    home = cluster.serving(redis.cluster.key_slot(P.encode()))
+    return int(home.command(f"HGET {P}stats {name}") or 0)
+
+
+def _crawl_through(
+    cluster: RedisClusterServers, tmp_path: Path, failover: Callable[[RedisServer], None]
+) -> tuple[list[HostStats], list[str], list[dict[str, Any]], int]:
+    """Two ``scrapy crawl`` processes crawl :data:`SPECS` on *cluster*; once
+    a third of the pages is acknowledged, *failover* is called with the master
+    serving the crawl's slot. Returns the hosts' counts, each process's log
+    and stats, and the pages acknowledged before the failover."""
+    with LocalHosts(SPECS, process=True) as hosts:
+        settings: dict[str, Any] = {
+            "HOSTQUEUE_FRONTIER": cluster.url,
+            "HOSTQUEUE_CRAWL_ID": CRAWL,
+            "CLOSESPIDER_PAGECOUNT": 0,
+            "CLOSESPIDER_TIMEOUT": 60,
+            "HOSTQUEUE_TIMELINE_FILE": "",
+            "ROBOTSTXT_OBEY": False,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+            "HOSTQUEUE_MAX_ACTIVE_HOSTS": 1,
+            "HOSTQUEUE_REDIS_FINISH_GRACE": 0.5,
+        }
+        workers = [
+            start_demo_crawl(
+                [hosts.page_url(i, 0) for i in range(len(hosts))],
+                tmp_path / f"worker{n}.log",
+                {**settings, "DEMO_STATS_FILE": tmp_path / f"stats{n}.json"},
+            )
+            for n in range(2)
+        ]
+        try:
+            deadline = time.monotonic() + 30
+            while (acked := _crawl_stat(cluster, "acked")) < PAGES // 3:
+                assert time.monotonic() < deadline, "the crawl did not get going"
+                assert all(worker.poll() is None for worker in workers), "a crawl ended early"
+                time.sleep(0.01)
+            failover(cluster.serving(redis.cluster.key_slot(P.encode())))
+            for worker in workers:
+                worker.wait(60)
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+        hosts.wait_idle(10)
+        stats = hosts.all_stats(arrivals=False)
+    logs = [(tmp_path / f"worker{n}.log").read_text() for n in range(2)]
+    results = [json.loads((tmp_path / f"stats{n}.json").read_text()) for n in range(2)]
+    return stats, logs, results, acked
+
+
+def _check_crawl(
+    stats: list[HostStats], logs: list[str], results: list[dict[str, Any]], acked: int
+) -> None:
+    """What holds through any failover: the crawl went on after it and
+    finished in both processes, no host had more than its limit in flight,
+    every page was fetched, and an outage, if any, was logged once and
+    ended."""
+    assert 0 < acked < PAGES, acked  # the failover came mid-crawl
+    for log, result in zip(logs, results, strict=True):
+        assert "Traceback" not in log, log[-4000:]
+        assert result["finish_reason"] == "finished", result["finish_reason"]
+        assert result["stats"].get("downloader/response_count", 0) > 0  # it took part
+        assert log.count("Lost the shared frontier at Redis") <= 1, log[-4000:]
+        assert log.count("Lost the shared frontier at Redis") == log.count(
+            "The shared frontier at Redis is back"
+        ), log[-4000:]
+        assert "The shared frontier at Redis failed" not in log, log[-4000:]
+    for host, spec in zip(stats, SPECS, strict=True):
+        assert host.max_in_flight <= 2, (host.hostname, host.max_in_flight)
+        assert set(host.pages) == {f"/page/{n}" for n in range(spec.pages or 0)}, host.hostname
+
+
+@pytest.mark.crawl
+def test_a_crawl_goes_on_through_a_manual_failover_fetching_every_page_once(
+    cluster: RedisClusterServers, tmp_path: Path
+) -> None:
+    """``CLUSTER FAILOVER`` sent to the replica: the master stops taking
+    writes, waits until its replica has every one, and hands over; nothing
+    the crawl wrote is lost."""
+    stats, logs, results, acked = _crawl_through(
+        cluster, tmp_path, lambda master: cluster.failover(cluster.replica_of(master))
+    )
+    _check_crawl(stats, logs, results, acked)
+    for host in stats:
+        assert max(host.pages.values()) == 1, (host.hostname, host.pages)
+    assert _crawl_stat(cluster, "acked") == PAGES
+    # No connection was lost: the clients followed the slot to the new master.
+    assert not any("Lost the shared frontier" in log for log in logs)
+
+
+@pytest.mark.crawl
+def test_a_crawl_goes_on_when_its_master_is_killed_and_its_replica_takes_over(
+    cluster: RedisClusterServers, tmp_path: Path
+) -> None:
+    """The master serving the crawl's slot killed with SIGKILL, its replica
+    promoted without it (``TAKEOVER``): each process loses Redis once, waits,
+    finds the new master and goes on."""
+
+    def kill(master: RedisServer) -> None:
+        replica = cluster.replica_of(master)
+        master.kill()
+        cluster.failover(replica, "TAKEOVER")
+
+    stats, logs, results, acked = _crawl_through(cluster, tmp_path, kill)
+    _check_crawl(stats, logs, results, acked)
+    for log in logs:
+        assert log.count("Lost the shared frontier at Redis") == 1, log[-4000:]
+    # A page fetched twice was one in flight or in a process's window when
+    # the master died: at most two hosts (one per process) of 16 each.
+    twice = sum(count - 1 for host in stats for count in host.pages.values())
+    assert twice <= 2 * 16, twice
+    assert (_crawl_stat(cluster, "queued"), _crawl_stat(cluster, "leased")) == (0, 0)
+
+
+@deferred_f_from_coro_f
+async def test_scripts_redis_lost_are_loaded_again_without_an_outage(
+    redis_server: RedisServer, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that lost the scripts (a replica promoted on Redis 7, which
+    does not copy ``SCRIPT LOAD`` to replicas; here ``SCRIPT FLUSH``): the
+    task loads them again and sends its batch at once, no outage."""
+    caplog.set_level(logging.INFO, "scrapy_hostqueue")
+    a = StoreProcess(
+        new_store(redis_client, "scripts"),
+        async_client(redis, redis_server.url, cluster=False),
+        redis_errors(redis),
+    )
+    a.link.start()
+
+    async def pushed(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while crawl_stats(redis_client, "scripts").get("pushed", 0) < n:
+            assert time.monotonic() < deadline, crawl_stats(redis_client, "scripts")
+            await asyncio.sleep(0.01)
+
+    a.store.push("h1", 0, "h1/0")
+    await pushed(1)
+    redis_client.script_flush()
+    a.store.push("h1", 0, "h1/1")
+    await pushed(2)
+    assert await a.link.close() is None
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("lacks this package's scripts" in m for m in messages) == 1, messages
+    assert not any(m.startswith("Lost the shared frontier") for m in messages), messages
+    assert a.store.counts["outages"] == 0
+    assert crawl_stats(redis_client, "scripts")["queued"] == 2
+    await a.aclose()
