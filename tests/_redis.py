@@ -352,6 +352,16 @@ class RedisClusterServers:
                 raise RuntimeError(f"the failover to port {replica.port} did not finish: {views}")
             time.sleep(0.02)
 
+    def cut_replication(self, master: RedisServer, replica: RedisServer) -> None:
+        """*replica* stops copying *master*'s writes from now on (*master*
+        first has every replica acknowledge what it wrote so far): the lag of
+        asynchronous replication, made as long as a test needs. The replica
+        fails to authenticate when it reconnects, and stays behind."""
+        assert master.command("WAIT 1 2000") == 1
+        replica.command("CONFIG SET masteruser nobody")
+        replica.command("CONFIG SET masterauth wrong")
+        assert master.command("CLIENT KILL TYPE replica") == 1
+
     def node_keys(self, pattern: str = "*") -> list[list[str]]:
         """The keys matching *pattern* on each node, in node order."""
         out = []

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
-from scrapy_hostqueue._redis_glue import async_client, redis_errors
+from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
 from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
@@ -197,3 +197,107 @@ async def test_scripts_redis_lost_are_loaded_again_without_an_outage(
     assert a.store.counts["outages"] == 0
     assert crawl_stats(redis_client, "scripts")["queued"] == 2
     await a.aclose()
+
+
+@deferred_f_from_coro_f
+async def test_writes_a_failover_lost_are_taken_back_or_redone(
+    cluster: RedisClusterServers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The master killed while its replica had not copied its last writes
+    (asynchronous replication), the replica promoted: what the processes
+    wrote meanwhile is lost. The request acknowledged meanwhile is queued
+    again (fetched twice, not lost); a host claimed meanwhile is the
+    claimer's again when it reconnects first, and dropped by it when
+    another process claimed it first; no request is leased to two
+    processes."""
+    sync, _ = connect(redis, cluster.url)
+    home = cluster.serving(redis.cluster.key_slot(P.encode()))
+    replica = cluster.replica_of(home)
+
+    def process(**options: Any) -> StoreProcess:
+        client = async_client(redis, cluster.url, cluster=True)
+        return StoreProcess(new_store(sync, CRAWL, **options), client, redis_errors(redis))
+
+    a, b = process(), process(max_hold=1)
+    for n in range(3):
+        a.store.push("h1", 0, f"h1/{n}")
+    await a.step(2)  # pushed, h1 claimed
+    assert a.store.held_hosts == ["h1"]
+    for host in ("h2", "h3"):
+        b.store.push(host, 0, f"{host}/0")
+    b.store._claim_after = float("inf")  # b pushes and claims nothing
+    await b.link.step(beat=True, totals=False)
+    first = a.store.pop()
+    assert first is not None
+    a.store.finish("h1")
+    a.store.ack(first[1])
+    a.store._claim_after = float("inf")  # not h2 or h3 yet
+    await a.link.step(beat=True, totals=False)
+    assert a.store.held_hosts == ["h1"]
+    cluster.cut_replication(home, replica)
+    # Lost: a's acknowledgement of its second request, its claim of h2, h3.
+    second = a.store.pop()
+    assert second is not None
+    a.store.finish("h1")
+    a.store.ack(second[1])
+    await a.step()
+    assert sorted(a.store.held_hosts) == ["h1", "h2", "h3"]
+    in_flight = [popped[1] for popped in iter(a.store.pop, None)]
+    assert sorted(in_flight) == ["h1/2", "h2/0", "h3/0"]
+    assert int(home.command(f"HGET {P}stats acked")) == 2
+    home.kill()
+    cluster.failover(replica, "TAKEOVER")
+    assert _crawl_stat(cluster, "acked") == 1
+    assert sync.hget(P + "owner", "h2") is None
+
+    async def back(p: StoreProcess) -> None:
+        """What the task does when Redis is back: the scripts, the resync."""
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                p.link.shas = await p.link.load_scripts()
+                await p.link.resync()
+                return
+            except redis_errors(redis):  # the client has yet to find the new master
+                assert time.monotonic() < deadline, "the client did not find the new master"
+                await asyncio.sleep(0.05)
+
+    # b finds the new master first and claims h2 (one host at most).
+    await back(b)
+    b.store._claim_after = 0.0
+    await b.step()
+    assert b.store.held_hosts == ["h2"]
+    taken = b.pop_all()
+    assert taken == ["h2/0"]
+    # a finds it next: h3 is a's again, h2 is b's; the acknowledgement lost
+    # puts the request back in h1's queue.
+    await back(a)
+    assert sorted(a.store.held_hosts) == ["h1", "h3"]
+    assert a.store.counts["lost_hosts"] == 1
+    assert sum("gave host h2 to another process" in r.getMessage() for r in caplog.records) == 1
+    owners = {k.decode(): v.decode() for k, v in sync.hgetall(P + "owner").items()}
+    assert owners == {"h1": a.store.proc, "h2": b.store.proc, "h3": a.store.proc}
+    leases = [sync.smembers(f"{P}lease:{p.store.proc}") for p in (a, b)]
+    assert not leases[0] & leases[1], leases
+    # The requests in flight at a finish; a fetches h1's again.
+    for item in in_flight:
+        a.store.finish(item.split("/")[0])
+        a.store.ack(item)
+    b.store.finish("h2")
+    b.store.ack(taken[0])
+    await b.step()
+    # a learns of h1's request when it gives h1 back, idle, and claims it again.
+    deadline = time.monotonic() + 5
+    while not (again := a.pop_all()):
+        assert time.monotonic() < deadline, crawl_stats(sync, CRAWL)
+        await a.step()
+        await asyncio.sleep(0.05)
+    assert again == [second[1]]
+    a.store.finish("h1")
+    a.store.ack(again[0])
+    await a.step()
+    stats = crawl_stats(sync, CRAWL)
+    assert (stats["queued"], stats["leased"]) == (0, 0), stats
+    await a.aclose()
+    await b.aclose()
+    sync.close()

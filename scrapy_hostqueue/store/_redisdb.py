@@ -480,18 +480,22 @@ return {alive, n}
 
 #: ARGV: proc, then the host count, hosts, then ids: what the process knows
 #: it holds. Gives back leases and releases hosts it does not know of (their
-#: claim or refill answer was lost with the connection).
+#: claim or refill answer was lost with the connection). The other way, after
+#: a failover to a replica that missed the last writes: a host it holds that
+#: no process holds in Redis is its own again, and an id it holds that is
+#: queued for a host it holds is leased to it again. Returns {ids given
+#: back, {hosts another process holds now: the process drops them}}.
 RESYNC = (
     _COMMON
     + """
 local proc = ARGV[1]
 local nh = tonumber(ARGV[2])
-local hosts, ids = {}, {}
+local hosts, ids, leased, lost = {}, {}, {}, {}
 for i = 3, 2 + nh do hosts[ARGV[i]] = true end
 for i = 3 + nh, #ARGV do ids[ARGV[i]] = true end
 local n = 0
 for _, id in ipairs(redis.call('SMEMBERS', P..'lease:'..proc)) do
-  if not ids[id] then n = n + give_back(proc, id) end
+  if ids[id] then leased[id] = true else n = n + give_back(proc, id) end
 end
 for _, host in ipairs(redis.call('SMEMBERS', P..'held:'..proc)) do
   if not hosts[host] then release(proc, host) end
@@ -501,7 +505,37 @@ for _, host in ipairs(redis.call('SMEMBERS', P..'coheld:'..proc)) do
     end_share(host)
   end
 end
-return n
+local mine = {}
+for i = 3, 2 + nh do
+  local host = ARGV[i]
+  local owner = owner_of(host)
+  if owner == proc or redis.call('HGET', P..'share:'..host, 'co') == proc then
+    mine[host] = true
+  elseif not owner and not shared(host) and not gave_up(host) then
+    set_owner(host, proc)
+    redis.call('SADD', P..'held:'..proc, host)
+    redis.call('ZREM', P..'avail', host)
+    mine[host] = true
+  else
+    lost[#lost + 1] = host
+  end
+end
+for i = 3 + nh, #ARGV do
+  local id = ARGV[i]
+  if not leased[id] then
+    local v = redis.call('HGET', P..'r', id)
+    if v then
+      local host = parse(v)
+      if mine[host] and redis.call('ZREM', P..'q:'..host, id) == 1 then
+        redis.call('SADD', P..'lease:'..proc, id)
+        hinc('queued', -1)
+        hinc('leased', 1)
+        qdelta[host] = (qdelta[host] or 0) - 1
+      end
+    end
+  end
+end
+return {n, lost}
 """
     + _END
 )

@@ -216,13 +216,16 @@ class RedisLink:
 
     async def resync(self) -> None:
         """Give back what Redis handed this process that it never heard of
-        (an answer lost with the connection)."""
+        (an answer lost with the connection); take back what this process
+        holds that Redis forgot (writes a failover lost), and drop the hosts
+        another process holds since."""
         if self.shas is None:
             self.shas = await self.load_scripts()
         store = self.store
-        await self.client.evalsha(
+        _given_back, lost = await self.client.evalsha(
             self.shas["resync"], 1, store.prefix, store.proc, *store.resync_args()
         )
+        store.drop_hosts([host.decode() for host in lost])
 
     async def close(self, timeout: float = 10.0) -> str | None:
         """Stop the task; send what the log holds; give back every held host

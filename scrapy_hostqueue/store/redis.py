@@ -219,6 +219,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             "refused": 0,
             "outages": 0,
             "lost_leases": 0,
+            "lost_hosts": 0,
             "lent_hosts": 0,
             "shared_hosts": 0,
         }
@@ -758,6 +759,29 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 self._mem.set_limit(key, held.share.wanted)
         self._held.clear()
         self._known.clear()
+
+    def drop_hosts(self, keys: list[str]) -> None:
+        """Redis says another process holds *keys* now: forget their windows
+        (requests in flight finish and are acknowledged)."""
+        for key in keys:
+            held = self._held.pop(key, None)
+            if held is None:
+                continue
+            for entry in self._mem.remove_queued(key):
+                if entry.rid:
+                    self._known.discard(entry.rid)
+                else:
+                    self._mem.push(key, entry.rank, entry)
+            if held.share is not None:
+                self._mem.set_limit(key, held.share.wanted)
+            self.counts["lost_hosts"] += 1
+            logger.warning(
+                "The shared frontier %s gave host %s to another process after Redis lost "
+                "this process's claim of it (a failover to a replica that missed the last "
+                "writes); requests of it in flight finish",
+                self.crawl_id,
+                key,
+            )
 
     def _add_window(self, key: str, items: list[bytes]) -> int:
         for i in range(0, len(items), 2):
