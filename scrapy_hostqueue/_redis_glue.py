@@ -68,7 +68,9 @@ def shown_url(url: str) -> str:
 
 
 def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
-    """The client's errors that mean Redis is away, or restarted; on a Redis
+    """The client's errors that mean Redis is away, or restarted, or was
+    made a replica by a failover (``READONLY``: it takes writes again once
+    it is a master again, or its clients reach the new master); on a Redis
     Cluster also that the crawl's slot is not served for now (a node down, a
     failover, a slot moving)."""
     exceptions = redis.exceptions
@@ -83,6 +85,7 @@ def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
         exceptions.ConnectionError,
         exceptions.TimeoutError,
         exceptions.NoScriptError,
+        exceptions.ReadOnlyError,
         *cluster,
         OSError,
     )

@@ -326,3 +326,58 @@ async def test_writes_a_failover_lost_are_taken_back_or_redone(
     await a.aclose()
     await b.aclose()
     sync.close()
+
+
+@deferred_f_from_coro_f
+async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One Redis server (no cluster) with a replica: a failover makes the
+    crawl's server a replica of the other, which answers its writes with
+    ``READONLY``; the process waits, as for a lost connection, and goes on
+    once the server is a master again."""
+    with RedisServer() as first, RedisServer() as second:
+        for server in (first, second):
+            # The first sync at once (Redis 7 waits 5 s before a diskless one).
+            server.command("CONFIG SET repl-diskless-sync-delay 0")
+        second.command(f"REPLICAOF 127.0.0.1 {first.port}")
+        sync = redis.Redis.from_url(first.url)
+        a = StoreProcess(
+            new_store(sync, "demoted"),
+            async_client(redis, first.url, cluster=False),
+            redis_errors(redis),
+        )
+        a.link.start()
+
+        async def pushed(n: int) -> None:
+            deadline = time.monotonic() + 10
+            while crawl_stats(sync, "demoted").get("pushed", 0) < n:
+                assert time.monotonic() < deadline, crawl_stats(sync, "demoted")
+                await asyncio.sleep(0.01)
+
+        a.store.push("h1", 0, "h1/0")
+        await pushed(1)
+        assert first.command("WAIT 1 2000") == 1
+        second.command("REPLICAOF NO ONE")
+        first.command(f"REPLICAOF 127.0.0.1 {second.port}")
+        a.store.push("h1", 0, "h1/1")
+        deadline = time.monotonic() + 10
+        while not a.store.counts["outages"]:
+            assert time.monotonic() < deadline, "no outage"
+            await asyncio.sleep(0.01)
+        assert a.store.connected is False
+        # Back: the first server a master again, the second its replica.
+        first.command("REPLICAOF NO ONE")
+        second.command(f"REPLICAOF 127.0.0.1 {first.port}")
+        await pushed(2)
+        assert await a.link.close() is None
+        messages = [record.getMessage() for record in caplog.records]
+        assert sum(m.startswith("Lost the shared frontier at Redis") for m in messages) == 1
+        lost = next(m for m in messages if m.startswith("Lost the shared"))
+        assert "You can't write against a read only replica" in lost
+        assert sum(m.startswith("The shared frontier at Redis is back") for m in messages) == 1
+        assert not any(m.startswith("The shared frontier at Redis failed") for m in messages)
+        stats = crawl_stats(sync, "demoted")
+        assert (stats["pushed"], stats["queued"]) == (2, 2), stats
+        await a.aclose()
+        sync.close()

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 TICK = 0.05
 #: Seconds between two reads of the crawl-wide totals.
 TOTALS_INTERVAL = 0.25
+#: What a replica answers a write with (after the ``READONLY`` code).
+READONLY = "You can't write against a read only replica"
 #: Operations per script call.
 CHUNK = 200
 #: A process that wanted hosts (and held fewer than its fair share) within
@@ -94,7 +96,10 @@ class RedisLink:
                     self.shas = None
                     resync = reloaded = True
                     continue
-                if not isinstance(error, self.errors):
+                # A script refused by a server made a replica: a READONLY
+                # error (Redis 7), or a script error that quotes it (6.2).
+                demoted = READONLY in str(error)
+                if not isinstance(error, self.errors) and not demoted:
                     logger.error("The shared frontier at Redis failed: %r", error)
                 if outage_at is None:
                     outage_at = time.monotonic()
