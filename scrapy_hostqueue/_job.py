@@ -35,7 +35,6 @@ from scrapy_hostqueue._frontier import (
     uses_scrapy_dupefilter,
 )
 from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
-from scrapy_hostqueue._redis_glue import LocalSeen
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -71,7 +70,7 @@ def make_dupefilter(
     if redis is not None and uses_scrapy_dupefilter(crawler):
         # Each process drops its own duplicates; the push script in Redis
         # drops the others' (see shared_fingerprint).
-        return FrontierDupeFilter(crawler, LocalSeen())
+        return FrontierDupeFilter(crawler, redis.seen)
     if frontier is not None and uses_scrapy_dupefilter(crawler):
         # The seen fingerprints live in the frontier file, committed with
         # their requests, instead of in JOBDIR/requests.seen.

@@ -165,6 +165,11 @@ class LocalSeen:
         self._seen.add(fingerprint)
         return False
 
+    def clear(self) -> None:
+        """Forget every fingerprint: Redis may have lost some of them (a
+        failover to a replica that missed the last writes)."""
+        self._seen.clear()
+
 
 class RedisFrontier:
     """One process's part in a shared crawl: registered with Redis at
@@ -178,6 +183,8 @@ class RedisFrontier:
         self.config = config
         #: Whether Redis is a Redis Cluster (found at :meth:`open`).
         self.cluster = False
+        #: The fingerprints this process pushed (the dupefilter's first answer).
+        self.seen = LocalSeen()
         self.store: RedisStore[Request] | None = None
         self._client: Any = None
         self._link: RedisLink | None = None
@@ -241,6 +248,9 @@ class RedisFrontier:
         redis = redis_client_module()
         self._client = async_client(redis, self.url, cluster=self.cluster)
         self.store.on_work = wake
+        # After an outage Redis may lack requests this process pushed (a
+        # failover lost them): their links, found again, are pushed again.
+        self.store.on_back = self.seen.clear
         self._link = RedisLink(self.store, self._client, redis_errors(redis))
         self._link.start()
         logger.info(

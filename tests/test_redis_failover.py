@@ -2,9 +2,11 @@
 ``redis-server`` nodes with one replica per master, the master serving the
 crawl's slot handed over to its replica (``CLUSTER FAILOVER``) or killed
 with SIGKILL and its replica promoted (``CLUSTER FAILOVER TAKEOVER``) while
-two ``scrapy crawl`` processes run one crawl (``crawl`` marker); and the
-scripts lost by Redis (a replica promoted on Redis 7, which does not copy
-``SCRIPT LOAD``) loaded again without an outage."""
+two ``scrapy crawl`` processes run one crawl (``crawl`` marker); the writes
+a failover to a lagging replica lost, taken back or done again; the scripts
+lost by Redis (a replica promoted on Redis 7, which does not copy ``SCRIPT
+LOAD``) loaded again without an outage; a server made a replica; and the
+dupefilter's memory of this process's pushes forgotten after an outage."""
 
 from __future__ import annotations
 
@@ -18,11 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy import Request, Spider
+from scrapy.utils.defer import deferred_f_from_coro_f, maybe_deferred_to_future
+from scrapy.utils.test import get_crawler
 
+from scrapy_hostqueue import HostQueueScheduler
+from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
 from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.store._redisdb import prefix
+from scrapy_hostqueue.store.redis import RedisStore
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store
 from tests.crawling import start_demo_crawl
@@ -347,6 +354,8 @@ async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
             async_client(redis, first.url, cluster=False),
             redis_errors(redis),
         )
+        backs: list[bool] = []
+        a.store.on_back = lambda: backs.append(a.store.connected)
         a.link.start()
 
         async def pushed(n: int) -> None:
@@ -377,7 +386,33 @@ async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
         assert "You can't write against a read only replica" in lost
         assert sum(m.startswith("The shared frontier at Redis is back") for m in messages) == 1
         assert not any(m.startswith("The shared frontier at Redis failed") for m in messages)
+        assert backs == [True]  # called once, when the outage ended
         stats = crawl_stats(sync, "demoted")
         assert (stats["pushed"], stats["queued"]) == (2, 2), stats
         await a.aclose()
         sync.close()
+
+
+@deferred_f_from_coro_f
+async def test_the_dupefilter_forgets_its_fingerprints_when_redis_is_back(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an outage Redis may lack requests this process pushed (a
+    failover to a replica that missed them): a link to one, found again when
+    the page that had it is fetched again, must be pushed again, not dropped
+    by the dupefilter's memory of this process's pushes."""
+    crawler = get_crawler(Spider, {"HOSTQUEUE_FRONTIER": redis_url, "HOSTQUEUE_CRAWL_ID": "forget"})
+    # No engine here.
+    monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)
+    scheduler = HostQueueScheduler.from_crawler(crawler)
+    scheduler.open(Spider("forget"))
+    store = scheduler._store
+    assert isinstance(store, RedisStore) and store.on_back is not None
+    request = Request("http://127.0.0.2/page/1")
+    assert not scheduler.df.request_seen(request)
+    assert scheduler.df.request_seen(request)
+    store.on_back()  # what the store's task calls when Redis is back
+    assert not scheduler.df.request_seen(request)
+    closed = scheduler.close("finished")
+    if closed is not None:
+        await maybe_deferred_to_future(closed)

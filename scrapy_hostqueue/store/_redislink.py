@@ -125,6 +125,8 @@ class RedisLink:
                 outage_at = None
                 store.connected = True
                 backoff = 0.1
+                if store.on_back is not None:
+                    store.on_back()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), SHARE_TICK if store.sharing() else TICK)
             self._wake.clear()

@@ -209,6 +209,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._finished = False
         #: Called when this process got work from Redis, or the crawl finished.
         self.on_work: Callable[[], None] | None = None
+        #: Called when Redis answers again after an outage.
+        self.on_back: Callable[[], None] | None = None
         #: Whether Redis answers (False during an outage).
         self.connected = True
         #: Counters for the stats: duplicates Redis dropped, hosts claimed...
