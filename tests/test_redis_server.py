@@ -140,7 +140,7 @@ def test_a_server_with_a_password_refuses_clients_without_it() -> None:
         assert server.command("CONFIG GET requirepass") == ["requirepass", "p@ss/word"]
         with pytest.raises(RedisServerError, match="NOAUTH"):
             inline_command(server.port, "GET key")
-        with pytest.raises(RedisServerError, match="WRONGPASS|invalid password"):
+        with pytest.raises(RedisServerError, match="WRONGPASS"):
             inline_command(server.port, "GET key", password="wrong")
         assert inline_command(server.port, "GET key", password="p@ss/word") == "1"
     with pytest.raises(ValueError, match="without spaces"):
