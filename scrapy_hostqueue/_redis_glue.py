@@ -136,6 +136,19 @@ def connect_problem(redis: Any, url: str, error: BaseException, where: str = "th
             f"the server's TLS certificate is not trusted ({text}): name the CA that "
             f"signed it in {where}, as ?ssl_ca_certs=/path/to/ca.pem"
         )
+    tls = urlsplit(url).scheme == "rediss"
+    if "closed by server" in text:
+        # What a TLS server does to a plain client, and a server asking for
+        # a client certificate to a client without one.
+        if tls:
+            return (
+                f"{text}: if the server asks for a client certificate, name it in {where} "
+                "as ssl_certfile=/path/to/cert.pem&ssl_keyfile=/path/to/key.pem"
+            )
+        return f"{text}: if the server speaks TLS, write rediss:// in {where}"
+    if tls and isinstance(error, redis.exceptions.TimeoutError):
+        # What a plain server does to a TLS client: waits for a command.
+        return f"{text}: start Redis there; if it does not speak TLS, write redis:// in {where}"
     return f"{text}: start Redis there, or fix {where}"
 
 

@@ -188,11 +188,15 @@ class RedisClusterServers:
     :meth:`start` starts the servers, introduces them (``CLUSTER MEET``),
     hands out the slots (``CLUSTER ADDSLOTS``, which Redis 6.2 has) and waits
     for ``cluster_state:ok`` on every node; :meth:`stop` ends them (``with``
-    does both). The ``redis`` client must be installed."""
+    does both). With *password*, every node asks for it. The ``redis`` client
+    must be installed."""
 
-    def __init__(self, masters: int = 3, *, start_timeout: float = 20.0) -> None:
-        self.nodes = [RedisServer(cluster=True) for _ in range(masters)]
+    def __init__(
+        self, masters: int = 3, *, start_timeout: float = 20.0, password: str | None = None
+    ) -> None:
+        self.nodes = [RedisServer(cluster=True, password=password) for _ in range(masters)]
         self.start_timeout = start_timeout
+        self.password = password
 
     @property
     def url(self) -> str:
@@ -206,7 +210,10 @@ class RedisClusterServers:
         try:
             for node in self.nodes:
                 node.start()
-            clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+            clients = [
+                redis.Redis(host="127.0.0.1", port=node.port, password=self.password)
+                for node in self.nodes
+            ]
             try:
                 # Distinct config epochs at once, as redis-cli --cluster create
                 # gives them, so that the nodes agree without a vote.
@@ -262,7 +269,10 @@ class RedisClusterServers:
         of its keys, then every node told the new owner."""
         import redis  # here: the tests that use a cluster skip without it
 
-        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+        clients = [
+            redis.Redis(host="127.0.0.1", port=node.port, password=self.password)
+            for node in self.nodes
+        ]
         try:
             src, dst = clients[source], clients[target]
             src_id = src.execute_command("CLUSTER", "MYID").decode()
