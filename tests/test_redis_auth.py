@@ -161,6 +161,10 @@ def test_push_and_frontier_with_a_password(
     assert out.startswith(f"shared frontier redis://:***@127.0.0.1:{password_server.port}/0,")
     assert "2 requests queued and 0 leased" in out
     assert PASSWORD not in out
+    # The same with the user named, as with Redis's access control lists.
+    user = f"redis://default:{PASSWORD}@127.0.0.1:{password_server.port}/0"
+    assert cli(["push", user, "--crawl-id", "fed", page + "2"]) == 0
+    assert capsys.readouterr().out.strip() == "queued 0, 1 already seen"
     wrong = _with_password(password_server, "wrong-One")
     for argv in (["push", wrong, page + "3"], ["frontier", wrong]):
         assert cli([*argv, "--crawl-id", "fed"]) == 2
