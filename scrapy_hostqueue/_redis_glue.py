@@ -119,6 +119,22 @@ def check_url(redis: Any, url: str) -> None:
         raise RedisFrontierError(f"the Redis URL {shown}: {error}") from None
 
 
+def check_cluster_options(redis: Any, url: str) -> None:
+    """Refuse, in one line, an option of *url* that the asyncio client of a
+    Redis Cluster does not take (it takes fewer than the synchronous one,
+    e.g. no ``ssl_password``): built here, not connected, rather than fail
+    with a traceback when the crawl's task starts."""
+    try:
+        redis.asyncio.cluster.RedisCluster.from_url(url)
+    except TypeError as error:
+        found = re.search(r"keyword argument '(\w+)'", str(error))
+        name = found.group(1) if found else str(error)
+        raise RedisFrontierError(
+            f"HOSTQUEUE_FRONTIER: {shown_url(url)} is a node of a Redis Cluster, whose "
+            f"asyncio client does not take the option {name}: leave it out"
+        ) from None
+
+
 def connect_problem(redis: Any, url: str, error: BaseException, where: str = "the URL") -> str:
     """What the client's *error* connecting to *url* means, and what to do
     about it *where* the URL is given, in words for one line."""
@@ -293,6 +309,8 @@ class RedisFrontier:
         finally:
             if client is not None:
                 client.close()
+        if cluster:
+            check_cluster_options(redis, url)
         frontier = cls(url, crawl_id, proc, config)
         frontier.cluster = cluster
         return frontier
@@ -361,6 +379,7 @@ __all__ = [
     "LocalSeen",
     "RedisFrontier",
     "async_client",
+    "check_cluster_options",
     "check_url",
     "connect",
     "connect_problem",
