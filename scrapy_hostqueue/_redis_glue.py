@@ -107,8 +107,11 @@ def check_url(redis: Any, url: str) -> None:
             raise RedisFrontierError(f"the Redis URL {shown} names {name}={path}: not found")
     try:
         # Built, not connected: the client takes every keyword of the URL's
-        # query, and only its connection class tells an unknown one.
+        # query, and only its connection classes tell an unknown one, the
+        # synchronous one of the start-up and the asyncio one of the crawl.
         kind(**options)
+        options = redis.asyncio.connection.parse_url(url)
+        options.pop("connection_class", redis.asyncio.Connection)(**options)
     except TypeError as error:
         found = re.search(r"keyword argument '(\w+)'", str(error))
         name = found.group(1) if found else str(error)

@@ -64,6 +64,11 @@ def _refusal(url: str) -> str:
             "rediss://:s3cret@127.0.0.1:6379/0?ssl_ca_cert=/etc/ca.pem",
             "an option the redis client does not take: ssl_ca_cert",
         ),
+        # One the synchronous client takes, and the crawl's asyncio one does not.
+        (
+            "rediss://:s3cret@127.0.0.1:6379/0?ssl_validate_ocsp=true",
+            "an option the redis client does not take: ssl_validate_ocsp",
+        ),
         # TLS options on a plain URL: the same TypeError, not a plain connection.
         (
             "redis://:s3cret@127.0.0.1:6379/0?ssl_cert_reqs=required",
