@@ -7,6 +7,7 @@ error messages live in one place.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -315,7 +316,9 @@ class HostQueueConfig:
     prefetch: int  # requests per host handed out beyond the limit (own handler only)
     remember_hosts: int
     frontier_path: str | None  # None: the in-memory or Redis store; else the SQLite file
-    frontier_url: str | None  # the Redis URL of a shared frontier, else None
+    # The Redis URL of a shared frontier, else None; out of the repr, since it
+    # may carry a password.
+    frontier_url: str | None = dataclasses.field(repr=False)
     crawl_id: str | None  # None: the spider's name
     lease_timeout: float  # seconds a dead process's hosts and requests stay leased
     redis_finish_grace: float  # seconds the shared crawl must be empty before closing

@@ -18,7 +18,12 @@ from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.request import fingerprint
 
-from scrapy_hostqueue._redis_glue import connect, redis_client_module, shown_url
+from scrapy_hostqueue._redis_glue import (
+    connect,
+    connect_problem,
+    redis_client_module,
+    shown_url,
+)
 from scrapy_hostqueue.store._redisdb import (
     LAYOUT_VERSION,
     SCRIPTS,
@@ -37,7 +42,9 @@ def _client(url: str) -> Any:
     try:
         client, _cluster = connect(redis, url, timeout=10)
     except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
-        raise RedisFrontierError(f"cannot reach Redis at {shown_url(url)} ({error})") from None
+        raise RedisFrontierError(
+            f"cannot reach Redis at {shown_url(url)}: {connect_problem(redis, url, error)}"
+        ) from None
     return client
 
 

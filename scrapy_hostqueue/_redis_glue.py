@@ -10,9 +10,11 @@ without it for the memory and SQLite stores.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from scrapy_hostqueue._recorder import stat_key
 from scrapy_hostqueue.store._redisdb import RedisFrontierError, register
@@ -57,14 +59,116 @@ def redis_client_module() -> Any:
     return redis
 
 
+#: Options of a Redis URL's query whose values are secrets.
+SECRET_OPTIONS = frozenset({"password", "ssl_password"})
+#: Options of a Redis URL's query that name a file or directory the client
+#: reads when it connects.
+FILE_OPTIONS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
+
+
 def shown_url(url: str) -> str:
-    """*url* without its password, for log lines."""
+    """*url* without its secrets, for log lines and messages: the password
+    (``redis://:***@host``, ``redis://user:***@host``) and the values of
+    :data:`SECRET_OPTIONS` in its query."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user, colon, _password = userinfo.partition(":")
+        if colon:
+            netloc = f"{user}:***@{host}"
+    query = "&".join(
+        f"{name}=***" if unquote(name) in SECRET_OPTIONS else f"{name}{sep}{value}"
+        for name, sep, value in (item.partition("=") for item in parts.query.split("&"))
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def check_url(redis: Any, url: str) -> None:
+    """Refuse, without connecting, a Redis URL the client cannot use, with
+    one line saying why: a malformed URL, an option it does not take, a TLS
+    option without ``rediss://``, a certificate file that is not there."""
+    shown = shown_url(url)
+    try:
+        options = redis.connection.parse_url(url)
+    except ValueError as error:
+        raise RedisFrontierError(f"the Redis URL {shown} is malformed: {error}") from None
+    kind = options.pop("connection_class", redis.Connection)
+    if kind is not redis.SSLConnection:
+        tls = sorted(name for name in options if name.startswith("ssl_"))
+        if tls:
+            raise RedisFrontierError(
+                f"the Redis URL {shown} has TLS options ({', '.join(tls)}) and does not "
+                "use TLS: write rediss:// for TLS, or leave them out"
+            )
+    for name in FILE_OPTIONS:
+        path = options.get(name)
+        if path and not os.path.exists(path):
+            raise RedisFrontierError(f"the Redis URL {shown} names {name}={path}: not found")
+    try:
+        # Built, not connected: the client takes every keyword of the URL's
+        # query, and only its connection classes tell an unknown one, the
+        # synchronous one of the start-up and the asyncio one of the crawl.
+        kind(**options)
+        options = redis.asyncio.connection.parse_url(url)
+        options.pop("connection_class", redis.asyncio.Connection)(**options)
+    except TypeError as error:
+        found = re.search(r"keyword argument '(\w+)'", str(error))
+        name = found.group(1) if found else str(error)
+        raise RedisFrontierError(
+            f"the Redis URL {shown} has an option the redis client does not take: {name}"
+        ) from None
+    except redis.RedisError as error:  # a value it refuses, e.g. ssl_cert_reqs
+        raise RedisFrontierError(f"the Redis URL {shown}: {error}") from None
+
+
+def check_cluster_options(redis: Any, url: str) -> None:
+    """Refuse, in one line, an option of *url* that the asyncio client of a
+    Redis Cluster does not take (it takes fewer than the synchronous one,
+    e.g. no ``ssl_password``): built here, not connected, rather than fail
+    with a traceback when the crawl's task starts."""
+    try:
+        redis.asyncio.cluster.RedisCluster.from_url(url)
+    except TypeError as error:
+        found = re.search(r"keyword argument '(\w+)'", str(error))
+        name = found.group(1) if found else str(error)
+        raise RedisFrontierError(
+            f"HOSTQUEUE_FRONTIER: {shown_url(url)} is a node of a Redis Cluster, whose "
+            f"asyncio client does not take the option {name}: leave it out"
+        ) from None
+
+
+def connect_problem(redis: Any, url: str, error: BaseException, where: str = "the URL") -> str:
+    """What the client's *error* connecting to *url* means, and what to do
+    about it *where* the URL is given, in words for one line."""
+    text = str(error).strip().rstrip(".")
+    if isinstance(error, redis.exceptions.AuthenticationError):
+        if "password" in redis.connection.parse_url(url):
+            return f"Redis refused the password ({text}): give the right one in {where}"
+        scheme = urlsplit(url).scheme
+        return (
+            f"Redis asks for a password, and {where} gives none: write it as "
+            f"{scheme}://:PASSWORD@host:port/db"
+        )
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            f"the server's TLS certificate is not trusted ({text}): name the CA that "
+            f"signed it in {where}, as ?ssl_ca_certs=/path/to/ca.pem"
+        )
+    tls = urlsplit(url).scheme == "rediss"
+    if "closed by server" in text:
+        # What a TLS server does to a plain client, and a server asking for
+        # a client certificate to a client without one.
+        if tls:
+            return (
+                f"{text}: if the server asks for a client certificate, name it in {where} "
+                "as ssl_certfile=/path/to/cert.pem&ssl_keyfile=/path/to/key.pem"
+            )
+        return f"{text}: if the server speaks TLS, write rediss:// in {where}"
+    if tls and isinstance(error, redis.exceptions.TimeoutError):
+        # What a plain server does to a TLS client: waits for a command.
+        return f"{text}: start Redis there; if it does not speak TLS, write redis:// in {where}"
+    return f"{text}: start Redis there, or fix {where}"
 
 
 def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
@@ -97,7 +201,9 @@ def connect(redis: Any, url: str, *, timeout: float = CONNECT_TIMEOUT) -> tuple[
     cluster`` says ``cluster_enabled:1``), a cluster client, which finds the
     other nodes from it. Raises the client's errors when Redis is away, and
     :class:`RedisFrontierError` when the cluster does not serve all its slots
-    or *url* names a database other than 0."""
+    or *url* names a database other than 0, or is one :func:`check_url`
+    refuses."""
+    check_url(redis, url)
     options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
     plain = redis.Redis.from_url(url, **options)
     try:
@@ -200,20 +306,24 @@ class RedisFrontier:
         redis = redis_client_module()
         url = config.frontier_url
         crawl_id = config.crawl_id or crawler.spidercls.name
+        try:
+            check_url(redis, url)
+        except RedisFrontierError as error:
+            raise RedisFrontierError(f"HOSTQUEUE_FRONTIER: {error}") from None
         client = None
         try:
             client, cluster = connect(redis, url)
             proc = register(client, crawl_id, int((time.time() + config.lease_timeout) * 1000))
         except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
             raise RedisFrontierError(
-                f"cannot use the shared frontier at {shown_url(url)} ({error}): start Redis "
-                "there, or fix HOSTQUEUE_FRONTIER"
+                f"cannot use the shared frontier at {shown_url(url)}: "
+                f"{connect_problem(redis, url, error, 'HOSTQUEUE_FRONTIER')}"
             ) from None
-        except ValueError as error:  # a malformed URL
-            raise RedisFrontierError(f"HOSTQUEUE_FRONTIER {shown_url(url)}: {error}") from None
         finally:
             if client is not None:
                 client.close()
+        if cluster:
+            check_cluster_options(redis, url)
         frontier = cls(url, crawl_id, proc, config)
         frontier.cluster = cluster
         return frontier
@@ -285,7 +395,10 @@ __all__ = [
     "LocalSeen",
     "RedisFrontier",
     "async_client",
+    "check_cluster_options",
+    "check_url",
     "connect",
+    "connect_problem",
     "redis_client_module",
     "shown_url",
 ]

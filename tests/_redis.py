@@ -1,10 +1,12 @@
 """Redis for the tests: the package's launcher of a real ``redis-server``
 (:mod:`scrapy_hostqueue._redis_server`), and a proxy whose connections a test
-cuts; a Redis Cluster of real servers."""
+cuts, which also ends TLS in front of a server; a Redis Cluster of real
+servers."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -90,10 +92,15 @@ def crawl_stats(sync: Any, crawl: str) -> dict[str, int]:
 class CuttableProxy:
     """A TCP forwarder to a Redis server, in a thread of its own, whose
     connections a test cuts (:meth:`cut`): the network between a crawl and
-    Redis lost for a while, Redis and its data untouched."""
+    Redis lost for a while, Redis and its data untouched.
 
-    def __init__(self, target_port: int) -> None:
+    With *tls*, a server context, it ends TLS for the server behind it
+    (clients connect with ``rediss://``), as a Redis built with TLS or a
+    TLS-terminating proxy of a managed Redis does."""
+
+    def __init__(self, target_port: int, *, tls: ssl.SSLContext | None = None) -> None:
         self.target_port = target_port
+        self.tls = tls
         self.port = 0
         self.refusing = False
         self.cuts = 0
@@ -104,17 +111,20 @@ class CuttableProxy:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """``redis://127.0.0.1:PORT/0``, ``rediss://`` with TLS."""
+        scheme = "rediss" if self.tls is not None else "redis"
+        return f"{scheme}://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
+    def start(self) -> CuttableProxy:
         self._thread.start()
         self._call(self._start())
+        return self
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
     async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -161,6 +171,12 @@ class CuttableProxy:
         self._thread.join(5)
         self._loop.close()
 
+    def __enter__(self) -> CuttableProxy:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 #: Hash slots of a Redis Cluster.
 SLOTS = 16384
@@ -173,19 +189,30 @@ class RedisClusterServers:
     introduces them (``CLUSTER MEET``), hands out the slots (``CLUSTER
     ADDSLOTS``, which Redis 6.2 has), makes the replicas
     (``CLUSTER REPLICATE``) and waits until every node serves and every
-    replica is in sync; :meth:`stop` ends them (``with`` does both). The
-    ``redis`` client must be installed.
+    replica is in sync; :meth:`stop` ends them (``with`` does both). With
+    *password*, every node asks for it (and a replica gives it to its
+    master). The ``redis`` client must be installed.
 
     :attr:`nodes` are the masters as started and :attr:`replicas` the
     replicas (``replicas[i * replicas + j]`` of ``nodes[i]``); after a
     failover (:meth:`failover`) the roles differ: :meth:`serving` says which
     server serves a slot now."""
 
-    def __init__(self, masters: int = 3, *, replicas: int = 0, start_timeout: float = 20.0) -> None:
-        self.nodes = [RedisServer(cluster=True) for _ in range(masters)]
-        self.replicas = [RedisServer(cluster=True) for _ in range(masters * replicas)]
+    def __init__(
+        self,
+        masters: int = 3,
+        *,
+        replicas: int = 0,
+        start_timeout: float = 20.0,
+        password: str | None = None,
+    ) -> None:
+        self.nodes = [RedisServer(cluster=True, password=password) for _ in range(masters)]
+        self.replicas = [
+            RedisServer(cluster=True, password=password) for _ in range(masters * replicas)
+        ]
         self.replicas_per_master = replicas
         self.start_timeout = start_timeout
+        self.password = password
 
     @property
     def servers(self) -> list[RedisServer]:
@@ -206,7 +233,10 @@ class RedisClusterServers:
         try:
             for node in servers:
                 node.start()
-            clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in servers]
+            clients = [
+                redis.Redis(host="127.0.0.1", port=node.port, password=self.password)
+                for node in servers
+            ]
             try:
                 # Distinct config epochs at once, as redis-cli --cluster create
                 # gives them, so that the nodes agree without a vote.
@@ -241,6 +271,8 @@ class RedisClusterServers:
             client.config_set("repl-diskless-sync-delay", 0)
         deadline = time.monotonic() + self.start_timeout
         for n, client in enumerate(clients[len(self.nodes) :]):
+            if self.password is not None:
+                client.config_set("masterauth", self.password)
             master = ids[n // self.replicas_per_master]
             while True:
                 try:
@@ -377,7 +409,10 @@ class RedisClusterServers:
         of its keys, then every node told the new owner."""
         import redis  # here: the tests that use a cluster skip without it
 
-        clients = [redis.Redis(host="127.0.0.1", port=node.port) for node in self.nodes]
+        clients = [
+            redis.Redis(host="127.0.0.1", port=node.port, password=self.password)
+            for node in self.nodes
+        ]
         try:
             src, dst = clients[source], clients[target]
             src_id = src.execute_command("CLUSTER", "MYID").decode()

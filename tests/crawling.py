@@ -5,6 +5,8 @@ scripts request by request (``serving``)."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import math
 import socket
 import ssl
@@ -345,6 +347,62 @@ async def serving(
         yield hosts
     finally:
         await hosts.close()
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """A key and a self-signed certificate for one IP address, made now, in
+    PEM files: the certificate is also the CA file a client trusts it with
+    (``ssl_ca_certs``)."""
+
+    cert: Path
+    key: Path
+
+    @classmethod
+    def make(cls, directory: Path, address: str = "127.0.0.1", name: str = "cert") -> Certificate:
+        """Write ``NAME.pem`` and ``NAME.key`` into *directory*."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"scrapy-hostqueue {name}")])
+        now = datetime.datetime.now(datetime.timezone.utc)
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
+                critical=False,
+            )
+            .sign(key, hashes.SHA256())
+        )
+        made = cls(directory / f"{name}.pem", directory / f"{name}.key")
+        made.cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        made.key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        return made
+
+    def server_context(self, *, client_ca: Path | None = None) -> ssl.SSLContext:
+        """A server's TLS context with this certificate; with *client_ca*, one
+        that asks every client for a certificate that CA signed."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert, self.key)
+        if client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(client_ca)
+        return context
 
 
 def start_demo_crawl(

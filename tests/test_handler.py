@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime
 import gzip
 import importlib.util
 import ipaddress
 import json
 import os
 import socket
-import ssl
 import sys
 import textwrap
 import threading
@@ -53,7 +51,15 @@ from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.handler import AiohttpDownloadHandler, _pool_limits
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
-from tests.crawling import Received, Reply, Route, dropping_connections, ok_reply, serving
+from tests.crawling import (
+    Certificate,
+    Received,
+    Reply,
+    Route,
+    dropping_connections,
+    ok_reply,
+    serving,
+)
 
 HANDLER_PATH = "scrapy_hostqueue.AiohttpDownloadHandler"
 HANDLERS = {"http": HANDLER_PATH, "https": HANDLER_PATH}
@@ -114,45 +120,6 @@ class ForwardProxy:
             pass
         finally:
             writer.close()
-
-
-def _self_signed_tls(directory: Path, address: str) -> ssl.SSLContext:
-    """A server TLS context with a certificate made now, for *address*."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "scrapy-hostqueue test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_file = directory / "cert.pem"
-    key_file = directory / "key.pem"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert_file, key_file)
-    return context
 
 
 # -- helpers -----------------------------------------------------------------
@@ -711,7 +678,7 @@ async def test_connection_refused_is_scrapy_exception() -> None:
 
 @deferred_f_from_coro_f
 async def test_https_with_self_signed_certificate(tmp_path: Path) -> None:
-    tls = _self_signed_tls(tmp_path, "127.0.0.3")
+    tls = Certificate.make(tmp_path, "127.0.0.3").server_context()
     async with serving(["127.0.0.3"], tls=tls) as hosts, _handler() as handler:
         response = await _download(handler, Request(hosts.url("127.0.0.3", "/secure")))
     assert response.url.startswith("https://")

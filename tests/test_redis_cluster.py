@@ -234,6 +234,22 @@ def test_a_cluster_url_with_another_database_is_refused(cluster: RedisClusterSer
     assert "is a node of a Redis Cluster, which has only database 0" in str(refused.value)
 
 
+def test_an_option_the_asyncio_cluster_client_does_not_take_is_refused(
+    cluster: RedisClusterServers,
+) -> None:
+    # The synchronous clients take retry_on_timeout, the asyncio cluster
+    # client of the crawl's task does not: refused at start, not with a
+    # traceback when the task starts.
+    url = cluster.nodes[0].url + "?retry_on_timeout=true"
+    crawler = get_crawler(settings_dict={"HOSTQUEUE_FRONTIER": url})
+    with pytest.raises(RedisFrontierError) as refused:
+        HostQueueScheduler.from_crawler(crawler)
+    assert str(refused.value) == (
+        f"HOSTQUEUE_FRONTIER: {url} is a node of a Redis Cluster, whose asyncio client "
+        "does not take the option retry_on_timeout: leave it out"
+    )
+
+
 @pytest.mark.crawl
 def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
     cluster: RedisClusterServers, sync: Any, tmp_path: Path

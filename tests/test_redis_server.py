@@ -19,6 +19,7 @@ from scrapy_hostqueue._redis_server import (
     RedisServer,
     RedisServerError,
     find_redis_server,
+    inline_command,
     parse_commandstats,
     redis_server,
     shared_frontier_refusal,
@@ -128,6 +129,22 @@ def test_two_servers_get_two_ports() -> None:
         assert first.port != second.port
         first.command("SET only-here 1")
         assert second.command("EXISTS only-here") == 0
+
+
+@pytest.mark.crawl
+def test_a_server_with_a_password_refuses_clients_without_it() -> None:
+    with RedisServer(password="p@ss/word") as server:
+        # The URL carries the password, escaped for a URL.
+        assert server.url == f"redis://:p%40ss%2Fword@127.0.0.1:{server.port}/0"
+        assert server.command("SET key 1") == "OK"
+        assert server.command("CONFIG GET requirepass") == ["requirepass", "p@ss/word"]
+        with pytest.raises(RedisServerError, match="NOAUTH"):
+            inline_command(server.port, "GET key")
+        with pytest.raises(RedisServerError, match="WRONGPASS"):
+            inline_command(server.port, "GET key", password="wrong")
+        assert inline_command(server.port, "GET key", password="p@ss/word") == "1"
+    with pytest.raises(ValueError, match="without spaces"):
+        RedisServer(password="two words")
 
 
 @pytest.mark.crawl
