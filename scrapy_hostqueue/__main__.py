@@ -10,6 +10,7 @@ redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue._redis_c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,23 @@ from scrapy_hostqueue.timeline import TimelineError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+
+#: A location argument of this form is read from the environment variable
+#: it names, so that a Redis URL with a password stays out of the process
+#: list, where every user of the machine sees command lines.
+ENV_PREFIX = "env:"
+
+
+def _location(parser: argparse.ArgumentParser, value: str) -> str:
+    """*value*, or with :data:`ENV_PREFIX`, the environment variable it names."""
+    if not value.startswith(ENV_PREFIX):
+        return value
+    name = value[len(ENV_PREFIX) :]
+    found = os.environ.get(name, "")
+    if not name or not found:
+        parser.error(f"{value}: the environment variable {name or '(no name)'} is not set")
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -58,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     frontier_parser.add_argument(
         "path",
         help="the frontier file, its JOBDIR, sqlite:///path/to/frontier.db, or "
-        "redis://host:port/db with --crawl-id",
+        "redis://host:port/db with --crawl-id; env:NAME reads it from the environment "
+        "variable NAME",
     )
     frontier_parser.add_argument(
         "--top", type=int, default=10, help="hosts listed per section (default 10)"
@@ -70,7 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Queue URLs in a shared crawl (HOSTQUEUE_FRONTIER = 'redis://...'), "
         "through its dupefilter, for its spider's default callback.",
     )
-    push_parser.add_argument("url", help="redis://host:port/db")
+    push_parser.add_argument(
+        "url",
+        help="redis://host:port/db; env:NAME reads it from the environment variable NAME",
+    )
     push_parser.add_argument("--crawl-id", required=True, help="HOSTQUEUE_CRAWL_ID")
     push_parser.add_argument("urls", nargs="*", help="URLs; none: one a line on standard input")
     push_parser.add_argument("--priority", type=int, default=0, help="Request.priority")
@@ -79,11 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and (args.command != "push" or any(arg.startswith("-") for arg in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "push":
+        url = _location(push_parser, args.url)
         urls = args.urls + extra or [line.strip() for line in sys.stdin if line.strip()]
         try:
-            queued, duplicates = _redis_cli.push(
-                args.url, args.crawl_id, urls, priority=args.priority
-            )
+            queued, duplicates = _redis_cli.push(url, args.crawl_id, urls, priority=args.priority)
         except (RedisFrontierError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -92,14 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "frontier":
         if args.top < 1:
             parser.error("--top must be >= 1")
-        shared = args.path.startswith(("redis://", "rediss://", "unix://"))
+        path = _location(frontier_parser, args.path)
+        shared = path.startswith(("redis://", "rediss://", "unix://"))
         if shared and not args.crawl_id:
             parser.error("a Redis URL needs --crawl-id")
         try:
             if shared:
-                print(_redis_cli.report(args.path, args.crawl_id, top=args.top))
+                print(_redis_cli.report(path, args.crawl_id, top=args.top))
             else:
-                print(report(args.path, top=args.top))
+                print(report(path, top=args.top))
         except (FrontierFileError, RedisFrontierError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

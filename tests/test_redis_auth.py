@@ -179,6 +179,29 @@ def test_push_and_frontier_with_a_password(
     assert password_server.command("HGET hq:{fed}:stats queued") == "2"
 
 
+def test_push_and_frontier_read_the_url_from_the_environment(
+    password_server: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # env:NAME keeps the password out of the command line.
+    monkeypatch.setenv("CRAWL_REDIS_URL", _with_password(password_server, PASSWORD))
+    page = "http://127.0.0.2:8000/page/"
+    assert cli(["push", "env:CRAWL_REDIS_URL", "--crawl-id", "env", page + "1"]) == 0
+    assert capsys.readouterr().out.strip() == "queued 1, 0 already seen"
+    assert cli(["frontier", "env:CRAWL_REDIS_URL", "--crawl-id", "env"]) == 0
+    out = capsys.readouterr().out
+    assert "1 requests queued and 0 leased" in out
+    assert PASSWORD not in out
+    monkeypatch.delenv("CRAWL_REDIS_URL")
+    for argv in (["push", "env:CRAWL_REDIS_URL", page + "2"], ["frontier", "env:CRAWL_REDIS_URL"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli([*argv, "--crawl-id", "env"])
+        assert exit_info.value.code == 2
+        assert "the environment variable CRAWL_REDIS_URL is not set" in capsys.readouterr().err
+    assert password_server.command("HGET hq:{env}:stats queued") == "1"
+
+
 # -- TLS -----------------------------------------------------------------------
 
 
