@@ -24,8 +24,10 @@ and local hosts, and runs each crawl in fresh processes
 (c) **Redis commands per crawled page** in every Redis crawl: ``FLUSHALL`` and
     ``CONFIG RESETSTAT`` before it, ``INFO commandstats`` after it (the
     benchmark's own ``INFO`` and ``CONFIG`` left out; commands that scripts
-    call count too), over the responses the crawl processes received; in (a)
-    also the Redis server's CPU time per page (``INFO cpu``).
+    call count too), over the responses the crawl processes received, and of
+    them the package's script calls (``EVALSHA``: each runs a batch of
+    operations at once); in (a) also the Redis server's CPU time per page
+    (``INFO cpu``).
 
 (d) **One busy host.** A single host at 10 ms, every link followed, a limit
     of 16 (``CONCURRENT_REQUESTS_PER_DOMAIN``, the AIMD middleware starting
@@ -119,6 +121,10 @@ class ScaleRun:
         return self.redis_commands / self.pages
 
     @property
+    def scripts_per_page(self) -> float | None:
+        return _scripts_per_page(self.redis_commands, self.commands, self.pages)
+
+    @property
     def redis_cpu_ms_per_page(self) -> float | None:
         if self.redis_cpu is None or not self.pages:
             return None
@@ -141,6 +147,21 @@ class OverheadRun:
         if self.redis_commands is None or not self.run.pages:
             return None
         return self.redis_commands / self.run.pages
+
+    @property
+    def scripts_per_page(self) -> float | None:
+        return _scripts_per_page(self.redis_commands, self.commands, self.run.pages)
+
+
+def _scripts_per_page(
+    redis_commands: int | None, commands: dict[str, int], pages: int
+) -> float | None:
+    """The package's script calls (``EVALSHA``) per page: each runs a batch
+    of operations atomically in Redis, one of a few calls a step of the
+    store sends together."""
+    if redis_commands is None or not pages:
+        return None
+    return commands.get("evalsha", 0) / pages
 
 
 def redis_settings(server: RedisServer, crawl_id: str) -> dict[str, Any]:
@@ -370,6 +391,7 @@ def summarise(
                 "max_in_flight": max(r.max_in_flight for r in mine),
                 "failed": sum(r.error is not None for r in mine),
                 "commands_per_page": median([r.commands_per_page for r in mine]),
+                "scripts_per_page": median([r.scripts_per_page for r in mine]),
                 "redis_cpu_ms_per_page": median([r.redis_cpu_ms_per_page for r in mine]),
             }
     for store in ("redis", "memory"):
@@ -398,6 +420,7 @@ def summarise(
             "round_ratios": paired,
             "max_in_flight": max(max(r.run.max_in_flight.values(), default=0) for r in runs),
             "commands_per_page": median([r.commands_per_page for r in runs]),
+            "scripts_per_page": median([r.scripts_per_page for r in runs if r.store == "redis"]),
         }
     totals: Counter[str] = Counter()
     for item in [*scale, *overhead]:
@@ -484,6 +507,16 @@ def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
         "(c) Redis commands per crawled page: "
         + (", ".join(per_page) if not refusal else "not measured (Redis frontier refused)")
     )
+    scripts = [
+        f"(a) x{key[-1]} {_num(value['scripts_per_page'], '.2f')}"
+        for key, value in scale.items()
+        if isinstance(value, dict) and key.startswith("redis")
+    ] + [
+        f"(b) {name} {_num(values['scripts_per_page'], '.2f')}"
+        for name, values in summary["overhead"].items()
+    ]
+    if scripts and not refusal:
+        lines.append(f"    of which script calls (EVALSHA, a batch each): {', '.join(scripts)}")
     if total:
         lines.append(f"    most called: {top}")
     cpu = [

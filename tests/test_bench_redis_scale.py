@@ -74,6 +74,8 @@ def test_ratios_and_targets_from_the_runs() -> None:
     assert re.search(r"S1: .*\n.*<= 1.15x: 1.10x \(rounds: 1.10\) PASS", text)
     assert re.search(r"S2: .*\n.*<= 1.15x: 1.20x \(rounds: 1.20\) FAIL", text)
     assert "(c) Redis commands per crawled page: (a) x1 3.0, (a) x2 3.0, (b) S1 2.5" in text
+    assert "of which script calls (EVALSHA, a batch each): (a) x1 0.00, (a) x2 0.00, " in text
+    assert "(b) S1 2.00, (b) S2 2.00" in text
     assert "most called: evalsha 80 %, get 20 %" in text
     assert "Redis server CPU per page in (a): x1 0.10 ms, x2 -" in text
 
