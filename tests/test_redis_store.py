@@ -20,6 +20,7 @@ from scrapy_hostqueue.store._redisdb import (
     prefix,
     register,
 )
+from scrapy_hostqueue.store._redislink import batched
 from scrapy_hostqueue.store.redis import RedisStore
 from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
 
@@ -406,3 +407,25 @@ def test_the_package_works_without_the_redis_client() -> None:
         "RedisFrontierError HOSTQUEUE_FRONTIER names a Redis server, and the redis client "
         "is not installed: pip install 'scrapy-hostqueue[redis]'"
     )
+
+
+def test_a_step_sends_each_run_of_pushes_and_acknowledgements_in_one_script_call() -> None:
+    # A page's links pushed, then the page acknowledged, page after page;
+    # a claim and a hand-back in between.
+    ops: list[tuple[Any, ...]] = []
+    for page in range(3):
+        ops += [("push", f"{page}.{link}") for link in range(3)] + [("ack", f"{page}")]
+    ops.insert(8, ("claim", 4))
+    ops.append(("give_back", "h"))
+    ops += [("ack", "9"), ("push", "9.0")]
+    out = batched(ops)
+    assert sorted(out) == sorted(ops)
+    kinds = [op[0] for op in out]
+    runs = [kind for n, kind in enumerate(kinds) if n == 0 or kinds[n - 1] != kind]
+    assert runs == ["push", "ack", "claim", "push", "ack", "give_back", "push", "ack"]
+    # Every acknowledgement still follows the pushes that came before it,
+    # and the other operations keep their place among them.
+    for n, op in enumerate(ops):
+        if op[0] != "push":
+            before = {o for o in ops[:n] if o[0] == "push" or o[0] not in ("push", "ack")}
+            assert before <= set(out[: out.index(op)]), op

@@ -25,7 +25,7 @@ from scrapy_hostqueue.store.redis import BATCH
 if TYPE_CHECKING:
     from scrapy_hostqueue.store.redis import RedisStore
 
-__all__ = ["RedisLink"]
+__all__ = ["RedisLink", "batched"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,31 @@ CHUNK = 200
 #: A process that wanted hosts (and held fewer than its fair share) within
 #: this many milliseconds is waiting.
 HUNGRY_MS = 2_000
+
+
+def batched(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """*ops* in the order a step sends them: between two operations of
+    other kinds, every push, then every acknowledgement, each in its order,
+    so that one script call takes each run (a page's links pushed, then the
+    page acknowledged, alternate). A page's acknowledgement stays after the
+    pushes of the links found on it, which came before it; the other
+    operations (claims, hand-backs, refills, shares) keep their place."""
+    out: list[tuple[Any, ...]] = []
+    pushes: list[tuple[Any, ...]] = []
+    acks: list[tuple[Any, ...]] = []
+    for op in ops:
+        if op[0] == "push":
+            pushes.append(op)
+        elif op[0] == "ack":
+            acks.append(op)
+        else:
+            out += pushes
+            out += acks
+            out.append(op)
+            pushes, acks = [], []
+    out += pushes
+    out += acks
+    return out
 
 
 class RedisLink:
@@ -143,7 +168,7 @@ class RedisLink:
         shas = self.shas
         now = store.clock()
         store.tick(now)
-        ops = store.outbox[:BATCH]
+        ops = batched(store.outbox[:BATCH])
         if not ops and not beat and not totals:
             return
         p, proc = store.prefix, store.proc
