@@ -488,14 +488,7 @@ def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
             f"whole hosts only {_num(busy.get('wholex2', {}).get('ratio'), suffix='x')}; "
             f"max in flight {max(value['max_in_flight'] for value in busy.values())}"
         )
-    per_page = [
-        f"(a) x{key[-1]} {_num(value['commands_per_page'], '.1f')}"
-        for key, value in scale.items()
-        if isinstance(value, dict) and key.startswith("redis")
-    ] + [
-        f"(b) {name} {_num(values['commands_per_page'], '.1f')}"
-        for name, values in summary["overhead"].items()
-    ]
+    per_page = _per_redis_crawl(summary, "commands_per_page", ".1f")
     total = sum(summary["commands"].values())
     top = ", ".join(
         f"{name} {100 * calls / total:.0f} %"
@@ -507,14 +500,7 @@ def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
         "(c) Redis commands per crawled page: "
         + (", ".join(per_page) if not refusal else "not measured (Redis frontier refused)")
     )
-    scripts = [
-        f"(a) x{key[-1]} {_num(value['scripts_per_page'], '.2f')}"
-        for key, value in scale.items()
-        if isinstance(value, dict) and key.startswith("redis")
-    ] + [
-        f"(b) {name} {_num(values['scripts_per_page'], '.2f')}"
-        for name, values in summary["overhead"].items()
-    ]
+    scripts = _per_redis_crawl(summary, "scripts_per_page", ".2f")
     if scripts and not refusal:
         lines.append(f"    of which script calls (EVALSHA, a batch each): {', '.join(scripts)}")
     if total:
@@ -527,6 +513,15 @@ def report_lines(summary: dict[str, Any], parts: str) -> list[str]:
     if cpu and not refusal:
         lines.append(f"    Redis server CPU per page in (a): {', '.join(cpu)}")
     return lines
+
+
+def _per_redis_crawl(summary: dict[str, Any], figure: str, fmt: str) -> list[str]:
+    """*figure* of every Redis crawl of (a) and (b), labelled."""
+    return [
+        f"(a) x{key[-1]} {_num(value[figure], fmt)}"
+        for key, value in summary["scale"].items()
+        if isinstance(value, dict) and key.startswith("redis")
+    ] + [f"(b) {name} {_num(values[figure], fmt)}" for name, values in summary["overhead"].items()]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

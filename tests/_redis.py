@@ -26,6 +26,7 @@ __all__ = [
     "crawl_stats",
     "new_store",
     "redis_server",
+    "wait_pushed",
 ]
 
 
@@ -453,3 +454,12 @@ class RedisClusterServers:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+async def wait_pushed(sync: Any, crawl: str, count: int, timeout: float = 10.0) -> None:
+    """Wait until the crawl *crawl* counts *count* requests pushed (read
+    with the client *sync*), at most *timeout* seconds."""
+    deadline = time.monotonic() + timeout
+    while crawl_stats(sync, crawl).get("pushed", 0) < count:
+        assert time.monotonic() < deadline, crawl_stats(sync, crawl)
+        await asyncio.sleep(0.01)

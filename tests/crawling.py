@@ -424,3 +424,57 @@ def start_demo_crawl(
         return subprocess.Popen(
             command, cwd=PROJECT_DIR, env=child_environment(), stdout=out, stderr=subprocess.STDOUT
         )
+
+
+def start_demo_crawls(
+    hosts: LocalHosts, tmp_path: Path, settings: dict[str, Any], count: int
+) -> list[subprocess.Popen[bytes]]:
+    """*count* :func:`start_demo_crawl` processes from the first page of every
+    host, with *settings*; process N logs to ``workerN.log`` and writes its
+    stats to ``statsN.json`` in *tmp_path*."""
+    return [
+        start_demo_crawl(
+            [hosts.page_url(i, 0) for i in range(len(hosts))],
+            tmp_path / f"worker{n}.log",
+            {**settings, "DEMO_STATS_FILE": tmp_path / f"stats{n}.json"},
+        )
+        for n in range(count)
+    ]
+
+
+def crawl_refused_at_start(*settings: str) -> str:
+    """The one ERROR line of a ``scrapy crawl`` of the example project that
+    *settings* (``NAME=VALUE``) stop at start: it exits non-zero, without a
+    traceback."""
+    command = [sys.executable, "-m", "scrapy", "crawl", "pages"]
+    command += ["-a", "start_urls=http://127.0.0.1:9/"]
+    for setting in settings:
+        command += ["-s", setting]
+    done = subprocess.run(
+        command,
+        cwd=PROJECT_DIR,
+        env=child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "Traceback" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, output[-3000:]
+    return errors[0]
+
+
+@contextmanager
+def ended_at_exit(processes: list[subprocess.Popen[bytes]]) -> Iterator[None]:
+    """Kill, on the way out of the block, the *processes* still running (a
+    failed assertion, a timeout), so that no crawl outlives its test."""
+    try:
+        yield
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()

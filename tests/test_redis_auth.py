@@ -19,13 +19,11 @@ from pathlib import Path
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
-from bench.runner import child_environment
-from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._redis_glue import async_client, connect
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests._redis import CuttableProxy, RedisClusterServers, RedisServer
-from tests.crawling import Certificate, start_demo_crawl
+from tests.crawling import Certificate, crawl_refused_at_start, start_demo_crawl
 
 redis = pytest.importorskip("redis")
 
@@ -89,36 +87,6 @@ def _every_page_once(pages: list[dict[str, int]]) -> None:
         assert max(served.values()) == 1
 
 
-def _refused_at_start(url: str) -> str:
-    """The one ERROR line of a ``scrapy crawl`` refused at start with
-    ``HOSTQUEUE_FRONTIER = url``."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scrapy",
-            "crawl",
-            "pages",
-            "-a",
-            "start_urls=http://127.0.0.1:9/",
-            "-s",
-            f"HOSTQUEUE_FRONTIER={url}",
-        ],
-        cwd=PROJECT_DIR,
-        env=child_environment(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode != 0
-    assert "Traceback" not in output, output[-3000:]
-    errors = [line for line in output.splitlines() if "ERROR" in line]
-    assert len(errors) == 1, output[-3000:]
-    return errors[0]
-
-
 # -- a password ----------------------------------------------------------------
 
 
@@ -142,7 +110,9 @@ def test_a_crawl_on_a_redis_with_a_password(password_server: RedisServer, tmp_pa
 def test_a_wrong_or_missing_password_is_one_error_line_at_start(
     password_server: RedisServer, password: str | None, words: str
 ) -> None:
-    error = _refused_at_start(_with_password(password_server, password))
+    error = crawl_refused_at_start(
+        f"HOSTQUEUE_FRONTIER={_with_password(password_server, password)}"
+    )
     shown = "redis://:***@" if password else "redis://"
     assert f"cannot use the shared frontier at {shown}127.0.0.1:{password_server.port}/0" in error
     assert words in error, error
@@ -226,7 +196,7 @@ def test_an_untrusted_certificate_is_one_error_line_at_start(
     redis_server: RedisServer, certificate: Certificate
 ) -> None:
     with CuttableProxy(redis_server.port, tls=certificate.server_context()) as proxy:
-        error = _refused_at_start(proxy.url)
+        error = crawl_refused_at_start(f"HOSTQUEUE_FRONTIER={proxy.url}")
     assert f"cannot use the shared frontier at rediss://127.0.0.1:{proxy.port}/0: " in error
     assert "the server's TLS certificate is not trusted" in error
     assert "CERTIFICATE_VERIFY_FAILED" in error

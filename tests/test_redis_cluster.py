@@ -31,7 +31,7 @@ from tests._redis import (
     crawl_stats,
     new_store,
 )
-from tests.crawling import start_demo_crawl
+from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
 
 redis = pytest.importorskip("redis")
 
@@ -270,22 +270,10 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
             "HOSTQUEUE_REDIS_FINISH_GRACE": 0.5,
             "DEMO_ITEMS_FILE": tmp_path / "items.jsonl",
         }
-        workers = [
-            start_demo_crawl(
-                [hosts.page_url(i, 0) for i in range(len(hosts))],
-                tmp_path / f"worker{n}.log",
-                {**settings, "DEMO_STATS_FILE": tmp_path / f"stats{n}.json"},
-            )
-            for n in range(2)
-        ]
-        try:
+        workers = start_demo_crawls(hosts, tmp_path, settings, 2)
+        with ended_at_exit(workers):
             for worker in workers:
                 worker.wait(90)
-        finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
         hosts.wait_idle(10)
         stats = hosts.all_stats(arrivals=False)
     logs = "\n".join(path.read_text() for path in sorted(tmp_path.glob("worker*.log")))
@@ -309,12 +297,5 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
 def test_scrapy_crawl_on_a_cluster_that_does_not_serve_is_one_error_line(tmp_path: Path) -> None:
     with RedisServer(cluster=True) as node:
         url = node.url
-        worker = start_demo_crawl(
-            ["http://127.0.0.1:9/"], tmp_path / "worker.log", {"HOSTQUEUE_FRONTIER": url}
-        )
-        assert worker.wait(60) != 0
-    output = (tmp_path / "worker.log").read_text()
-    errors = [line for line in output.splitlines() if "ERROR" in line]
-    assert len(errors) == 1, output[-3000:]
-    assert f"the Redis Cluster at {url} is not serving (cluster_state:fail" in errors[0]
-    assert "Traceback" not in output
+        error = crawl_refused_at_start(f"HOSTQUEUE_FRONTIER={url}")
+    assert f"the Redis Cluster at {url} is not serving (cluster_state:fail" in error

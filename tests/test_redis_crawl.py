@@ -22,11 +22,10 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from bench.runner import child_environment
-from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests._redis import CuttableProxy, RedisServer
-from tests.crawling import ADDON, HostsFactory, crawl, start_demo_crawl
+from tests.crawling import ADDON, HostsFactory, crawl, crawl_refused_at_start, start_demo_crawl
 
 redis = pytest.importorskip("redis")
 
@@ -263,30 +262,8 @@ def test_redis_unreachable_at_start_up_is_one_error_line(tmp_path: Path) -> None
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scrapy",
-            "crawl",
-            "pages",
-            "-a",
-            "start_urls=http://127.0.0.1:9/",
-            "-s",
-            f"HOSTQUEUE_FRONTIER=redis://127.0.0.1:{port}/0",
-        ],
-        cwd=PROJECT_DIR,
-        env=child_environment(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode != 0
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
-    assert len(errors) == 1, done.stderr[-3000:]
-    assert f"cannot use the shared frontier at redis://127.0.0.1:{port}/0" in errors[0]
-    assert "Traceback" not in done.stderr
+    error = crawl_refused_at_start(f"HOSTQUEUE_FRONTIER=redis://127.0.0.1:{port}/0")
+    assert f"cannot use the shared frontier at redis://127.0.0.1:{port}/0" in error
 
 
 def test_urls_pushed_from_outside_are_crawled(server: RedisServer, tmp_path: Path) -> None:

@@ -31,8 +31,8 @@ from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.store.redis import RedisStore
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store
-from tests.crawling import start_demo_crawl
+from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store, wait_pushed
+from tests.crawling import ended_at_exit, start_demo_crawls
 
 redis = pytest.importorskip("redis")
 
@@ -78,15 +78,8 @@ def _crawl_through(
             "HOSTQUEUE_MAX_ACTIVE_HOSTS": 1,
             "HOSTQUEUE_REDIS_FINISH_GRACE": 0.5,
         }
-        workers = [
-            start_demo_crawl(
-                [hosts.page_url(i, 0) for i in range(len(hosts))],
-                tmp_path / f"worker{n}.log",
-                {**settings, "DEMO_STATS_FILE": tmp_path / f"stats{n}.json"},
-            )
-            for n in range(2)
-        ]
-        try:
+        workers = start_demo_crawls(hosts, tmp_path, settings, 2)
+        with ended_at_exit(workers):
             deadline = time.monotonic() + 30
             while (acked := _crawl_stat(cluster, "acked")) < PAGES // 3:
                 assert time.monotonic() < deadline, "the crawl did not get going"
@@ -95,11 +88,6 @@ def _crawl_through(
             failover(cluster.serving(redis.cluster.key_slot(P.encode())))
             for worker in workers:
                 worker.wait(60)
-        finally:
-            for worker in workers:
-                if worker.poll() is None:
-                    worker.kill()
-                    worker.wait()
         hosts.wait_idle(10)
         stats = hosts.all_stats(arrivals=False)
     logs = [(tmp_path / f"worker{n}.log").read_text() for n in range(2)]
@@ -211,17 +199,11 @@ async def test_scripts_redis_lost_are_loaded_again_without_an_outage(
     )
     a.link.start()
 
-    async def pushed(n: int) -> None:
-        deadline = time.monotonic() + 10
-        while crawl_stats(redis_client, "scripts").get("pushed", 0) < n:
-            assert time.monotonic() < deadline, crawl_stats(redis_client, "scripts")
-            await asyncio.sleep(0.01)
-
     a.store.push("h1", 0, "h1/0")
-    await pushed(1)
+    await wait_pushed(redis_client, "scripts", 1)
     redis_client.script_flush()
     a.store.push("h1", 0, "h1/1")
-    await pushed(2)
+    await wait_pushed(redis_client, "scripts", 2)
     assert await a.link.close() is None
     messages = [record.getMessage() for record in caplog.records]
     assert sum("lacks this package's scripts" in m for m in messages) == 1, messages
@@ -358,14 +340,8 @@ async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
         a.store.on_back = lambda: backs.append(a.store.connected)
         a.link.start()
 
-        async def pushed(n: int) -> None:
-            deadline = time.monotonic() + 10
-            while crawl_stats(sync, "demoted").get("pushed", 0) < n:
-                assert time.monotonic() < deadline, crawl_stats(sync, "demoted")
-                await asyncio.sleep(0.01)
-
         a.store.push("h1", 0, "h1/0")
-        await pushed(1)
+        await wait_pushed(sync, "demoted", 1)
         assert first.command("WAIT 1 2000") == 1
         second.command("REPLICAOF NO ONE")
         first.command(f"REPLICAOF 127.0.0.1 {second.port}")
@@ -378,7 +354,7 @@ async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
         # Back: the first server a master again, the second its replica.
         first.command("REPLICAOF NO ONE")
         second.command(f"REPLICAOF 127.0.0.1 {first.port}")
-        await pushed(2)
+        await wait_pushed(sync, "demoted", 2)
         assert await a.link.close() is None
         messages = [record.getMessage() for record in caplog.records]
         assert sum(m.startswith("Lost the shared frontier at Redis") for m in messages) == 1
