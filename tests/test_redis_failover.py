@@ -159,6 +159,9 @@ def test_a_crawl_goes_on_when_its_master_is_killed_and_its_replica_takes_over(
         if lag:
             cluster.cut_replication(master, replica)
             time.sleep(lag)
+        # No write from here to the kill, so that what the master wrote and
+        # what its replica kept are read from the same moment.
+        master.command("CLIENT PAUSE 10000 WRITE")
         written = _stats_of(master)
         master.kill()
         cluster.failover(replica, "TAKEOVER")
