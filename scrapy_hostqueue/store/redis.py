@@ -582,15 +582,32 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             held.draining = True
             self._give_back_window(key, release=False)
 
-    def _give_back_window(self, key: str, *, release: bool) -> None:
-        entries = self._mem.remove_queued(key)
+    def _forget_window(self, key: str) -> list[str]:
+        """Take the requests of *key* out of its window in memory; returns
+        their ids. Requests kept in memory only (no id) stay: there is
+        nowhere else to keep them."""
         ids = []
-        for entry in entries:
+        for entry in self._mem.remove_queued(key):
             if entry.rid:
                 ids.append(entry.rid)
                 self._known.discard(entry.rid)
             else:
-                self._mem.push(key, entry.rank, entry)  # nowhere else to keep it
+                self._mem.push(key, entry.rank, entry)
+        return ids
+
+    def _let_go(self, key: str) -> _Held:
+        """Stop holding *key* without a word to Redis, which gave it to
+        another process or took it back (its window's requests are queued
+        there again): forget its window, and give it its whole limit again
+        if it was shared."""
+        held = self._held.pop(key)
+        self._forget_window(key)
+        if held.share is not None:
+            self._mem.set_limit(key, held.share.wanted)
+        return held
+
+    def _give_back_window(self, key: str, *, release: bool) -> None:
+        ids = self._forget_window(key)
         held = self._held.get(key)
         if held is not None and held.co_held:
             # A co-holder saves no state; it ends its part (*release*) only
@@ -734,10 +751,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         elif status == 0:
             # Not this process's any more (its heartbeat expired): its
             # window went back with its leases.
-            for entry in self._mem.remove_queued(key):
-                if entry.rid:
-                    self._known.discard(entry.rid)
-            del self._held[key]
+            self._let_go(key)
         elif recalled:
             self._end_part(key, held)
 
@@ -753,29 +767,17 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             len(self._held),
             self.lease_timeout,
         )
-        for key, held in self._held.items():
-            for entry in self._mem.remove_queued(key):
-                if not entry.rid:
-                    self._mem.push(key, entry.rank, entry)
-            if held.share is not None:
-                self._mem.set_limit(key, held.share.wanted)
-        self._held.clear()
+        for key in list(self._held):
+            self._let_go(key)
         self._known.clear()
 
     def drop_hosts(self, keys: list[str]) -> None:
         """Redis says another process holds *keys* now: forget their windows
         (requests in flight finish and are acknowledged)."""
         for key in keys:
-            held = self._held.pop(key, None)
-            if held is None:
+            if key not in self._held:
                 continue
-            for entry in self._mem.remove_queued(key):
-                if entry.rid:
-                    self._known.discard(entry.rid)
-                else:
-                    self._mem.push(key, entry.rank, entry)
-            if held.share is not None:
-                self._mem.set_limit(key, held.share.wanted)
+            self._let_go(key)
             self.counts["lost_hosts"] += 1
             logger.warning(
                 "The shared frontier %s gave host %s to another process after Redis lost "
@@ -857,10 +859,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             held.refilling = False
             if result == -1:
                 # Taken back (this process's heartbeat expired).
-                for entry in self._mem.remove_queued(key):
-                    if entry.rid:
-                        self._known.discard(entry.rid)
-                del self._held[key]
+                self._let_go(key)
                 return False
             left, items = result
             held.remote = int(left)
