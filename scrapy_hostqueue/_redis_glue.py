@@ -84,6 +84,12 @@ def shown_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
+def _unknown_option(error: TypeError) -> str:
+    """The option a client's constructor refused (*error*), as it names it."""
+    found = re.search(r"keyword argument '(\w+)'", str(error))
+    return found.group(1) if found else str(error)
+
+
 def check_url(redis: Any, url: str) -> None:
     """Refuse, without connecting, a Redis URL the client cannot use, with
     one line saying why: a malformed URL, an option it does not take, a TLS
@@ -113,10 +119,9 @@ def check_url(redis: Any, url: str) -> None:
         options = redis.asyncio.connection.parse_url(url)
         options.pop("connection_class", redis.asyncio.Connection)(**options)
     except TypeError as error:
-        found = re.search(r"keyword argument '(\w+)'", str(error))
-        name = found.group(1) if found else str(error)
         raise RedisFrontierError(
-            f"the Redis URL {shown} has an option the redis client does not take: {name}"
+            f"the Redis URL {shown} has an option the redis client does not take: "
+            f"{_unknown_option(error)}"
         ) from None
     except redis.RedisError as error:  # a value it refuses, e.g. ssl_cert_reqs
         raise RedisFrontierError(f"the Redis URL {shown}: {error}") from None
@@ -130,11 +135,9 @@ def check_cluster_options(redis: Any, url: str) -> None:
     try:
         redis.asyncio.cluster.RedisCluster.from_url(url)
     except TypeError as error:
-        found = re.search(r"keyword argument '(\w+)'", str(error))
-        name = found.group(1) if found else str(error)
         raise RedisFrontierError(
             f"HOSTQUEUE_FRONTIER: {shown_url(url)} is a node of a Redis Cluster, whose "
-            f"asyncio client does not take the option {name}: leave it out"
+            f"asyncio client does not take the option {_unknown_option(error)}: leave it out"
         ) from None
 
 
