@@ -86,7 +86,9 @@ class HostQueueScheduler(BaseScheduler):
         # With a Redis URL (HOSTQUEUE_FRONTIER), the Redis store.
         shared = frontier is not None or redis is not None
         codec = RequestCodec(self.stats, self.debug) if shared else None
-        self._queue_stat = "disk" if shared else "memory"
+        queue = "disk" if shared else "memory"
+        self._enqueued_stat = f"scheduler/enqueued/{queue}"
+        self._dequeued_stat = f"scheduler/dequeued/{queue}"
         open_store: Callable[..., RequestStore[Request]]
         if redis is None:
             open_store = functools.partial(make_store, frontier, codec)
@@ -212,7 +214,7 @@ class HostQueueScheduler(BaseScheduler):
         host = internals.host_key(self.crawler, request)
         if not self._store.push(host, request_rank(request), request):
             self.hosts.refuse(host, request)
-        self.stats.inc_value(f"scheduler/enqueued/{self._queue_stat}")
+        self.stats.inc_value(self._enqueued_stat)
         self.stats.inc_value("scheduler/enqueued")
         return True
 
@@ -220,7 +222,7 @@ class HostQueueScheduler(BaseScheduler):
         if self._given_up:
             # No host limit: the AIMD middleware fails them at once.
             request = self.hosts.next_given_up()
-            self.stats.inc_value(f"scheduler/dequeued/{self._queue_stat}")
+            self.stats.inc_value(self._dequeued_stat)
             self.stats.inc_value("scheduler/dequeued")
             return request
         store = self._store
@@ -240,7 +242,7 @@ class HostQueueScheduler(BaseScheduler):
             # The key the downloader would write there itself, marked so that
             # a request built from this one's meta does not inherit it.
             meta[_DOWNLOAD_SLOT] = AutoSlot(host)
-        self.stats.inc_value(f"scheduler/dequeued/{self._queue_stat}")
+        self.stats.inc_value(self._dequeued_stat)
         self.stats.inc_value("scheduler/dequeued")
         if self.debug:
             logger.debug(
