@@ -25,6 +25,7 @@ from scrapy.utils.asyncio import call_later
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._direct import DirectDownloads
+from scrapy_hostqueue._leftover import LeftOver, left_over
 from scrapy_hostqueue._overdue import OverdueRequests
 from scrapy_hostqueue._recorder import get_recorder
 from scrapy_hostqueue._requests import MAX_REQUEUES, RequestTable
@@ -134,6 +135,11 @@ class Hosts:
             self._wakeup = None
         self.gate.unregister(self.crawler)
         self._overdue.stop()
+
+    def left_over(self) -> LeftOver:
+        """What the parts still hold (O(hosts + requests left): for a
+        crawl's close)."""
+        return left_over(self.store, self.records, self.gate, self.given_up_requests)
 
     def refuse(self, host: str, request: Request) -> None:
         """*request* came in for *host*, which was given up: it goes to its

@@ -16,6 +16,7 @@ from scrapy_hostqueue._frontier import RequestCodec, make_store, open_frontier
 from scrapy_hostqueue._hosts import Hosts
 from scrapy_hostqueue._job import Job, make_dupefilter, shared_fingerprint
 from scrapy_hostqueue._jobdir import STATE_FILE
+from scrapy_hostqueue._recorder import stat_key
 from scrapy_hostqueue._redis_glue import RedisFrontier
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
@@ -165,6 +166,8 @@ class HostQueueScheduler(BaseScheduler):
         return self.df.open()
 
     def close(self, reason: str) -> Deferred[None] | None:
+        if reason == "finished":
+            self._check_nothing_left()
         # Each duty runs whatever the others do: the dupefilter must close
         # (and write requests.seen) even if saving the queue failed.
         for duty in (
@@ -182,6 +185,24 @@ class HostQueueScheduler(BaseScheduler):
             except Exception:
                 logger.exception("HostQueueScheduler: error while closing (%s)", duty.__name__)
         return self._job.close(self.df, reason)
+
+    def _check_nothing_left(self) -> None:
+        """A crawl that finished has nothing left in any part: a request left
+        there was lost without a word (see ``scrapy_hostqueue._leftover``)."""
+        try:
+            left = self.hosts.left_over()
+        except Exception:
+            logger.exception("HostQueueScheduler: error while checking what is left at close")
+            return
+        if not left.parts:
+            return
+        self.stats.set_value(stat_key("lost_at_close_count"), left.lost)
+        logger.error(
+            "HostQueueScheduler: the crawl finished with %d request(s) left in the "
+            "scheduler, never downloaded: %s",
+            left.lost,
+            left.describe(),
+        )
 
     def _unhook(self) -> None:
         for undo in self._undo_hooks:
