@@ -40,16 +40,16 @@ SCHEDULER = "scrapy_hostqueue.HostQueueScheduler"
 MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
 ADDON = {"scrapy_hostqueue.Addon": 0}
 
+# What a failed test's crawl report shows of a crawl is kept by this extension
+# (tests/_crawl_report.py); every crawl a test runs enables it.
+WATCH = {"tests._crawl_report.CrawlWatch": 0}
+
 # The type of the ``local_hosts`` fixture (conftest.py).
 HostsFactory = Callable[..., LocalHosts]
 
 BASE_SETTINGS: dict[str, Any] = {
     "TELNETCONSOLE_ENABLED": False,
-    # CrawlWatch keeps what a failed test's crawl report shows (conftest.py).
-    "EXTENSIONS": {
-        "scrapy.extensions.remote_control.RemoteControl": None,
-        "tests._crawl_report.CrawlWatch": 0,
-    },
+    "EXTENSIONS": {"scrapy.extensions.remote_control.RemoteControl": None, **WATCH},
     "ROBOTSTXT_OBEY": False,
     "LOG_LEVEL": "INFO",
     "RETRY_ENABLED": True,
