@@ -114,6 +114,7 @@ def _stats_lines(stats: Mapping[str, Any]) -> list[str]:
         group, _, rest = key.partition("/")
         groups[group][rest or group] = value
     headline = [f"{name} {stats.get(key, 0)}" for name, key in _HEADLINE]
+    # The blocks are counted per host only: summed here, after the responses.
     headline.insert(5, f"blocks {sum(blocks.values())}" + (f" {dict(blocks)}" if blocks else ""))
     lines.append(", ".join(headline))
     single = {group: values[group] for group, values in groups.items() if list(values) == [group]}
