@@ -190,7 +190,7 @@ class _Tail(logging.Handler):
         if record.levelno >= logging.ERROR:
             self.errors += 1
         try:
-            self.lines.append(self.format(record)[:400])
+            self.lines.append(" ".join(self.format(record).split())[:400])
         except Exception:  # a log line must not end the crawl
             self.lines.append(f"{record.levelname} {record.name}: (unformattable)")
 
@@ -227,25 +227,12 @@ def _spider_class() -> type[Any]:
     return SitesSpider
 
 
-_STAT_PREFIXES = (
-    "scheduler/",
-    "dupefilter/",
-    "retry/",
-    "downloader/exception_type_count/",
-    "downloader/response_status_count/",
-    "log_count/",
-)
-
-
-def _crawl_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    """The crawl-wide counts worth reading when a page is missing."""
+def _plain_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """The crawl's stats that JSON carries (not the start and finish times)."""
     return {
         key: value
         for key, value in sorted(stats.items())
-        if key == "finish_reason"
-        or key.startswith(_STAT_PREFIXES)
-        or (key.startswith("hostqueue/") and not key.startswith("hostqueue/hosts/"))
-        if isinstance(value, (int, float, str))
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool)
     }
 
 
@@ -281,7 +268,7 @@ async def run_case(case: Case) -> dict[str, Any]:
         if jobdir is not None:
             shutil.rmtree(jobdir, ignore_errors=True)
     assert crawler.stats is not None
-    stats = _crawl_stats(crawler.stats.get_stats())
+    stats = _plain_stats(crawler.stats.get_stats())
     spider = crawler.spider
     missing = [url for url in expected if 200 not in spider.statuses.get(url, ())]
     reason = stats.get("finish_reason")
@@ -302,17 +289,8 @@ async def run_case(case: Case) -> dict[str, Any]:
             missing_count=len(missing),
             failures=spider.failures[:SHOWN],
             stats=stats,
-            hosts=[
-                {
-                    "host": f"{host.hostname}:{host.port}",
-                    "pages": spec.pages,
-                    "statuses": host.statuses,
-                    "requests": host.requests,
-                    "resets": host.resets,
-                    "faults": host.faults,
-                }
-                for host, spec in zip(served, hosts.specs, strict=True)
-            ],
+            hosts=[host.to_dict(arrivals=False) for host in served],
+            specs=[spec.to_dict() for spec in hosts.specs],
             log=list(tail.lines),
         )
     return result
@@ -348,7 +326,10 @@ def run_worker(cases: list[Case]) -> None:
 
 
 def format_failure(result: dict[str, Any]) -> str:
-    """A failed crawl, with what repeats it and what it saw."""
+    """A failed crawl: what repeats it, what the spider missed, and the
+    crawl's report (``scrapy_hostqueue.testing.crawl_report``)."""
+    from scrapy_hostqueue.testing import HostSpec, HostStats, crawl_report
+
     case = result.get("case") or {}
     lines = [f"FAILED crawl {result['index']}"]
     if case:
@@ -362,19 +343,19 @@ def format_failure(result: dict[str, Any]) -> str:
         lines.append(f"  error: {result['error']}")
         return "\n".join(lines)
     lines.append(
-        f"  finish reason: {result['reason']}; pages missing: "
+        f"  finish reason: {result['reason']}; pages the spider got no 200 for: "
         f"{result['missing_count']} of {result['pages']}; ERROR lines: {result['errors']}"
     )
     lines += [f"  missing: {url}" for url in result["missing"]]
     lines += [f"  failure: {failure}" for failure in result["failures"]]
-    lines.append("  stats: " + json.dumps(result["stats"], sort_keys=True))
-    for host in result["hosts"]:
-        lines.append(
-            f"  host {host['host']} ({host['pages']} pages): {host['requests']} requests, "
-            f"answered {host['statuses']}, {host['resets']} dropped, {host['faults']} faults"
-        )
-    lines.append("  log tail:")
-    lines += [f"    {line}" for line in result["log"]]
+    report = crawl_report(
+        result["stats"],
+        hosts=[HostStats.from_dict(host) for host in result["hosts"]],
+        specs=[HostSpec.from_dict(spec) for spec in result["specs"]],
+        log=result["log"],
+        title=f"crawl {result['index']}",
+    )
+    lines += [f"  {line}" for line in report.splitlines()]
     return "\n".join(lines)
 
 
