@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scrapy_hostqueue._frontier import COMMIT_INTERVAL
+from scrapy_hostqueue.frontier.sqlite._glue import COMMIT_INTERVAL
 
 STORES = ("memory", "sqlite", "scrapy-jobdir")
 SETTINGS: dict[str, Any] = {

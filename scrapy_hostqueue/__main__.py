@@ -1,10 +1,10 @@
 """``python -m scrapy_hostqueue``: the command line.
 
 ``plot FILE -o OUT.png|OUT.html`` draws a host timeline
-(``HOSTQUEUE_TIMELINE_FILE``); the chart itself is :mod:`scrapy_hostqueue.plot`.
+(``HOSTQUEUE_TIMELINE_FILE``); the chart itself is :mod:`scrapy_hostqueue._plot`.
 ``frontier PATH`` prints what a frontier file (``HOSTQUEUE_FRONTIER``) holds;
 ``frontier redis://... --crawl-id ID`` what a shared crawl holds, and ``push
-redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue._redis_cli`).
+redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue.frontier.redis._cli`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from scrapy_hostqueue import _redis_cli
-from scrapy_hostqueue._frontier_report import report
-from scrapy_hostqueue.plot import PlotError, plot
-from scrapy_hostqueue.store._redisdb import RedisFrontierError
-from scrapy_hostqueue.store._sqlfile import FrontierFileError
-from scrapy_hostqueue.timeline import TimelineError
+from scrapy_hostqueue._plot import PlotError, plot
+from scrapy_hostqueue._timeline import TimelineError
+from scrapy_hostqueue.frontier.redis import _cli as _redis_cli
+from scrapy_hostqueue.frontier.redis._db import RedisFrontierError
+from scrapy_hostqueue.frontier.sqlite._file import FrontierFileError
+from scrapy_hostqueue.frontier.sqlite._report import report
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

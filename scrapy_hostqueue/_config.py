@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE
+from scrapy_hostqueue.frontier.sqlite._file import FRONTIER_FILE
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings

@@ -27,14 +27,14 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._frontier import (
+from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
+from scrapy_hostqueue.frontier.sqlite._glue import (
     CommitTimer,
     FrontierDupeFilter,
     memory_job_refusal,
     take_over_saved_job,
     uses_scrapy_dupefilter,
 )
-from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -44,10 +44,10 @@ if TYPE_CHECKING:
     from scrapy.dupefilters import BaseDupeFilter
     from twisted.internet.defer import Deferred
 
-    from scrapy_hostqueue._frontier import RequestCodec
-    from scrapy_hostqueue._redis_glue import RedisFrontier
-    from scrapy_hostqueue.store import RequestStore
-    from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
+    from scrapy_hostqueue.frontier import RequestStore
+    from scrapy_hostqueue.frontier.redis._glue import RedisFrontier
+    from scrapy_hostqueue.frontier.sqlite._glue import RequestCodec
+    from scrapy_hostqueue.frontier.sqlite._store import FrontierFile, SqliteStore
 
 logger = logging.getLogger(__name__)
 

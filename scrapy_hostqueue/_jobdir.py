@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from scrapy import Request, Spider
 
-    from scrapy_hostqueue.store import RequestStore
+    from scrapy_hostqueue.frontier import RequestStore
 
 logger = logging.getLogger(__name__)
 

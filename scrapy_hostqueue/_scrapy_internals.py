@@ -28,8 +28,8 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue._config import HostQueueSettingsError
-from scrapy_hostqueue.store._redisdb import RedisFrontierError
-from scrapy_hostqueue.store._sqlfile import FrontierFileError
+from scrapy_hostqueue.frontier.redis._db import RedisFrontierError
+from scrapy_hostqueue.frontier.sqlite._file import FrontierFileError
 
 if TYPE_CHECKING:
     from aiohttp.client_proto import ResponseHandler

@@ -12,13 +12,13 @@ from scrapy.utils.job import job_dir
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, warn_unused_queue_settings
-from scrapy_hostqueue._frontier import RequestCodec, make_store, open_frontier
 from scrapy_hostqueue._hosts import Hosts
 from scrapy_hostqueue._job import Job, make_dupefilter, shared_fingerprint
 from scrapy_hostqueue._jobdir import STATE_FILE
-from scrapy_hostqueue._redis_glue import RedisFrontier
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
+from scrapy_hostqueue.frontier.redis._glue import RedisFrontier
+from scrapy_hostqueue.frontier.sqlite._glue import RequestCodec, make_store, open_frontier
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
-    from scrapy_hostqueue.store import RequestStore
-    from scrapy_hostqueue.store.sqlite import FrontierFile
+    from scrapy_hostqueue.frontier import RequestStore
+    from scrapy_hostqueue.frontier.sqlite._store import FrontierFile
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class HostQueueScheduler(BaseScheduler):
 
     This class is the Scrapy glue: the dupefilter, the scheduler interface and
     the signals. The queues and per-host state live in a request store
-    (``scrapy_hostqueue.store``) that ``self.hosts``
+    (``scrapy_hostqueue.frontier``) that ``self.hosts``
     (``scrapy_hostqueue._hosts.Hosts``) owns, with the record of every counted
     request and the send gate; the AIMD middleware and the stats extension
     use ``scheduler.hosts`` only. The job on disk (or in Redis) is

@@ -34,7 +34,7 @@ from scrapy_hostqueue._recorder import (
     host_stat_key,
     stat_key,
 )
-from scrapy_hostqueue.timeline import HostSample, TimelineWriter
+from scrapy_hostqueue._timeline import HostSample, TimelineWriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_hostqueue import _redis_server
-from scrapy_hostqueue._redis_server import (
+from scrapy_hostqueue.testing import _redis_server
+from scrapy_hostqueue.testing._redis_server import (
     CommandStat,
     RedisServer,
     RedisServerError,

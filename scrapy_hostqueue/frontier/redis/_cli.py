@@ -18,18 +18,18 @@ from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.request import fingerprint
 
-from scrapy_hostqueue._redis_glue import (
-    connect,
-    connect_problem,
-    redis_client_module,
-    shown_url,
-)
-from scrapy_hostqueue.store._redisdb import (
+from scrapy_hostqueue.frontier.redis._db import (
     LAYOUT_VERSION,
     SCRIPTS,
     RedisFrontierError,
     prefix,
     split_value,
+)
+from scrapy_hostqueue.frontier.redis._glue import (
+    connect,
+    connect_problem,
+    redis_client_module,
+    shown_url,
 )
 
 #: Requests per push script call.

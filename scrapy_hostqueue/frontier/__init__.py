@@ -2,10 +2,10 @@
 
 The scheduler talks to its store only through :class:`RequestStore`, so the
 store can be swapped without touching the scheduler: the in-memory store
-(:mod:`scrapy_hostqueue.store.memory`) keeps everything in this process; the
-SQLite store (:mod:`scrapy_hostqueue.store.sqlite`, the default with
+(:mod:`scrapy_hostqueue.frontier.memory`) keeps everything in this process; the
+SQLite store (:mod:`scrapy_hostqueue.frontier.sqlite._store`, the default with
 ``JOBDIR``) keeps the same contract in a file that survives the process; the
-Redis store (:mod:`scrapy_hostqueue.store.redis`) shares it between the
+Redis store (:mod:`scrapy_hostqueue.frontier.redis._store`) shares it between the
 processes of one crawl, each working the hosts it has leased.
 
 The contract is at-least-once. A request handed out by :meth:`RequestStore.pop`
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
-from scrapy_hostqueue.store.memory import HostState, MemoryStore, Placement
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore, Placement
 
 __all__ = ["HostState", "MemoryStore", "Placement", "RequestStore"]
 

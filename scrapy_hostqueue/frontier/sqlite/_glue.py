@@ -20,9 +20,9 @@ from scrapy.utils.request import request_from_dict
 
 from scrapy_hostqueue._jobdir import load_state, state_path
 from scrapy_hostqueue._recorder import stat_key
-from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE
-from scrapy_hostqueue.store.memory import MemoryStore
-from scrapy_hostqueue.store.sqlite import FrontierFile, SqliteStore
+from scrapy_hostqueue.frontier.memory import MemoryStore
+from scrapy_hostqueue.frontier.sqlite._file import FRONTIER_FILE
+from scrapy_hostqueue.frontier.sqlite._store import FrontierFile, SqliteStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
     from scrapy.utils.asyncio import CallLaterResult
 
-    from scrapy_hostqueue.store import HostState, RequestStore
+    from scrapy_hostqueue.frontier import HostState, RequestStore
 
 logger = logging.getLogger(__name__)
 
