@@ -27,7 +27,7 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._jobdir import load_state, save_state, scrapy_job_refusal, state_path
+from scrapy_hostqueue.frontier._jobdir import load_state, save_state, scrapy_job_refusal, state_path
 from scrapy_hostqueue.frontier.sqlite._glue import (
     CommitTimer,
     FrontierDupeFilter,

@@ -14,9 +14,9 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, warn_unused_queue_settings
 from scrapy_hostqueue._hosts import Hosts
 from scrapy_hostqueue._job import Job, make_dupefilter, shared_fingerprint
-from scrapy_hostqueue._jobdir import STATE_FILE
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
+from scrapy_hostqueue.frontier._jobdir import STATE_FILE
 from scrapy_hostqueue.frontier.redis._glue import RedisFrontier
 from scrapy_hostqueue.frontier.sqlite._glue import RequestCodec, make_store, open_frontier
 

@@ -18,8 +18,8 @@ from scrapy.utils.asyncio import call_later
 from scrapy.utils.misc import load_object
 from scrapy.utils.request import request_from_dict
 
-from scrapy_hostqueue._jobdir import load_state, state_path
 from scrapy_hostqueue._recorder import stat_key
+from scrapy_hostqueue.frontier._jobdir import load_state, state_path
 from scrapy_hostqueue.frontier.memory import MemoryStore
 from scrapy_hostqueue.frontier.sqlite._file import FRONTIER_FILE
 from scrapy_hostqueue.frontier.sqlite._store import FrontierFile, SqliteStore
