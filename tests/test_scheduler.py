@@ -30,9 +30,10 @@ from scrapy_hostqueue._job import (
     JOBDIR_STATE_UNREADABLE,
 )
 from scrapy_hostqueue._requests import request_rank
+from scrapy_hostqueue.frontier import FRONTIER_FILE
 from scrapy_hostqueue.frontier.memory import IDLE
 from scrapy_hostqueue.frontier.sqlite._glue import FRONTIER_WRITE_FAILED
-from scrapy_hostqueue.frontier.sqlite._store import FRONTIER_FILE, SqliteStore
+from scrapy_hostqueue.frontier.sqlite._store import SqliteStore
 from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (

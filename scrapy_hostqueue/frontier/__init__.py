@@ -1,14 +1,18 @@
-"""The request store: where a crawl's queued requests and per-host state live.
+"""The frontier: where a crawl's queued requests and per-host state live.
 
-The scheduler talks to its store only through :class:`RequestStore`, so the
-store can be swapped without touching the scheduler: the in-memory store
-(:mod:`scrapy_hostqueue.frontier.memory`) keeps everything in this process; the
-SQLite store (:mod:`scrapy_hostqueue.frontier.sqlite._store`, the default with
-``JOBDIR``) keeps the same contract in a file that survives the process; the
-Redis store (:mod:`scrapy_hostqueue.frontier.redis._store`) shares it between the
-processes of one crawl, each working the hosts it has leased.
+``HOSTQUEUE_FRONTIER`` picks one of three kinds, once, in :func:`open_frontier`:
+in memory (:mod:`scrapy_hostqueue.frontier.memory`, with its ``JOBDIR`` file in
+``_jobdir``), a SQLite file (``frontier/sqlite/``, the default with
+``JOBDIR``) or Redis (``frontier/redis/``, a crawl shared by several
+processes). Each kind is one :class:`Frontier` object, which the scheduler
+and the job hold without asking which kind it is: it makes the dupefilter and
+the request store, resumes the job, saves it and closes it. The store of
+every kind keeps the contract of :class:`RequestStore`, so the scheduler
+talks to it the same way; the SQLite and Redis stores layer theirs on the
+in-memory one (:class:`MemoryStore`, pure), which holds the hosts of this
+process.
 
-The contract is at-least-once. A request handed out by :meth:`RequestStore.pop`
+The store's contract is at-least-once. A request handed out by :meth:`RequestStore.pop`
 stays the store's, leased, until the scheduler acknowledges it
 (:meth:`RequestStore.ack`) once its outcome has been taken over; a store that
 outlives the process gives unacknowledged requests back on restart.
@@ -16,18 +20,47 @@ outlives the process gives unacknowledged requests back on restart.
 one of its host's places in flight (it left the downloader), which frees room
 for the host's next request, while its lease may last until its callback has
 run.
+
+Only this module names a backend's modules outside the backend's folder, and
+only inside the functions that pick one (``tests/test_layout.py`` holds every
+module to that).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore, Placement
 
-__all__ = ["HostState", "MemoryStore", "Placement", "RequestStore"]
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.dupefilters import BaseDupeFilter
+    from twisted.internet.defer import Deferred
+
+    from scrapy_hostqueue._config import HostQueueConfig
+    from scrapy_hostqueue.frontier._codec import RequestCodec
+
+__all__ = [
+    "FRONTIER_FILE",
+    "Frontier",
+    "HostState",
+    "MemoryStore",
+    "Placement",
+    "RequestStore",
+    "open_frontier",
+    "push",
+    "report",
+]
 
 T = TypeVar("T")
+
+#: The SQLite frontier's file in ``JOBDIR`` (``HOSTQUEUE_FRONTIER = "sqlite"``,
+#: the default with ``JOBDIR``).
+FRONTIER_FILE = "hostqueue.frontier.db"
+#: Where ``HOSTQUEUE_FRONTIER`` (or the command line) names a Redis server.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class RequestStore(Protocol[T]):
@@ -154,3 +187,106 @@ class RequestStore(Protocol[T]):
 
     def close(self) -> None:
         """Release what the store holds (files, connections)."""
+
+
+class Frontier(Protocol):
+    """One kind of frontier (``HOSTQUEUE_FRONTIER``), as the scheduler and
+    the job use it, in the order they call it: :meth:`dupefilter` and
+    :meth:`make_store` while the scheduler is built; :meth:`refusal` and
+    :meth:`resume` when the spider opens; :meth:`stop`, :meth:`save` and
+    :meth:`close` when it closes."""
+
+    #: Which of Scrapy's scheduler stats the crawl's requests count in:
+    #: ``scheduler/enqueued/memory`` or ``scheduler/enqueued/disk``.
+    queue: str
+    #: How requests become bytes in a store outside this process; None in memory.
+    codec: RequestCodec | None
+
+    def dupefilter(self) -> BaseDupeFilter:
+        """The crawl's dupefilter: ``DUPEFILTER_CLASS``, or in place of
+        Scrapy's own, the same filter on the store's seen fingerprints."""
+
+    def make_store(
+        self,
+        dupefilter: BaseDupeFilter,
+        state_factory: Callable[[str], HostState],
+        **kwargs: Any,
+    ) -> RequestStore[Request]:
+        """The crawl's request store (*state_factory* and *kwargs* as for
+        :class:`MemoryStore`); *dupefilter* is the scheduler's."""
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why the crawl cannot go on with its ``JOBDIR``: the finish reason
+        and the ERROR line; None if it can."""
+
+    def resume(
+        self, spider: Spider, push: Callable[[Request], bool], refuse: Callable[[str], None]
+    ) -> tuple[int, int]:
+        """Queue what the job saved with *push* (its requests, already seen
+        by the dupefilter) and restore its host blocks and spacing, or join
+        the shared crawl; *refuse* closes the crawl before its first request
+        with a finish reason. Returns the requests resumed and the host
+        blocks still in force."""
+
+    def stop(self) -> None:
+        """Stop what runs in the background (the SQLite file's commits)."""
+
+    def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
+        """At a graceful stop, keep what the store holds (and *given_up*, the
+        requests of given-up hosts) for the next run, where the store does
+        not keep every change itself. Returns how many requests could not be
+        serialised."""
+
+    def close(self, dupefilter: BaseDupeFilter, reason: str) -> Deferred[None] | None:
+        """Close *dupefilter*, in a shared crawl once this process has handed
+        back what it holds."""
+
+
+def open_frontier(crawler: Crawler, config: HostQueueConfig, *, debug: bool) -> Frontier:
+    """The frontier ``HOSTQUEUE_FRONTIER`` picks, opened: its file locked,
+    or this process registered with Redis. Raises a
+    :class:`~scrapy_hostqueue.exceptions.HostQueueError` with one line when
+    it cannot be used."""
+    # Imported here: the backends import this module, and a crawl loads only
+    # the one it uses (the Redis one needs the redis client).
+    from scrapy.utils.job import job_dir  # noqa: PLC0415
+
+    jobdir = job_dir(crawler.settings)
+    if config.frontier_url is not None:
+        from scrapy_hostqueue.frontier.redis import SharedFrontier  # noqa: PLC0415
+
+        return SharedFrontier.open(crawler, config, debug=debug)
+    if config.frontier_path is not None:
+        from scrapy_hostqueue.frontier.sqlite import SqliteFrontier  # noqa: PLC0415
+
+        return SqliteFrontier.open(crawler, config.frontier_path, jobdir, debug=debug)
+    from scrapy_hostqueue.frontier._jobdir import MemoryFrontier  # noqa: PLC0415
+
+    return MemoryFrontier(crawler, jobdir, debug=debug)
+
+
+def is_shared(location: str) -> bool:
+    """Whether *location* (``HOSTQUEUE_FRONTIER``, or the command line's)
+    names a Redis server."""
+    return location.startswith(REDIS_SCHEMES)
+
+
+def report(location: str, *, crawl_id: str | None = None, top: int = 10) -> str:
+    """What the frontier at *location* holds, as text: a frontier file (or
+    its ``JOBDIR``), or with *crawl_id* a shared crawl on Redis."""
+    if is_shared(location):
+        from scrapy_hostqueue.frontier.redis import _cli  # noqa: PLC0415
+
+        assert crawl_id is not None
+        return _cli.report(location, crawl_id, top=top)
+    from scrapy_hostqueue.frontier.sqlite import _report  # noqa: PLC0415
+
+    return _report.report(location, top=top)
+
+
+def push(url: str, crawl_id: str, urls: Iterable[str], *, priority: int = 0) -> tuple[int, int]:
+    """Queue *urls* in the shared crawl *crawl_id* at *url*, through its
+    dupefilter. Returns how many were queued and how many already seen."""
+    from scrapy_hostqueue.frontier.redis import _cli  # noqa: PLC0415
+
+    return _cli.push(url, crawl_id, urls, priority=priority)

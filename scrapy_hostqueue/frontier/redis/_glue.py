@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from scrapy_hostqueue._config import HostQueueConfig
     from scrapy_hostqueue.frontier import HostState
-    from scrapy_hostqueue.frontier.sqlite._glue import RequestCodec
+    from scrapy_hostqueue.frontier._codec import RequestCodec
 
 logger = logging.getLogger(__name__)
 

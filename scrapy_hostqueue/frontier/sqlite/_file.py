@@ -41,8 +41,6 @@ APPLICATION_ID = 0x48514652
 #: ``PRAGMA user_version``: the layout of the tables. A file of another
 #: version is refused, never converted silently.
 FORMAT_VERSION = 1
-#: File name of the frontier inside ``JOBDIR``.
-FRONTIER_FILE = "hostqueue.frontier.db"
 
 _SCHEMA = (
     # ``nrank`` is minus the rank, so that the serving order is ascending.

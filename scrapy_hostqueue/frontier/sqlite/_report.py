@@ -10,7 +10,8 @@ import os
 import time
 from datetime import datetime, timezone
 
-from scrapy_hostqueue.frontier.sqlite._file import FRONTIER_FILE, FrontierFile
+from scrapy_hostqueue.frontier import FRONTIER_FILE
+from scrapy_hostqueue.frontier.sqlite._file import FrontierFile
 from scrapy_hostqueue.frontier.sqlite._store import parse_learned
 
 

@@ -47,9 +47,9 @@ from typing import Generic, TypeVar
 
 from scrapy_hostqueue.frontier._layered import LayeredStore
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
-from scrapy_hostqueue.frontier.sqlite._file import FRONTIER_FILE, FrontierFile, FrontierFileError
+from scrapy_hostqueue.frontier.sqlite._file import FrontierFile, FrontierFileError
 
-__all__ = ["FRONTIER_FILE", "FrontierFile", "FrontierFileError", "SqliteStore"]
+__all__ = ["FrontierFile", "FrontierFileError", "SqliteStore"]
 
 T = TypeVar("T")
 
