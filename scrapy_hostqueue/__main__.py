@@ -15,10 +15,13 @@ import sys
 from typing import TYPE_CHECKING
 
 from scrapy_hostqueue import frontier
-from scrapy_hostqueue._plot import PlotError, plot
-from scrapy_hostqueue._timeline import TimelineError
-from scrapy_hostqueue.frontier.redis._db import RedisFrontierError
-from scrapy_hostqueue.frontier.sqlite._file import FrontierFileError
+from scrapy_hostqueue._plot import plot
+from scrapy_hostqueue.exceptions import (
+    FrontierFileError,
+    PlotError,
+    RedisFrontierError,
+    TimelineError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
+from scrapy_hostqueue._errors import HostQueueSettingsError
 from scrapy_hostqueue.frontier import FRONTIER_FILE, is_shared
 
 if TYPE_CHECKING:
@@ -51,10 +52,6 @@ def warn_unused_queue_settings(settings: BaseSettings, logger: logging.Logger) -
         "crawl breadth-first, > 0, or depth-first, < 0)",
         ", ".join(named),
     )
-
-
-class HostQueueSettingsError(ValueError):
-    """A ``HOSTQUEUE_*`` (or related Scrapy) setting has a value that cannot work."""
 
 
 _MISSING = object()

@@ -15,6 +15,7 @@ import os
 import statistics
 from typing import Any
 
+from scrapy_hostqueue._errors import PlotError
 from scrapy_hostqueue._timeline import (
     OTHER_HOSTS,
     Series,
@@ -39,10 +40,6 @@ OTHER_COLOR = "#9d9d9d"
 PANELS = (("in_flight", "requests in flight"), ("rate", "responses / s"))
 #: Drawn only when some download failed, so that a dead host shows.
 FAILED_PANEL = ("failed", "failed downloads / s (no response)")
-
-
-class PlotError(Exception):
-    """The plot cannot be made; the message is shown as is."""
 
 
 def _colors(names: list[str]) -> dict[str, str]:

@@ -45,9 +45,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from scrapy_hostqueue._errors import FrontierFileError
 from scrapy_hostqueue.frontier._layered import LayeredStore
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
-from scrapy_hostqueue.frontier.sqlite._file import FrontierFile, FrontierFileError
+from scrapy_hostqueue.frontier.sqlite._file import FrontierFile
 
 __all__ = ["FrontierFile", "FrontierFileError", "SqliteStore"]
 
