@@ -1,8 +1,9 @@
 """The errors of :mod:`scrapy_hostqueue.exceptions` that need no Scrapy.
 
-Defined here, where the pure modules (the SQLite frontier file, the Redis
-keys and scripts) can raise them without importing Scrapy; users import them
-from :mod:`scrapy_hostqueue.exceptions`, whose name they carry.
+Pure: no Scrapy or Twisted import. Defined here, where the pure modules (the
+SQLite frontier file, the Redis keys and scripts) can raise them without
+importing Scrapy; users import them from :mod:`scrapy_hostqueue.exceptions`,
+whose name they carry.
 """
 
 from __future__ import annotations
@@ -51,15 +52,7 @@ class PlotError(HostQueueError):
     """The plot cannot be made; the message is shown as is."""
 
 
-for _error in (
-    FrontierFileError,
-    HostQueueError,
-    HostQueueSettingsError,
-    PlotError,
-    RedisFrontierError,
-    TimelineError,
-    UnsupportedDependencyError,
-):
+for _name in __all__:
     # Where users import them from, as tracebacks and the docs show them.
-    _error.__module__ = "scrapy_hostqueue.exceptions"
-del _error
+    globals()[_name].__module__ = "scrapy_hostqueue.exceptions"
+del _name

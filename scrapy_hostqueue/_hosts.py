@@ -2,7 +2,7 @@
 
 :class:`Hosts` owns the request store (through its interface,
 ``scrapy_hostqueue.frontier.RequestStore``), the record of every request counted
-for a host (``_requests``), the send gate (``sendgate``), the room for direct
+for a host (``_requests``), the send gate (``_sendgate``), the room for direct
 downloads (``_direct``) and the overdue watch (``_overdue``). It answers the
 queries and carries out the commands of ``HostControl`` (the AIMD
 middleware) and ``HostView`` (the stats extension), both in ``_contracts``,

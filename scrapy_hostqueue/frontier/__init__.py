@@ -253,11 +253,11 @@ def open_frontier(crawler: Crawler, config: HostQueueConfig, *, debug: bool) -> 
 
     jobdir = job_dir(crawler.settings)
     if config.frontier_url is not None:
-        from scrapy_hostqueue.frontier.redis import SharedFrontier  # noqa: PLC0415
+        from scrapy_hostqueue.frontier.redis._frontier import SharedFrontier  # noqa: PLC0415
 
         return SharedFrontier.open(crawler, config, debug=debug)
     if config.frontier_path is not None:
-        from scrapy_hostqueue.frontier.sqlite import SqliteFrontier  # noqa: PLC0415
+        from scrapy_hostqueue.frontier.sqlite._glue import SqliteFrontier  # noqa: PLC0415
 
         return SqliteFrontier.open(crawler, config.frontier_path, jobdir, debug=debug)
     from scrapy_hostqueue.frontier._jobdir import MemoryFrontier  # noqa: PLC0415

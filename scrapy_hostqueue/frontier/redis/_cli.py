@@ -141,7 +141,7 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
             held_by = f"  held by {owner}" if owner else ""
             co, part = client.hmget(p + f"share:{host}", "co", "grant")
             if co is not None:
-                # A busy host lent in part (see store/_redisshare.py).
+                # A busy host lent in part (see _share.py).
                 held_by += f", {int(part)} of its limit lent to {co.decode()}"
             lines.append(
                 f"  {host:<{width}}  {queued.get(host, 0):>9,} queued  "
