@@ -247,8 +247,9 @@ def open_frontier(crawler: Crawler, config: HostQueueConfig, *, debug: bool) -> 
     or this process registered with Redis. Raises a
     :class:`~scrapy_hostqueue.exceptions.HostQueueError` with one line when
     it cannot be used."""
-    # Imported here: the backends import this module, and a crawl loads only
-    # the one it uses (the Redis one needs the redis client).
+    # Imported here: importing a pure module of the frontier imports this
+    # package too, which therefore imports no Scrapy at its top; and a crawl
+    # loads only the backend it uses (the Redis one needs the redis client).
     from scrapy.utils.job import job_dir  # noqa: PLC0415
 
     jobdir = job_dir(crawler.settings)
