@@ -471,8 +471,8 @@ def _draw_timeline(timeline: Path, output_dir: Path) -> None:
     if not timeline.is_file():
         print(f"timeline: not written ({timeline}); is HostQueueStats enabled?")
         return
-    from scrapy_hostqueue._plot import PlotError, plot  # noqa: PLC0415 - optional part
-    from scrapy_hostqueue._timeline import TimelineError  # noqa: PLC0415
+    from scrapy_hostqueue._plot import plot  # noqa: PLC0415 - optional part
+    from scrapy_hostqueue.exceptions import PlotError, TimelineError  # noqa: PLC0415
 
     outputs = [output_dir / "timeline.html"]
     if importlib.util.find_spec("matplotlib") is not None:
