@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from scrapy.utils.asyncio import CallLaterResult
 
     from scrapy_hostqueue._recorder import HostStatsRecorder
-    from scrapy_hostqueue.store import HostState, RequestStore
+    from scrapy_hostqueue.frontier import HostState, RequestStore
 
 
 class UsesSendGate:
@@ -63,7 +63,7 @@ class GateClient(Protocol):
 
 def handlers_gate_sends(crawler: Crawler) -> bool:
     """Whether the http and https handlers ask the send gate before sending
-    (:class:`~scrapy_hostqueue.sendgate.UsesSendGate`; this project's handler
+    (:class:`~scrapy_hostqueue._sendgate.UsesSendGate`; this project's handler
     does), which prefetch needs to hold the limit."""
     handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
     for scheme in ("http", "https"):
