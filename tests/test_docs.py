@@ -1,13 +1,16 @@
-"""The README is valid reStructuredText, the settings reference documents every
-setting the package reads exactly once, and the user docs name no commit or run."""
+"""The README is valid reStructuredText whose links work off the checkout, the settings
+reference documents every setting the package reads exactly once, and the user docs name
+no commit or run."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import docutils.core
+import docutils.nodes
 import docutils.utils
 import pytest
 
@@ -53,6 +56,36 @@ def test_readme_is_valid_restructuredtext() -> None:
         settings_overrides={"report_level": 2, "halt_level": 5, "warning_stream": Collect()},
     )
     assert not "".join(problems)
+
+
+def relative_links(source: str) -> list[str]:
+    """The link and image targets of reStructuredText *source* that name no scheme.
+
+    README.rst is also the package's long description (setup.cfg), shown where
+    ``docs/...`` leads nowhere: each of its targets must be an absolute URL.
+    """
+    silent = {"report_level": 5, "halt_level": 5}
+    tree = docutils.core.publish_doctree(source, settings_overrides=silent)
+    found: dict[str, None] = {}
+    for node in tree.findall(docutils.nodes.Element):
+        for attribute in ("refuri", "uri"):
+            target = node.get(attribute)
+            if target is not None and not urlsplit(target).scheme:
+                found[target] = None
+    return list(found)
+
+
+def test_readme_has_no_relative_link() -> None:
+    assert relative_links((ROOT / "README.rst").read_text()) == []
+
+
+def test_the_link_check_finds_relative_links_and_images() -> None:
+    source = (
+        "See `settings <docs/settings.rst>`__, `Scrapy <https://scrapy.org>`_, and\n"
+        "changes_.\n\n.. _changes: CHANGES.rst\n\n"
+        ".. image:: docs/benchmark.png\n\n.. image:: https://example.com/chart.png\n"
+    )
+    assert relative_links(source) == ["docs/settings.rst", "CHANGES.rst", "docs/benchmark.png"]
 
 
 def test_every_setting_read_by_the_package_has_one_entry() -> None:
