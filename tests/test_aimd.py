@@ -21,25 +21,18 @@ from scrapy_hostqueue._aimd import (
     AimdSettings,
     AimdTable,
 )
+from tests._clock import FakeClock
 
 FAST_LATENCY = 0.01
 SLOW_LATENCY = 9.0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def tick(self, seconds: float = 0.01) -> float:
-        self.now += seconds
-        return self.now
+#: How far the clock moves between two outcomes, unless a test says otherwise.
+TICK = 0.01
 
 
 def make(**overrides: object) -> tuple[AimdTable, FakeClock]:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     values: dict[str, object] = {"start": 2, "floor": 1, "ceiling": 8}
     values.update(overrides)
     table = AimdTable(
@@ -52,8 +45,8 @@ def make(**overrides: object) -> tuple[AimdTable, FakeClock]:
 
 def fast(table: AimdTable, clock: FakeClock, host: str = "h", count: int = 1) -> None:
     for _ in range(count):
-        started = clock.tick()
-        clock.tick()
+        started = clock.advance(TICK)
+        clock.advance(TICK)
         table.on_success(host, started, FAST_LATENCY)
 
 
@@ -69,13 +62,13 @@ def test_fast_successes_while_the_limit_was_not_filled_raise_nothing() -> None:
     # at a time: no evidence that it takes more than it was given.
     table, clock = make()
     for _ in range(50):
-        started = clock.tick()
+        started = clock.advance(TICK)
         assert table.on_success("h", started, FAST_LATENCY, limited=False) is None
     assert limit(table) == 2
     # Nor do they break a run: the filled-limit answers before and after add up.
-    table.on_success("h", clock.tick(), FAST_LATENCY)
-    table.on_success("h", clock.tick(), FAST_LATENCY, limited=False)
-    adjustment = table.on_success("h", clock.tick(), FAST_LATENCY)
+    table.on_success("h", clock.advance(TICK), FAST_LATENCY)
+    table.on_success("h", clock.advance(TICK), FAST_LATENCY, limited=False)
+    adjustment = table.on_success("h", clock.advance(TICK), FAST_LATENCY)
     assert adjustment is not None
     assert adjustment.new_limit == 3
 
@@ -85,7 +78,7 @@ def test_a_run_of_fast_successes_as_long_as_the_limit_adds_one() -> None:
     assert limit(table) == 2
     fast(table, clock, count=1)
     assert limit(table) == 2
-    started = clock.tick()
+    started = clock.advance(TICK)
     adjustment = table.on_success("h", started, FAST_LATENCY)
     assert adjustment is not None
     assert (adjustment.old_limit, adjustment.new_limit, adjustment.reason) == (2, 3, FAST)
@@ -108,7 +101,7 @@ def test_the_limit_climbs_to_the_ceiling_and_stays() -> None:
 def test_a_medium_latency_breaks_the_run() -> None:
     table, clock = make(fast_latency=0.5, slow_latency=5.0)
     fast(table, clock, count=1)
-    assert table.on_success("h", clock.tick(), 1.0) is None  # neither fast nor slow
+    assert table.on_success("h", clock.advance(TICK), 1.0) is None  # neither fast nor slow
     fast(table, clock, count=1)
     assert limit(table) == 2  # the run restarted
     fast(table, clock, count=1)
@@ -124,7 +117,7 @@ def test_a_medium_latency_breaks_the_run() -> None:
 )
 def test_a_back_off_halves_the_limit_down_to_the_floor(start: int, expected: int) -> None:
     table, clock = make(start=start, floor=1)
-    adjustment = table.on_backoff("h", clock.tick(), None)
+    adjustment = table.on_backoff("h", clock.advance(TICK), None)
     assert adjustment is not None
     assert adjustment.decreased
     assert (adjustment.old_limit, adjustment.new_limit) == (start, expected)
@@ -133,7 +126,7 @@ def test_a_back_off_halves_the_limit_down_to_the_floor(start: int, expected: int
 def test_the_floor_holds() -> None:
     table, clock = make(start=8, floor=3)
     for _ in range(5):
-        table.on_backoff("h", clock.tick(), 0)
+        table.on_backoff("h", clock.advance(TICK), 0)
     assert limit(table) == 3
 
 
@@ -141,8 +134,8 @@ def test_the_floor_holds() -> None:
 def test_one_decrease_per_burst(reason: str) -> None:
     """Four outcomes of requests that were in flight together halve once."""
     table, clock = make(start=8)
-    starts = [clock.tick() for _ in range(4)]
-    clock.tick(1)
+    starts = [clock.advance(TICK) for _ in range(4)]
+    clock.advance(1)
     results = []
     for started in starts:
         if reason == BACKOFF:
@@ -154,15 +147,15 @@ def test_one_decrease_per_burst(reason: str) -> None:
     assert limit(table) == 4
     assert [r is not None and r.decreased for r in results] == [True, False, False, False]
     # A request started after that decrease can decrease again.
-    started = clock.tick()
+    started = clock.advance(TICK)
     table.on_backoff("h", started, 0)
     assert limit(table) == 2
 
 
 def test_successes_of_requests_started_before_a_decrease_do_not_count() -> None:
     table, clock = make(start=4)
-    starts = [clock.tick() for _ in range(20)]
-    table.on_backoff("h", clock.tick(), 0)
+    starts = [clock.advance(TICK) for _ in range(20)]
+    table.on_backoff("h", clock.advance(TICK), 0)
     assert limit(table) == 2
     for started in starts:
         table.on_success("h", started, FAST_LATENCY)
@@ -171,7 +164,7 @@ def test_successes_of_requests_started_before_a_decrease_do_not_count() -> None:
 
 def test_slow_responses_decrease() -> None:
     table, clock = make(start=8, slow_latency=5.0)
-    adjustment = table.on_success("h", clock.tick(), 6.0)
+    adjustment = table.on_success("h", clock.advance(TICK), 6.0)
     assert adjustment is not None
     assert (adjustment.reason, adjustment.new_limit) == (SLOW, 4)
     assert adjustment.block is None
@@ -184,7 +177,7 @@ def test_a_level_that_pushed_back_is_probed_ever_more_rarely() -> None:
     """A host that refuses a 4th concurrent request: the limit settles at 3 and
     each probe of 4 needs a longer run than the one before, up to a bound."""
     table, clock = make(start=4)
-    table.on_backoff("h", clock.tick(), 0)  # 4 -> 2, level 4 remembered
+    table.on_backoff("h", clock.advance(TICK), 0)  # 4 -> 2, level 4 remembered
     runs = []
     for _ in range(5):
         fast(table, clock, count=2)  # 2 -> 3
@@ -196,7 +189,7 @@ def test_a_level_that_pushed_back_is_probed_ever_more_rarely() -> None:
             assert count < 10_000
         runs.append(count)
         assert limit(table) == 4
-        table.on_backoff("h", clock.tick(), 0)  # pushed back again at 4
+        table.on_backoff("h", clock.advance(TICK), 0)  # pushed back again at 4
         assert limit(table) == 2
     assert PROBE_PENALTY == 4
     assert runs[:3] == [3 * 4, 3 * 16, 3 * 64]
@@ -205,7 +198,7 @@ def test_a_level_that_pushed_back_is_probed_ever_more_rarely() -> None:
 
 def test_a_level_that_holds_is_forgotten() -> None:
     table, clock = make(start=4)
-    table.on_backoff("h", clock.tick(), 0)  # 4 -> 2
+    table.on_backoff("h", clock.advance(TICK), 0)  # 4 -> 2
     fast(table, clock, count=2 + 3 * PROBE_PENALTY)  # 2 -> 3 -> 4 (probe)
     assert limit(table) == 4
     fast(table, clock, count=4 * PROBE_PENALTY)  # a whole run at 4, penalised: -> 5
@@ -216,29 +209,29 @@ def test_a_level_that_holds_is_forgotten() -> None:
 
 def test_a_back_off_below_the_remembered_level_escalates() -> None:
     table, clock = make(start=8)
-    table.on_backoff("h", clock.tick(), 0)  # at 8: level 8, penalty 4
+    table.on_backoff("h", clock.advance(TICK), 0)  # at 8: level 8, penalty 4
     fast(table, clock, count=4 + 5 + 6)  # 4 -> 7
     assert limit(table) == 7
-    table.on_backoff("h", clock.tick(), 0)  # at 7, below 8: stronger evidence
+    table.on_backoff("h", clock.advance(TICK), 0)  # at 7, below 8: stronger evidence
     host = table.host("h")
     assert (host.probe_level, host.probe_penalty) == (7, PROBE_PENALTY**2)
 
 
 def test_a_slow_spell_below_the_level_does_not_escalate() -> None:
     table, clock = make(start=8, slow_latency=5.0)
-    table.on_backoff("h", clock.tick(), 0)  # level 8, penalty 4
-    clock.tick()
-    table.on_success("h", clock.tick(), 6.0)  # slow at 4: a new level, base penalty
+    table.on_backoff("h", clock.advance(TICK), 0)  # level 8, penalty 4
+    clock.advance(TICK)
+    table.on_success("h", clock.advance(TICK), 6.0)  # slow at 4: a new level, base penalty
     host = table.host("h")
     assert (host.limit, host.probe_level, host.probe_penalty) == (2, 4, PROBE_PENALTY)
 
 
 def test_decreases_at_the_floor_leave_the_level_alone() -> None:
     table, clock = make(start=2, floor=1)
-    table.on_backoff("h", clock.tick(), 0)  # 2 -> 1: level 2
+    table.on_backoff("h", clock.advance(TICK), 0)  # 2 -> 1: level 2
     for _ in range(5):
-        clock.tick()
-        outcome = table.on_backoff("h", clock.tick(), 0)
+        clock.advance(TICK)
+        outcome = table.on_backoff("h", clock.advance(TICK), 0)
         assert outcome is not None
         assert outcome.decreased
     host = table.host("h")
@@ -257,7 +250,7 @@ def test_decreases_at_the_floor_leave_the_level_alone() -> None:
 )
 def test_retry_after_blocks_capped(retry_after: float, expected: float) -> None:
     table, clock = make(retry_after_max=300.0)
-    adjustment = table.on_backoff("h", clock.tick(), retry_after)
+    adjustment = table.on_backoff("h", clock.advance(TICK), retry_after)
     assert adjustment is not None
     assert adjustment.block == expected
     assert adjustment.block_reason == RETRY_AFTER
@@ -265,8 +258,8 @@ def test_retry_after_blocks_capped(retry_after: float, expected: float) -> None:
 
 def test_retry_after_applies_inside_a_burst_too() -> None:
     table, clock = make(start=8)
-    first, second = clock.tick(), clock.tick()
-    clock.tick()
+    first, second = clock.advance(TICK), clock.advance(TICK)
+    clock.advance(TICK)
     table.on_backoff("h", first, 2.0)
     adjustment = table.on_backoff("h", second, 3.0)
     assert adjustment is not None
@@ -279,7 +272,7 @@ def test_missing_retry_after_backs_off_exponentially_with_jitter() -> None:
     table, clock = make(backoff_base=1.0, backoff_max=10.0, error_budget=100)
     blocks = []
     for _ in range(7):
-        adjustment = table.on_backoff("h", clock.tick(), None)
+        adjustment = table.on_backoff("h", clock.advance(TICK), None)
         assert adjustment is not None
         assert adjustment.block_reason == BACKOFF
         assert adjustment.block is not None
@@ -289,7 +282,7 @@ def test_missing_retry_after_backs_off_exponentially_with_jitter() -> None:
         assert bound / 2 <= block <= bound
     # A success resets the exponent.
     fast(table, clock)
-    adjustment = table.on_backoff("h", clock.tick(), None)
+    adjustment = table.on_backoff("h", clock.advance(TICK), None)
     assert adjustment is not None
     assert adjustment.block is not None
     assert 0.5 <= adjustment.block <= 1.0
@@ -297,13 +290,13 @@ def test_missing_retry_after_backs_off_exponentially_with_jitter() -> None:
 
 def test_exponential_back_off_does_not_escalate_inside_a_burst() -> None:
     table, clock = make(backoff_base=1.0, backoff_max=100.0)
-    starts = [clock.tick() for _ in range(4)]
-    clock.tick()
+    starts = [clock.advance(TICK) for _ in range(4)]
+    clock.advance(TICK)
     blocks = [table.on_backoff("h", started, None) for started in starts]
     assert blocks[0] is not None
     assert blocks[0].block is not None
     assert all(b is not None and b.block is None for b in blocks[1:])
-    adjustment = table.on_backoff("h", clock.tick(), None)
+    adjustment = table.on_backoff("h", clock.advance(TICK), None)
     assert adjustment is not None
     assert adjustment.block is not None
     assert 1.0 <= adjustment.block <= 2.0
@@ -313,7 +306,7 @@ def test_the_first_back_off_of_a_host_is_flagged_once() -> None:
     table, clock = make()
     flags = []
     for host in ("a", "a", "b"):
-        adjustment = table.on_backoff(host, clock.tick(), 1)
+        adjustment = table.on_backoff(host, clock.advance(TICK), 1)
         assert adjustment is not None
         flags.append(adjustment.first_backoff)
     assert flags == [True, False, True]
@@ -326,7 +319,7 @@ def test_failures_in_a_row_park_then_give_up() -> None:
     table, clock = make(error_budget=3, error_cooldown=1.0, error_max_cooldowns=2)
     parks = []
     for _ in range(3):
-        outcomes = [table.on_failure("h", clock.tick()) for _ in range(3)]
+        outcomes = [table.on_failure("h", clock.advance(TICK)) for _ in range(3)]
         assert all(o is None or not o.give_up for o in outcomes[:-1])
         last = outcomes[-1]
         assert last is not None
@@ -340,16 +333,16 @@ def test_failures_in_a_row_park_then_give_up() -> None:
     assert parks == [1.0, 2.0]  # the cool-down doubles
     assert table.host("h").given_up
     # A given-up host is left alone.
-    assert table.on_failure("h", clock.tick()) is None
-    assert table.on_success("h", clock.tick(), FAST_LATENCY) is None
+    assert table.on_failure("h", clock.advance(TICK)) is None
+    assert table.on_success("h", clock.advance(TICK), FAST_LATENCY) is None
 
 
 def test_zero_cooldowns_gives_up_at_the_first_spent_budget() -> None:
     table, clock = make(error_budget=2, error_max_cooldowns=0)
-    first = table.on_failure("h", clock.tick())
+    first = table.on_failure("h", clock.advance(TICK))
     assert first is not None
     assert not first.give_up
-    outcome = table.on_failure("h", clock.tick())
+    outcome = table.on_failure("h", clock.advance(TICK))
     assert outcome is not None
     assert outcome.give_up
 
@@ -357,17 +350,17 @@ def test_zero_cooldowns_gives_up_at_the_first_spent_budget() -> None:
 def test_a_response_resets_failures_and_cooldowns() -> None:
     table, clock = make(error_budget=3, error_cooldown=1.0, error_max_cooldowns=1)
     for _ in range(2):
-        table.on_failure("h", clock.tick())
-    table.on_success("h", clock.tick(), 1.0)  # the host answered, slowly
+        table.on_failure("h", clock.advance(TICK))
+    table.on_success("h", clock.advance(TICK), 1.0)  # the host answered, slowly
     for _ in range(2):
-        outcome = table.on_failure("h", clock.tick())
+        outcome = table.on_failure("h", clock.advance(TICK))
         assert outcome is None or not outcome.parked
-    outcome = table.on_failure("h", clock.tick())
+    outcome = table.on_failure("h", clock.advance(TICK))
     assert outcome is not None
     assert outcome.parked
     fast(table, clock)  # recovered: the next spent budget parks again
     for _ in range(3):
-        outcome = table.on_failure("h", clock.tick())
+        outcome = table.on_failure("h", clock.advance(TICK))
     assert outcome is not None
     assert outcome.parked
     assert not outcome.give_up
@@ -382,7 +375,7 @@ def test_back_off_statuses_in_a_row_park_then_give_up_the_host() -> None:
         error_cooldown=1.5,
         error_max_cooldowns=1,
     )
-    outcomes = [table.on_backoff("h", clock.tick(), None) for _ in range(3)]
+    outcomes = [table.on_backoff("h", clock.advance(TICK), None) for _ in range(3)]
     assert all(o is not None and not o.parked for o in outcomes[:2])
     third = outcomes[2]
     assert third is not None
@@ -392,31 +385,31 @@ def test_back_off_statuses_in_a_row_park_then_give_up_the_host() -> None:
     # The longer of the back-off block (2-4 s) and the cool-down (1.5 s).
     assert 2.0 <= third.block <= 4.0
     # After the cool-down the back-off starts again from its base.
-    outcome = table.on_backoff("h", clock.tick(), None)
+    outcome = table.on_backoff("h", clock.advance(TICK), None)
     assert outcome is not None
     assert outcome.block is not None
     assert 0.5 <= outcome.block <= 1.0
-    outcome = table.on_backoff("h", clock.tick(), None)
+    outcome = table.on_backoff("h", clock.advance(TICK), None)
     assert outcome is not None
     assert not outcome.give_up
-    outcome = table.on_backoff("h", clock.tick(), None)
+    outcome = table.on_backoff("h", clock.advance(TICK), None)
     assert outcome is not None
     assert outcome.give_up
     assert table.host("h").given_up
-    assert table.on_backoff("h", clock.tick(), 1.0) is None
+    assert table.on_backoff("h", clock.advance(TICK), 1.0) is None
 
 
 def test_a_cool_down_longer_than_the_back_off_block_replaces_it() -> None:
     table, clock = make(error_budget=2, error_cooldown=30.0)
-    table.on_backoff("h", clock.tick(), 2.0)
-    outcome = table.on_backoff("h", clock.tick(), 2.0)
+    table.on_backoff("h", clock.advance(TICK), 2.0)
+    outcome = table.on_backoff("h", clock.advance(TICK), 2.0)
     assert outcome is not None
     assert outcome.parked
     assert (outcome.block, outcome.block_reason) == (30.0, COOLDOWN)
     # A Retry-After longer than the cool-down stays the server's word.
-    clock.tick(31.0)
-    table.on_backoff("h", clock.tick(), 90.0)
-    outcome = table.on_backoff("h", clock.tick(), 90.0)
+    clock.advance(31.0)
+    table.on_backoff("h", clock.advance(TICK), 90.0)
+    outcome = table.on_backoff("h", clock.advance(TICK), 90.0)
     assert outcome is not None
     assert outcome.parked
     assert (outcome.block, outcome.block_reason) == (90.0, RETRY_AFTER)
@@ -424,27 +417,27 @@ def test_a_cool_down_longer_than_the_back_off_block_replaces_it() -> None:
 
 def test_back_offs_count_toward_the_error_budget_once_per_burst() -> None:
     table, clock = make(error_budget=2)
-    starts = [clock.tick() for _ in range(4)]
-    clock.tick()
+    starts = [clock.advance(TICK) for _ in range(4)]
+    clock.advance(TICK)
     outcomes = [table.on_backoff("h", started, 1.0) for started in starts]
     assert not any(o is not None and o.parked for o in outcomes)
     assert table.host("h").failures == 1
     # Connection failures and back-offs add up; a response resets them.
-    table.on_success("h", clock.tick(), 0.1)
-    table.on_backoff("h", clock.tick(), 1.0)
-    table.on_success("h", clock.tick(), 0.1)
-    outcome = table.on_failure("h", clock.tick())
+    table.on_success("h", clock.advance(TICK), 0.1)
+    table.on_backoff("h", clock.advance(TICK), 1.0)
+    table.on_success("h", clock.advance(TICK), 0.1)
+    outcome = table.on_failure("h", clock.advance(TICK))
     assert outcome is None or not outcome.parked
-    outcome = table.on_backoff("h", clock.tick(), 1.0)
+    outcome = table.on_backoff("h", clock.advance(TICK), 1.0)
     assert outcome is not None
     assert outcome.parked
 
 
 def test_failures_of_requests_started_before_parking_do_not_count() -> None:
     table, clock = make(error_budget=2, error_cooldown=1.0, error_max_cooldowns=1)
-    in_flight = [clock.tick() for _ in range(5)]
-    table.on_failure("h", clock.tick())
-    outcome = table.on_failure("h", clock.tick())
+    in_flight = [clock.advance(TICK) for _ in range(5)]
+    table.on_failure("h", clock.advance(TICK))
+    outcome = table.on_failure("h", clock.advance(TICK))
     assert outcome is not None
     assert outcome.parked
     for started in in_flight:
@@ -457,7 +450,7 @@ def test_failures_of_requests_started_before_parking_do_not_count() -> None:
 
 
 def test_the_table_is_bounded_lru() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     table = AimdTable(AimdSettings(start=2, ceiling=8), max_hosts=3, clock=clock)
     for host in ("a", "b", "c"):
         table.host(host)
@@ -530,7 +523,7 @@ def test_the_limit_always_stays_within_floor_and_ceiling(
             assert outcome.new_limit == after
             if outcome.block is not None:
                 assert outcome.block >= 0
-        clock.tick(pause)
+        clock.advance(pause)
 
 
 # -- overdue requests ---------------------------------------------------------
@@ -552,7 +545,7 @@ def test_a_host_not_heard_from_is_overdue_after_the_slow_latency() -> None:
 def test_overdue_time_follows_the_hosts_latency(latencies: list[float], expected: float) -> None:
     table, clock = make(fast_latency=0.5, slow_latency=SLOW_LATENCY)
     for latency in latencies:
-        table.on_success("h", clock.tick(), latency)
+        table.on_success("h", clock.advance(TICK), latency)
     assert table.overdue_after("h") == expected
 
 
@@ -560,7 +553,7 @@ def test_a_varying_latency_moves_the_overdue_time_up() -> None:
     steady, clock = make(fast_latency=0.1, slow_latency=SLOW_LATENCY)
     varying, _ = make(fast_latency=0.1, slow_latency=SLOW_LATENCY)
     for index in range(40):
-        started = clock.tick()
+        started = clock.advance(TICK)
         steady.on_success("h", started, 0.2)
         varying.on_success("h", started, 0.1 if index % 2 else 0.3)
     assert varying.overdue_after("h") > steady.overdue_after("h")
@@ -568,8 +561,8 @@ def test_a_varying_latency_moves_the_overdue_time_up() -> None:
 
 def test_an_overdue_request_decreases_once_per_burst_and_spends_no_budget() -> None:
     table, clock = make(start=8, error_budget=1)
-    started = clock.tick()
-    clock.tick(0.5)  # in flight since
+    started = clock.advance(TICK)
+    clock.advance(0.5)  # in flight since
     adjustment = table.on_overdue("h", started)
     assert adjustment is not None
     assert (adjustment.old_limit, adjustment.new_limit, adjustment.reason) == (8, 4, OVERDUE)
@@ -577,7 +570,7 @@ def test_an_overdue_request_decreases_once_per_burst_and_spends_no_budget() -> N
     assert table.on_overdue("h", started) is None
     # No failure counted: the budget of one would have parked the host.
     assert table.host("h").failures == 0
-    assert table.on_overdue("h", clock.tick()).new_limit == 2  # type: ignore[union-attr]
+    assert table.on_overdue("h", clock.advance(TICK)).new_limit == 2  # type: ignore[union-attr]
 
 
 # -- what a resumed crawl takes back -------------------------------------------
@@ -585,10 +578,10 @@ def test_an_overdue_request_decreases_once_per_burst_and_spends_no_budget() -> N
 
 def test_what_was_learned_is_taken_back_by_a_new_table() -> None:
     table, clock = make(start=8, error_budget=5)
-    table.on_success("h", clock.tick(), 0.2)
-    table.on_success("h", clock.tick(), 0.3)
-    table.on_backoff("h", clock.tick(), None)  # 8 -> 4, one failure
-    table.on_failure("h", clock.tick())  # 4 -> 2, level 4, a second failure in a row
+    table.on_success("h", clock.advance(TICK), 0.2)
+    table.on_success("h", clock.advance(TICK), 0.3)
+    table.on_backoff("h", clock.advance(TICK), None)  # 8 -> 4, one failure
+    table.on_failure("h", clock.advance(TICK))  # 4 -> 2, level 4, a second failure in a row
     before = table.host("h")
     data = table.export("h")
     assert data is not None
@@ -606,7 +599,7 @@ def test_what_was_learned_is_taken_back_by_a_new_table() -> None:
     clock2 = again.clock
     assert isinstance(clock2, FakeClock)
     for _ in range(3):
-        adjustment = again.on_failure("h", clock2.tick())
+        adjustment = again.on_failure("h", clock2.advance(TICK))
     assert adjustment is not None and adjustment.parked
 
 

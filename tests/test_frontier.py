@@ -37,19 +37,7 @@ from scrapy_hostqueue.frontier.memory import (
     MemoryStore,
     _Fifo,
 )
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, start: float = 100.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests._clock import FakeClock
 
 
 def make(

@@ -51,6 +51,7 @@ from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.handler import AiohttpDownloadHandler, _pool_limits
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
+from tests._clock import FakeClock
 from tests.crawling import (
     WATCH,
     Certificate,
@@ -1108,11 +1109,11 @@ async def test_a_missing_name_is_remembered_for_a_minute_at_most(
     DNS cache's TTL, a missing name is asked for again after 60 s."""
     dns = StandInDns("127.0.0.2")
     monkeypatch.setattr(socket, "getaddrinfo", dns)
-    now = [1000.0]
-    resolver = handler_module._Resolver(1, 300.0, clock=lambda: now[0])
+    clock = FakeClock(1000.0)
+    resolver = handler_module._Resolver(1, 300.0, clock=clock)
     try:
         for step in (0.0, 30.0, 29.0, 2.0, 59.0, 2.0):
-            now[0] += step
+            clock.advance(step)
             with pytest.raises(socket.gaierror):
                 await resolver.resolve("gone.hostqueue.test", 80)
     finally:

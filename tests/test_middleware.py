@@ -52,18 +52,11 @@ from scrapy_hostqueue.middleware import (
 )
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests._clock import FakeClock
 from tests.crawling import MIDDLEWARE, SCHEDULER, PageSpider, settings
 
 HOST = "example.com"
 URL = f"http://{HOST}/page"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 5000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Unwatched:
@@ -165,7 +158,7 @@ def middleware(
         PageSpider, settings(SCHEDULER=SCHEDULER, DOWNLOADER_MIDDLEWARES=MIDDLEWARE, **overrides)
     )
     mw = AIMDMiddleware.from_crawler(crawler)
-    clock = FakeClock()
+    clock = FakeClock(5000.0)
     mw.clock = mw.table.clock = clock
     if hosts is None:
         hosts = StandInHosts()

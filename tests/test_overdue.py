@@ -10,20 +10,13 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._overdue import OverdueWatch
 from scrapy_hostqueue._requests import RequestRecord, RequestTable
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests._clock import FakeClock
 
 
 def watch(
     thresholds: dict[str, float], max_excused: int = 10
-) -> tuple[OverdueWatch, MemoryStore[Request], RequestTable, Clock, list[Any]]:
-    clock = Clock()
+) -> tuple[OverdueWatch, MemoryStore[Request], RequestTable, FakeClock, list[Any]]:
+    clock = FakeClock()
     store: MemoryStore[Request] = MemoryStore(lambda key: HostState(4), clock=clock)
     records = RequestTable()
     heard: list[Any] = []
@@ -37,7 +30,7 @@ def watch(
     return overdue, store, records, clock, heard
 
 
-def send(store: MemoryStore[Request], records: RequestTable, clock: Clock, url: str) -> Request:
+def send(store: MemoryStore[Request], records: RequestTable, clock: FakeClock, url: str) -> Request:
     request = Request(url)
     host = url.split("/")[2]
     store.push(host, 0, request)

@@ -35,14 +35,7 @@ from scrapy_hostqueue.frontier.sqlite._file import (
 )
 from scrapy_hostqueue.frontier.sqlite._store import SPARE, WINDOW, SqliteStore
 from scrapy_hostqueue.scheduler import HostQueueScheduler
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests._clock import FakeClock
 
 
 class Item:
@@ -66,7 +59,7 @@ def decode(data: bytes) -> Item:
 
 
 def open_store(path: Path, *, limit: int = 100, window: int = WINDOW) -> SqliteStore[Item]:
-    memory: MemoryStore = MemoryStore(lambda key: HostState(limit), clock=Clock())
+    memory: MemoryStore = MemoryStore(lambda key: HostState(limit), clock=FakeClock())
     return SqliteStore(memory, FrontierFile(str(path)), encode, decode, window=window)
 
 
@@ -91,7 +84,7 @@ def test_serving_order_matches_the_memory_store(path: Path) -> None:
     ranks = [0, 0, 0, 1, -1, 2]
     pushes = [(f"h{rng.randrange(5)}", rng.choice(ranks), f"r{n}") for n in range(400)]
     store = open_store(path, window=3)
-    memory: MemoryStore[str] = MemoryStore(lambda key: HostState(100), clock=Clock())
+    memory: MemoryStore[str] = MemoryStore(lambda key: HostState(100), clock=FakeClock())
     for key, rank, name in pushes:
         assert store.push(key, rank, Item(name))
         memory.push(key, rank, name)
@@ -302,7 +295,7 @@ def test_requests_pushed_here_come_back_from_the_backlog_without_decoding(path: 
 
     for spare in (SPARE, 0):
         decoded.clear()
-        memory: MemoryStore = MemoryStore(lambda key: HostState(100), clock=Clock())
+        memory: MemoryStore = MemoryStore(lambda key: HostState(100), clock=FakeClock())
         store = SqliteStore(memory, FrontierFile(str(path)), encode, counting_decode, spare=spare)
         pushed = [Item(str(n)) for n in range(40)]
         for item in pushed:

@@ -13,21 +13,10 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import StartRequestsMiddleware
 from scrapy_hostqueue import start as start_module
 from scrapy_hostqueue.testing import HostSpec
+from tests._clock import FakeClock
 from tests.crawling import ADDON, SCHEDULER, HostsFactory, PageSpider, settings
 
 NAME = "scrapy_hostqueue.StartRequestsMiddleware"
-
-
-class StepClock:
-    """A clock that moves on by ``step`` seconds every time it is read."""
-
-    def __init__(self, step: float) -> None:
-        self.now = 0.0
-        self.step = step
-
-    def __call__(self) -> float:
-        self.now += self.step
-        return self.now
 
 
 async def items(values: list[Any]) -> AsyncIterator[Any]:
@@ -58,7 +47,7 @@ async def test_everything_passes_in_order_without_a_turn_inside_the_slice(
 ) -> None:
     values: list[Any] = [scrapy.Request(f"http://a.test/{i}") for i in range(50)]
     values.insert(10, {"an": "item"})
-    middleware = StartRequestsMiddleware(clock=StepClock(start_module.SLICE / 1000))
+    middleware = StartRequestsMiddleware(clock=FakeClock(0.0, step=start_module.SLICE / 1000))
     out, sleeps = await run(middleware, values, monkeypatch)
     assert out == values
     assert sleeps == []
@@ -68,7 +57,7 @@ async def test_everything_passes_in_order_without_a_turn_inside_the_slice(
 async def test_the_event_loop_gets_a_turn_every_slice(monkeypatch: pytest.MonkeyPatch) -> None:
     # The clock moves by a third of the slice at each read (at the start, after
     # each item and after each turn): every third item ends a slice.
-    middleware = StartRequestsMiddleware(clock=StepClock(start_module.SLICE / 3))
+    middleware = StartRequestsMiddleware(clock=FakeClock(0.0, step=start_module.SLICE / 3))
     out, sleeps = await run(middleware, list(range(10)), monkeypatch)
     assert out == list(range(10))
     assert sleeps == [3, 6, 9]
