@@ -8,6 +8,27 @@ import pytest
 from scrapy_hostqueue.testing import PROXY_VARIABLES, HostSpec, LocalHosts
 from scrapy_hostqueue.testing._redis_server import RedisServer
 from tests._crawl_report import WATCHED
+from tests._requires_redis import import_redis, no_redis, redis_missing_here, unmarked
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that uses the session's Redis carries ``requires_redis``."""
+    if found := unmarked(items):
+        raise pytest.UsageError(
+            "tests that use a Redis fixture without @pytest.mark.requires_redis: "
+            + ", ".join(found)
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``requires_redis`` fails where there is no Redis
+    (tests/_requires_redis.py)."""
+    if (
+        item.get_closest_marker("requires_redis") is not None
+        and (reason := redis_missing_here()) is not None
+    ):
+        no_redis(reason)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -86,7 +107,7 @@ def redis_url(redis_server: RedisServer) -> str:
 def redis_client(redis_server: RedisServer) -> Iterator[Any]:
     """A client of the session's Redis server (``redis.Redis``), the server
     emptied for this test."""
-    redis = pytest.importorskip("redis")
+    redis = import_redis()
     redis_server.flushall()
     client = redis.Redis.from_url(redis_server.url)
     yield client

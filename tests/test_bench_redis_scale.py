@@ -96,6 +96,7 @@ def test_a_refused_redis_frontier_is_said_and_measures_nothing() -> None:
 
 
 @pytest.mark.crawl
+@pytest.mark.requires_redis
 def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
     # Part a in one run, parts d and b in another, side by side: each part
     # runs end to end as in a whole run (their crawls are time-limited or

@@ -24,12 +24,14 @@ from scrapy_hostqueue.frontier.redis._glue import async_client, connect
 from scrapy_hostqueue.testing import HostSpec
 from tests._crawl_report import watched_hosts
 from tests._redis import CuttableProxy, RedisClusterServers, RedisServer
+from tests._requires_redis import import_redis
 from tests.crawling import Certificate, crawl_refused_at_start, start_demo_crawl
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
 
 pytestmark = [
     pytest.mark.crawl,
+    pytest.mark.requires_redis,
     pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
 ]
 

@@ -32,11 +32,15 @@ from tests._redis import (
     crawl_stats,
     new_store,
 )
+from tests._requires_redis import import_redis
 from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="redis-server")
+pytestmark = [
+    pytest.mark.requires_redis,
+    pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
+]
 
 CRAWL = "clustered"
 P = prefix(CRAWL)

@@ -26,12 +26,14 @@ from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests._crawl_report import watched_hosts
 from tests._redis import CuttableProxy, RedisServer
+from tests._requires_redis import import_redis
 from tests.crawling import ADDON, HostsFactory, crawl, crawl_refused_at_start, start_demo_crawl
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
 
 pytestmark = [
     pytest.mark.crawl,
+    pytest.mark.requires_redis,
     pytest.mark.skipif(sys.platform == "win32", reason="signals, redis-server"),
 ]
 

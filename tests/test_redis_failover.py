@@ -33,11 +33,15 @@ from scrapy_hostqueue.testing import HostSpec, HostStats
 from scrapy_hostqueue.testing._redis_server import RedisServer
 from tests._crawl_report import watched_hosts
 from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store, wait_pushed
+from tests._requires_redis import import_redis
 from tests.crawling import ended_at_exit, start_demo_crawls
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="redis-server")
+pytestmark = [
+    pytest.mark.requires_redis,
+    pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
+]
 
 CRAWL = "pages"
 P = prefix(CRAWL)

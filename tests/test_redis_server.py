@@ -88,6 +88,7 @@ def test_no_server_anywhere_is_one_clear_error(
 
 
 @pytest.mark.crawl
+@pytest.mark.requires_redis
 def test_the_server_answers_counts_commands_and_stops() -> None:
     with redis_server() as server:
         assert server.running
@@ -124,6 +125,7 @@ def test_the_server_answers_counts_commands_and_stops() -> None:
 
 
 @pytest.mark.crawl
+@pytest.mark.requires_redis
 def test_two_servers_get_two_ports() -> None:
     with RedisServer() as first, RedisServer() as second:
         assert first.port != second.port
@@ -132,6 +134,7 @@ def test_two_servers_get_two_ports() -> None:
 
 
 @pytest.mark.crawl
+@pytest.mark.requires_redis
 def test_a_server_with_a_password_refuses_clients_without_it() -> None:
     with RedisServer(password="p@ss/word") as server:
         # The URL carries the password, escaped for a URL.
@@ -173,6 +176,7 @@ def test_a_server_that_never_answers_is_stopped_even_if_it_ignores_sigterm(
     assert not server.running
 
 
+@pytest.mark.requires_redis
 @pytest.mark.parametrize("turn", [1, 2])
 def test_each_test_gets_an_empty_redis(
     redis_url: str, redis_server: RedisServer, turn: int

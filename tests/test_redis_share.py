@@ -13,27 +13,23 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.frontier.redis._share import OFFER_WAIT, may_share
+from tests._clock import FakeClock
 from tests._redis import RedisServer, StoreProcess, new_store
+from tests._requires_redis import import_redis
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
+
+pytestmark = pytest.mark.requires_redis
 
 CRAWL = "share"
 P = prefix(CRAWL)
 LIMIT = 4
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Process(StoreProcess):
     """A store on the fake clock and an asyncio client, stepped by hand."""
 
-    def __init__(self, url: str, redis_client: Any, clock: Clock, **options: Any) -> None:
+    def __init__(self, url: str, redis_client: Any, clock: FakeClock, **options: Any) -> None:
         options = {"share_hosts": True, **options}
         store = new_store(redis_client, CRAWL, limit=LIMIT, clock=clock, **options)
         client = redis.asyncio.Redis.from_url(url)
@@ -62,7 +58,7 @@ class Process(StoreProcess):
 
 
 async def _shared(
-    redis_server: RedisServer, redis_client: Any, clock: Clock
+    redis_server: RedisServer, redis_client: Any, clock: FakeClock
 ) -> tuple[Process, Process]:
     """a holds "h" (limit 4, 60 requests queued) with 4 in flight; b has
     no host. Returns them once b works a part of "h"."""
@@ -93,7 +89,7 @@ async def _shared(
 async def test_a_busy_host_is_lent_in_part_and_the_limit_holds(
     redis_server: RedisServer, redis_client: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a, b = await _shared(redis_server, redis_client, clock)
     assert cli(["frontier", redis_server.url, "--crawl-id", CRAWL]) == 0
     out = capsys.readouterr().out
@@ -118,7 +114,7 @@ async def test_a_busy_host_is_lent_in_part_and_the_limit_holds(
 async def test_a_block_seen_by_one_holder_reaches_the_other(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     b.store.block_until("h", clock.now + 5, "retry-after")
@@ -135,7 +131,7 @@ async def test_a_block_seen_by_one_holder_reaches_the_other(
 async def test_the_holder_gets_its_part_back_only_once_the_co_holder_is_done(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     # a's AIMD halves its limit twice (errors): the host is no longer worth
@@ -165,7 +161,7 @@ async def test_the_holder_gets_its_part_back_only_once_the_co_holder_is_done(
 async def test_a_holder_that_lets_go_leaves_the_host_unclaimable_until_the_part_ends(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     a.finish(2)
@@ -192,7 +188,7 @@ async def test_a_holder_that_lets_go_leaves_the_host_unclaimable_until_the_part_
 async def test_a_dead_co_holders_part_comes_back_when_its_lease_expires(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a, b = await _shared(redis_server, redis_client, clock)
     b.pop_all()
     await a.step(3)
@@ -210,7 +206,7 @@ async def test_a_dead_co_holders_part_comes_back_when_its_lease_expires(
 async def test_a_host_not_busy_enough_is_not_lent(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a = Process(redis_server.url, redis_client, clock)
     b = Process(redis_server.url, redis_client, clock)
     for n in range(12):  # fewer than 4 times its limit
@@ -261,7 +257,7 @@ async def test_two_holders_never_have_more_than_the_limit_in_flight(
     """Random hand-outs, answers, steps and time on two processes: at every
     moment the two have at most the host's limit in flight between them."""
     rng = random.Random(7)
-    clock = Clock()
+    clock = FakeClock(1000.0)
     a = Process(redis_server.url, redis_client, clock)
     b = Process(redis_server.url, redis_client, clock)
     for n in range(400):

@@ -23,8 +23,11 @@ from scrapy_hostqueue.frontier.redis._db import (
 from scrapy_hostqueue.frontier.redis._link import batched
 from scrapy_hostqueue.frontier.redis._store import RedisStore
 from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
+from tests._requires_redis import import_redis
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
+
+pytestmark = pytest.mark.requires_redis
 
 CRAWL = "unit"
 P = prefix(CRAWL)
