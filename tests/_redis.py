@@ -14,7 +14,7 @@ from typing import Any
 
 from scrapy_hostqueue._redis_server import RedisServer, redis_server
 from scrapy_hostqueue.store import HostState, MemoryStore
-from scrapy_hostqueue.store._redisdb import prefix, register
+from scrapy_hostqueue.store._redisdb import crawl_token, prefix, register
 from scrapy_hostqueue.store._redislink import RedisLink
 from scrapy_hostqueue.store.redis import RedisStore
 
@@ -55,7 +55,7 @@ def new_store(
         str.encode,
         bytes.decode,
         lambda item: item.encode(),
-        **{"max_hold": 4, "finish_grace": 0.0, **options},
+        **{"max_hold": 4, "finish_grace": 0.0, "token": crawl_token(sync, crawl), **options},
     )
 
 
