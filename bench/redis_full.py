@@ -37,7 +37,14 @@ from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 
 #: What a log line about a full Redis holds.
-FULL_LINES = ("is full", "takes new requests again", "of its maxmemory", "Redis never took")
+FULL_LINES = (
+    "is full",
+    "takes new requests again",
+    "of its maxmemory",
+    "Redis never took",
+    "stays full",
+    "Redis refused to",
+)
 
 
 def _memory(server: RedisServer) -> dict[str, int]:
@@ -132,7 +139,12 @@ def run(
         processes = []
         for n in range(workers):
             log = (base / "full" / f"worker{n}.log").read_text()
-            result = json.loads((base / "full" / f"stats{n}.json").read_text())
+            stats_file = base / "full" / f"stats{n}.json"
+            result = (
+                json.loads(stats_file.read_text())
+                if stats_file.exists()
+                else {"finish_reason": None, "stats": {}}
+            )
             crawl_stats = result["stats"]
             processes.append(
                 {

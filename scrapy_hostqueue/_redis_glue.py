@@ -51,6 +51,9 @@ CONNECT_TIMEOUT = 5.0
 LOCAL_SEEN = 100_000
 #: The finish reason of a crawl whose Redis no longer holds it.
 FRONTIER_LOST = "hostqueue_frontier_lost"
+#: The finish reason of a crawl whose Redis stays full with nothing in the
+#: crawl that could free memory.
+REDIS_FULL = "hostqueue_redis_full"
 
 
 def redis_client_module() -> Any:
@@ -437,26 +440,40 @@ class RedisFrontier:
             _redischeck.describe(self.server) if self.server is not None else "not read",
         )
 
-    def _on_lost(self) -> None:
-        """Redis no longer holds the crawl: one ERROR, and the crawl closes
-        (its finish reason :data:`FRONTIER_LOST`, then an error for
-        ``scrapy crawl``'s exit status)."""
+    def _on_lost(self, kind: str) -> None:
+        """Redis no longer holds the crawl (*kind* ``"lost"``), or stays
+        full with nothing that could free memory (``"full"``): one ERROR,
+        and the crawl closes (its finish reason :data:`FRONTIER_LOST` or
+        :data:`REDIS_FULL`, then an error for ``scrapy crawl``'s exit
+        status)."""
         assert self.store is not None
         path = self.store.file_path("held")
         shown = shown_url(self.url)
-        self.lost = RedisFrontierLost(
-            f"the shared frontier at {shown} no longer holds crawl {self.crawl_id!r}: Redis "
-            "restarted without its data, was flushed, or the URL now names another server. "
-            f"This process stops and writes the requests it holds to {path}; start the crawl "
-            f"again, then queue them with: python -m scrapy_hostqueue push {shown} "
-            f"--crawl-id {self.crawl_id} --requests {path}"
+        again = (
+            f"python -m scrapy_hostqueue push {shown} --crawl-id {self.crawl_id} --requests {path}"
         )
+        if kind == "lost":
+            self.lost = RedisFrontierLost(
+                f"the shared frontier at {shown} no longer holds crawl {self.crawl_id!r}: "
+                "Redis restarted without its data, was flushed, or the URL now names another "
+                f"server. This process stops and writes the requests it holds to {path}; "
+                f"start the crawl again, then queue them with: {again}"
+            )
+            reason = FRONTIER_LOST
+        else:
+            self.lost = RedisFrontierLost(
+                f"Redis at {shown} stays full (maxmemory) and nothing the crawl holds can free "
+                f"memory: this process stops and writes the {len(self.store.capacity.backlog)} "
+                f"new requests Redis refused to {path}. Raise maxmemory, then queue them "
+                f"with: {again}"
+            )
+            reason = REDIS_FULL
         logger.error("The crawl stops: %s", self.lost)
         if self.crawler is None:
             return
         internals.fail_crawl(self.crawler, self.lost, self.task)
         engine = self.crawler.engine
-        closing = asyncio.ensure_future(engine.close_spider_async(reason=FRONTIER_LOST))
+        closing = asyncio.ensure_future(engine.close_spider_async(reason=reason))
         closing.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     def _write_held(self, requests: Iterable[tuple[HeldRequest, Request | None]]) -> int:
@@ -491,6 +508,12 @@ class RedisFrontier:
                 store.file_path("held"),
             )
         else:
+            if store.stuck_full:
+                written = self._write_held(store.unsent_requests())
+                store.drop_unsent()
+                logger.info(
+                    "Wrote the %d requests Redis refused to %s", written, store.file_path("held")
+                )
             problem = await self._link.close()
             if problem is not None:
                 logger.error("Could not hand back to the shared frontier: %s", problem)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,16 +18,19 @@ from typing import Any
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._redis_glue import async_client, redis_errors
+from scrapy_hostqueue.store import redis as store_module
 from scrapy_hostqueue.store._rediscapacity import (
+    BLIND,
     LOG_EVERY,
-    PROBE,
     Backlog,
     Capacity,
     HeldRequest,
     read_held,
     write_held,
 )
+from scrapy_hostqueue.store._redischeck import persistence_warning, read
 from scrapy_hostqueue.store._redisdb import prefix
 from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
 
@@ -84,20 +88,23 @@ def test_a_full_redis_is_one_warning_per_spell_and_retried_with_a_back_off(
     caplog.set_level(logging.INFO)
     clock = _Clock()
     capacity = Capacity(Backlog(10, str(tmp_path / "b.jsonl")), "redis://x", clock)
-    capacity.memory(50, 100)
+    capacity.memory(50_000, 100_000)
     assert not capacity.holding
-    capacity.memory(85, 100)  # nearly full: one WARNING, pushes slowed
-    capacity.memory(90, 100)
+    capacity.memory(85_000, 100_000)  # nearly full: one WARNING, pushes slowed
+    capacity.memory(90_000, 100_000)
     assert capacity.holding
     capacity.backlog.append(_held(1))
     assert capacity.budget(acks=30) == 30 + 20
     assert capacity.refused()  # full: a WARNING is due
     assert capacity.budget(acks=30) == 0  # backing off
     clock.now += 0.1
-    assert capacity.budget(acks=30) == PROBE
+    assert capacity.budget(acks=30) == BLIND  # a few, blindly
     assert not capacity.refused()  # the same spell
     clock.now += 0.1
     assert capacity.budget(acks=0) == 0  # the back-off doubled
+    capacity.memory(100_000 - 5_500, 100_000)  # Redis says it has room again
+    assert capacity.budget(acks=0) == 5  # what fits
+    assert capacity.budget(acks=0) == 0  # taken
     capacity.backlog.take(1)
     clock.now += 1.0
     capacity.accepted()  # the spell is over: one INFO
@@ -213,7 +220,7 @@ async def test_a_batch_refused_halfway_is_sent_again_from_where_it_stopped(
     assert len(a.store.capacity.backlog) == 200
     assert a.store._unanswered == 200
     _make_room(sync)
-    await asyncio.sleep(0.15)
+    await a.link.read_memory()  # as the task does while Redis is full
     await a.link.step(beat=False, totals=True)
     stats = crawl_stats(sync, CRAWL)
     assert stats["pushed"] == 400 and stats["queued"] == 400
@@ -267,8 +274,8 @@ async def test_a_redis_that_lost_the_crawl_is_told_apart_and_left_alone(
 ) -> None:
     sync = redis.Redis.from_url(server.url)
     a = _process(server, sync, spill_dir=str(tmp_path))
-    lost: list[bool] = []
-    a.store.on_lost = lambda: lost.append(True)
+    lost: list[str] = []
+    a.store.on_lost = lost.append
     for page in _pages(0, 5):
         a.store.push("h1", 0, page)
     await a.step(2)
@@ -277,10 +284,61 @@ async def test_a_redis_that_lost_the_crawl_is_told_apart_and_left_alone(
     a.store.push("h2", 0, "h2/new")
     task = a.link.start()
     await asyncio.wait_for(task, 5)
-    assert lost == [True] and a.store.frontier_lost
+    assert lost == ["lost"] and a.store.frontier_lost
     assert server.command("DBSIZE") == 0  # nothing written into the empty Redis
     assert a.store.pop() is None
     held = sorted(held.data.decode() for held, _item in a.store.held_requests())
     assert held == sorted([*_pages(0, 5), "h2/new"])
     await a.aclose()
     sync.close()
+
+
+@deferred_f_from_coro_f
+async def test_a_redis_full_with_nothing_that_could_free_memory_stops_the_crawl(
+    server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing queued or leased anywhere, Redis full: waiting would be for
+    ever. The store says so once (the crawl then stops), and keeps what
+    Redis refused for the file."""
+    monkeypatch.setattr(store_module, "STUCK_FULL", 0.3)
+    sync = redis.Redis.from_url(server.url)
+    a = _process(server, sync, spill_dir=str(tmp_path), lease_timeout=0.3)
+    stops: list[str] = []
+    a.store.on_lost = stops.append
+    await a.step()  # the scripts loaded
+    _fill(sync, room=-50_000)
+    for page in _pages(0, 5):
+        a.store.push("h1", 0, page)
+    await a.step()
+    assert len(a.store.capacity.backlog) == 5
+    for _ in range(10):
+        await asyncio.sleep(0.1)
+        await a.step()
+    assert stops == ["full"] and a.store.stuck_full
+    assert a.store.pop() is None
+    assert len(list(a.store.unsent_requests())) == 5
+    a.store.drop_unsent()
+    assert a.store._unanswered == 0 and not list(a.store.unsent_requests())
+    await a.aclose()
+    sync.close()
+
+
+def test_the_frontier_command_shows_memory_policy_and_persistence(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    managed = ("--maxmemory", "50000000", "--rename-command", "CONFIG", "")
+    with RedisServer(options=managed) as server:
+        assert cli(["push", server.url, "--crawl-id", CRAWL, "http://127.0.0.2/"]) == 0
+        assert cli(["frontier", server.url, "--crawl-id", CRAWL]) == 0
+        out = capsys.readouterr().out
+        assert re.search(r"Redis: [\d.]+ MB used of maxmemory 50\.0 MB \(\d+ %\)", out), out
+        assert "maxmemory-policy noeviction, persistence unknown (CONFIG refused)" in out
+        sync = redis.Redis.from_url(server.url)
+        warning = persistence_warning(read(sync), "here")
+        sync.close()
+    assert warning is not None and warning.startswith("Could not check whether Redis at here")
+    with RedisServer(appendonly=True) as server:
+        assert cli(["push", server.url, "--crawl-id", CRAWL, "http://127.0.0.2/"]) == 0
+        assert cli(["frontier", server.url, "--crawl-id", CRAWL]) == 0
+        out = capsys.readouterr().out
+        assert "no maxmemory, maxmemory-policy noeviction, persistence: appendonly yes" in out

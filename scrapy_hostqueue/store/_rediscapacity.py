@@ -40,8 +40,14 @@ LOG_EVERY = 300.0
 #: Back-off of the retries (seconds), first and longest.
 RETRY_FIRST = 0.1
 RETRY_MAX = 2.0
-#: Pushes sent to probe a full Redis after a back-off.
+#: Pushes sent at most in one exchange while Redis is full, when it said it
+#: has room again.
 PROBE = 200
+#: Pushes sent blindly to a full Redis after a back-off.
+BLIND = 20
+#: Bytes of Redis memory a request takes at most, about (its value, its
+#: queue entry, its fingerprint).
+REQUEST_BYTES = 1_000
 #: Pushes an exchange sends while Redis is nearly full, beyond the
 #: acknowledgements it sends: the queues in Redis stop growing.
 SLOW_MIN = 20
@@ -212,6 +218,8 @@ class Capacity:
         self.max_backlog = 0
         self._retry_at = 0.0
         self._retry_wait = RETRY_FIRST
+        self._read_at = -1.0  # when Redis last said how much memory it uses
+        self._refused_at = 0.0
         self._warned_high = False
         self._logged_full_at: float | None = None
         self._logged_spell = False
@@ -229,6 +237,7 @@ class Capacity:
     def memory(self, used: int, maxmemory: int) -> None:
         """Redis said how much memory it uses, of how much."""
         self.used, self.maxmemory = used, maxmemory
+        self._read_at = self.clock()
         ratio = self.ratio
         if ratio >= WARN_AT and not self._warned_high and self.full_since is None:
             self._warned_high = True
@@ -250,7 +259,15 @@ class Capacity:
         if not self.backlog:
             return 0
         if self.full_since is not None:
-            return PROBE if self.clock() >= self._retry_at else 0
+            if self._read_at > self._refused_at:
+                # Redis said how much room it has since it refused: as much
+                # as fits (no limit any more: a full exchange's worth).
+                room = self.maxmemory - self.used if self.maxmemory else PROBE * REQUEST_BYTES
+                n = min(PROBE, max(0, room) // REQUEST_BYTES)
+                if n:
+                    self.used += n * REQUEST_BYTES
+                    return n
+            return BLIND if self.clock() >= self._retry_at else 0
         if self.ratio >= WARN_AT:
             return acks + SLOW_MIN
         return FAST
@@ -263,6 +280,7 @@ class Capacity:
         when this starts a spell worth a WARNING (then :meth:`warn_full`,
         with what the crawl's keys hold)."""
         now = self.clock()
+        self._refused_at = now
         self._retry_at = now + self._retry_wait
         self._retry_wait = min(self._retry_wait * 2, RETRY_MAX)
         self.note_backlog()

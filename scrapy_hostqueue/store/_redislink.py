@@ -42,8 +42,10 @@ CHUNK = 200
 #: A process that wanted hosts (and held fewer than its fair share) within
 #: this many milliseconds is waiting.
 HUNGRY_MS = 2_000
-#: Seconds between two reads of Redis's memory (``INFO memory``).
+#: Seconds between two reads of Redis's memory (``INFO memory``), and while
+#: it refuses this process's new requests.
 MEMORY_INTERVAL = 1.0
+MEMORY_INTERVAL_FULL = 0.1
 #: Longest back-off (seconds) between two tries while Redis is away.
 BACKOFF_MAX = 5.0
 
@@ -123,7 +125,8 @@ class RedisLink:
                     resync = False
                 now = store.clock()
                 if now >= next_memory:
-                    next_memory = now + MEMORY_INTERVAL
+                    full = store.capacity.full_since is not None
+                    next_memory = now + (MEMORY_INTERVAL_FULL if full else MEMORY_INTERVAL)
                     await self.read_memory()
                 beat, totals = now >= next_beat, now >= next_totals
                 await self.step(beat=beat, totals=totals)
@@ -294,6 +297,9 @@ class RedisLink:
             pipe.zcount(p + "procs", wall_ms, "+inf")
             pipe.zrangebyscore(p + "wantshare", wall_ms - HUNGRY_MS, "+inf")
             pipe.hgetall(p + "backlog")
+            # Read alone, the totals of a Redis that lost the crawl would
+            # say that it finished: its identity goes with them.
+            pipe.get(p + "crawl")
         try:
             # Each answer on its own: Redis full refuses pushes, and only them.
             results = await pipe.execute(raise_on_error=False)
@@ -331,7 +337,9 @@ class RedisLink:
             if not isinstance(beaten, Exception) and not int(beaten[0]):
                 store.lost()
         if totals:
-            (queued, leased), hungry, owned, claimable, live, no_host, backlogs = rest
+            (queued, leased), hungry, owned, claimable, live, no_host, backlogs, crawl = rest
+            if crawl is None or crawl.decode() != token:
+                raise FrontierLost
             waiting = sum(1 for name in hungry if name.decode() != proc)
             want_share = sum(1 for name in no_host if name.decode() != proc)
             backlog = sum(int(n) for name, n in backlogs.items() if name.decode() != proc)

@@ -103,6 +103,9 @@ SAVE_INTERVAL = 1.0
 BATCH = 2_000
 #: Requests kept back in memory while Redis is full; past it, in a file.
 BACKLOG = 10_000
+#: Seconds Redis may stay full with nothing queued or leased in the crawl
+#: (nothing that could free memory) before the crawl stops, at least.
+STUCK_FULL = 10.0
 
 
 class _Entry(Generic[T]):
@@ -194,8 +197,13 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         #: Set once Redis no longer holds the crawl: nothing more is handed
         #: out or sent.
         self.frontier_lost = False
-        #: Called once when Redis no longer holds the crawl.
-        self.on_lost: Callable[[], None] | None = None
+        #: Set once Redis stayed full with nothing in the crawl that could
+        #: free memory: the crawl stops.
+        self.stuck_full = False
+        self._stuck_since: float | None = None
+        #: Called once when Redis no longer holds the crawl (``"lost"``), or
+        #: stays full for good (``"full"``).
+        self.on_lost: Callable[[str], None] | None = None
         self._encode = encode
         self._decode = decode
         self._fingerprint = fingerprint
@@ -326,7 +334,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return True
 
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
-        if self.frontier_lost:
+        if self.frontier_lost or self.stuck_full:
             return None  # what is here goes to the file of held requests
         popped = self._mem.pop(now)
         if popped is None:
@@ -632,7 +640,36 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             return
         self.frontier_lost = True
         if self.on_lost is not None:
-            self.on_lost()
+            self.on_lost("lost")
+
+    def _check_stuck(self, now: float) -> None:
+        """Stop the crawl when Redis refuses new requests while nothing in
+        the crawl can free memory (nothing queued or leased anywhere, nothing
+        here): waiting would be for ever."""
+        stuck = (
+            self.capacity.full_since is not None
+            and self.remote_queued <= 0
+            and self.remote_leased <= 0
+            and not len(self._mem)
+            and not self._leases
+        )
+        if not stuck:
+            self._stuck_since = None
+            return
+        if self._stuck_since is None:
+            self._stuck_since = now
+        if not self.stuck_full and now - self._stuck_since >= max(STUCK_FULL, self.lease_timeout):
+            self.stuck_full = True
+            if self.on_lost is not None:
+                self.on_lost("full")
+
+    def drop_unsent(self) -> None:
+        """Forget the requests Redis has not taken (written to a file)."""
+        pushes = [op for op in self.outbox if op[0] == "push"]
+        self.outbox = [op for op in self.outbox if op[0] != "push"]
+        self._unanswered -= len(pushes) + len(self.capacity.backlog)
+        self.capacity.backlog.take(len(self.capacity.backlog))
+        self.capacity.backlog.close()
 
     def held_requests(self) -> Iterator[tuple[HeldRequest, T | None]]:
         """Every request this process holds, with its item when it has it:
@@ -1025,6 +1062,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.remote_leased = int(leased or 0)
         self._others_hungry = hungry > 0
         self._others_want_share = want_share > 0
+        self._check_stuck(now)
         quiet = (
             self.remote_queued <= 0
             and self.remote_leased <= 0
