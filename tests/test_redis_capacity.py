@@ -146,7 +146,7 @@ def _make_room(sync: Any) -> None:
 
 
 def _pages(first: int, count: int) -> list[str]:
-    return [f"h1/{PAD}{n}" for n in range(first, first + count)]
+    return [f"h1/{n}-{PAD}" for n in range(first, first + count)]
 
 
 @deferred_f_from_coro_f
@@ -209,9 +209,9 @@ async def test_a_batch_refused_halfway_is_sent_again_from_where_it_stopped(
     a = _process(server, sync, spill_dir=str(tmp_path))
     a.store._claim_after = float("inf")
     await a.link.step(beat=True, totals=True)  # the scripts loaded
-    # Room for the first script's own arguments (200 requests of 2 KB,
-    # fingerprint and body), not for what it writes.
-    _fill(sync, room=600_000)
+    # Room for the first script's own arguments (200 requests of 1 KB), not
+    # for what it writes and the second's arguments besides.
+    _fill(sync, room=300_000)
     for page in _pages(0, 400):
         a.store.push("h1", 0, page)
     await a.link.step(beat=True, totals=True)
