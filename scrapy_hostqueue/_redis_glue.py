@@ -418,14 +418,15 @@ class RedisFrontier:
         self.store.on_back = self.seen.clear
         self.store.on_lost = self._on_lost
         client = self._client
-        memory_info = None
+        info = None
         if self.cluster:
 
-            async def memory_info() -> dict[str, Any]:
+            async def info(section: str) -> dict[str, Any]:
                 node = client.get_node_from_key(self.store.prefix)  # type: ignore[union-attr]
-                return await client.info("memory", target_nodes=node)  # type: ignore[no-any-return]
+                return await client.info(section, target_nodes=node)  # type: ignore[no-any-return]
 
-        self._link = RedisLink(self.store, client, redis_errors(redis), memory_info)
+        run_id = self.server.run_id if self.server is not None else ""
+        self._link = RedisLink(self.store, client, redis_errors(redis), info, run_id)
         self._link.start()
         logger.info(
             "HostQueueScheduler: shared frontier at %s%s, crawl id %r, this process %s, "
@@ -453,10 +454,12 @@ class RedisFrontier:
             f"python -m scrapy_hostqueue push {shown} --crawl-id {self.crawl_id} --requests {path}"
         )
         if kind == "lost":
+            cause = self.store.lost_cause or (
+                "Redis restarted without its data, was flushed, or the URL now names another server"
+            )
             self.lost = RedisFrontierLost(
                 f"the shared frontier at {shown} no longer holds crawl {self.crawl_id!r}: "
-                "Redis restarted without its data, was flushed, or the URL now names another "
-                f"server. This process stops and writes the requests it holds to {path}; "
+                f"{cause}. This process stops and writes the requests it holds to {path}; "
                 f"start the crawl again, then queue them with: {again}"
             )
             reason = FRONTIER_LOST

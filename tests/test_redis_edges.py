@@ -21,7 +21,7 @@ from bench.redis_full import run as run_full
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests._redis import RedisServer
+from tests._redis import CuttableProxy, RedisServer
 from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
 
 redis = pytest.importorskip("redis")
@@ -36,9 +36,9 @@ P = prefix(CRAWL)
 LEASE = 4.0
 
 
-def _settings(server: RedisServer, tmp_path: Path, **extra: Any) -> dict[str, Any]:
+def _settings(server: RedisServer | str, tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {
-        "HOSTQUEUE_FRONTIER": server.url,
+        "HOSTQUEUE_FRONTIER": server if isinstance(server, str) else server.url,
         "HOSTQUEUE_CRAWL_ID": CRAWL,
         "HOSTQUEUE_LEASE_TIMEOUT": LEASE,
         "HOSTQUEUE_REDIS_SPILL_DIR": tmp_path,
@@ -87,7 +87,7 @@ def _lines_about(log: str) -> list[str]:
 
 
 def _lost_crawl(
-    server: RedisServer, tmp_path: Path, lose: Any
+    server: RedisServer, tmp_path: Path, lose: Any, url: str | None = None
 ) -> tuple[list[int], list[float], list[str], list[dict[str, Any]], int]:
     """Two crawls of a site bigger than they finish before *lose* is called
     (once 300 pages are acknowledged); returns their exit codes, the seconds
@@ -96,7 +96,8 @@ def _lost_crawl(
     specs = [HostSpec(latency=0.03, pages=150, links=3)] * 10
     client = redis.Redis.from_url(server.url)
     with LocalHosts(specs, process=True) as hosts:
-        workers = start_demo_crawls(hosts, tmp_path, _settings(server, tmp_path), 2)
+        settings = _settings(url or server, tmp_path)
+        workers = start_demo_crawls(hosts, tmp_path, settings, 2)
         with ended_at_exit(workers):
             _wait_acked(client, workers, 300)
             acked = _acked(client)
@@ -112,10 +113,14 @@ def _lost_crawl(
 
 
 def _check_lost(
-    codes: list[int], took: list[float], logs: list[str], results: list[dict[str, Any]]
+    codes: list[int],
+    took: list[float],
+    logs: list[str],
+    results: list[dict[str, Any]],
+    cause: str,
 ) -> list[Path]:
-    """What every process does when Redis lost the crawl; returns the
-    files of the requests they held."""
+    """What every process does when Redis lost the crawl (the ERROR line
+    naming *cause*); returns the files of the requests they held."""
     files = []
     for code, seconds, log, result in zip(codes, took, logs, results, strict=True):
         assert "Traceback" not in log, log[-4000:]
@@ -125,7 +130,7 @@ def _check_lost(
         errors = [line for line in log.splitlines() if " ERROR: " in line]
         assert len(errors) == 1, errors
         assert "no longer holds crawl 'edges'" in errors[0]
-        assert "restarted without its data, was flushed" in errors[0]
+        assert cause in errors[0], errors[0]
         assert "heartbeat expired" not in log
         about = _lines_about(log)
         assert len(about) <= 5, about
@@ -142,7 +147,7 @@ def test_a_redis_restarted_empty_stops_every_process_with_what_it_held_saved(
         codes, took, logs, results, _acked_before = _lost_crawl(
             server, tmp_path, lambda: server.restart(pause=2.0)
         )
-        files = _check_lost(codes, took, logs, results)
+        files = _check_lost(codes, took, logs, results, "this Redis restarted")
         # Nothing written into the new, empty Redis under the old crawl.
         assert server.command(f"EXISTS {P}crawl") == 0
         # What they held goes into a new crawl of the same id.
@@ -160,7 +165,7 @@ def test_a_redis_restarted_empty_stops_every_process_with_what_it_held_saved(
 def test_a_flushed_redis_stops_every_process(tmp_path: Path) -> None:
     with RedisServer() as server:
         codes, took, logs, results, _acked_before = _lost_crawl(server, tmp_path, server.flushall)
-        _check_lost(codes, took, logs, results)
+        _check_lost(codes, took, logs, results, "this Redis was flushed (FLUSHDB, FLUSHALL)")
         assert server.command("DBSIZE") == 0
 
 
@@ -253,3 +258,18 @@ def test_a_redis_too_small_for_the_frontier_still_gets_every_page(tmp_path: Path
     # Redis was full, and said so.
     assert any(process["full_seconds"] > 0 for process in processes), processes
     assert any("is full" in line for process in processes for line in process["full_lines"])
+
+
+def test_a_url_naming_another_server_stops_every_process(tmp_path: Path) -> None:
+    """The crawl's Redis replaced by another server at the same address: a
+    server that was already running, which never held the crawl."""
+    with RedisServer() as server, RedisServer() as other, CuttableProxy(server.port) as proxy:
+
+        def swap() -> None:
+            proxy.target_port = other.port
+            proxy.cut(0.5)
+
+        codes, took, logs, results, _acked_before = _lost_crawl(
+            server, tmp_path, swap, url=proxy.url
+        )
+    _check_lost(codes, took, logs, results, "the URL now names another Redis server")

@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ServerSettings", "describe", "eviction_refusal", "persistence_warning", "read"]
+__all__ = [
+    "ServerSettings",
+    "describe",
+    "eviction_refusal",
+    "lost_cause",
+    "persistence_warning",
+    "read",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,8 @@ class ServerSettings:
     save: str | None
     #: Why ``CONFIG GET`` was refused, if it was.
     config_refused: str = ""
+    #: The server's ``run_id``: another one after each restart.
+    run_id: str = ""
 
 
 def read(client: Any, **node: Any) -> ServerSettings:
@@ -36,6 +45,7 @@ def read(client: Any, **node: Any) -> ServerSettings:
     node of a Redis Cluster (``target_nodes=``)."""
     memory = client.info("memory", **node)
     persistence = client.info("persistence", **node)
+    server = client.info("server", **node)
     save: str | None
     refused = ""
     try:
@@ -52,6 +62,7 @@ def read(client: Any, **node: Any) -> ServerSettings:
         aof=bool(int(persistence.get("aof_enabled", 0))),
         save=save,
         config_refused=refused,
+        run_id=str(server.get("run_id", "")),
     )
 
 
@@ -84,6 +95,20 @@ def persistence_warning(server: ServerSettings, where: str) -> str | None:
         "this Redis loses the crawl. Turn persistence on (appendonly yes) if the crawl "
         "must survive one"
     )
+
+
+def lost_cause(run_id: str, now_run_id: str, uptime: float, since: float) -> str:
+    """Why Redis no longer holds a crawl, in words: it had *run_id* when
+    this process joined it *since* seconds ago, and has *now_run_id* and has
+    run for *uptime* seconds now."""
+    if run_id and now_run_id == run_id:
+        return "this Redis was flushed (FLUSHDB, FLUSHALL) or the crawl's keys deleted"
+    if uptime < since:
+        return (
+            f"this Redis restarted {uptime:.0f} s ago without the crawl's data (it keeps "
+            "nothing on disk, or its file is older than the crawl)"
+        )
+    return "the URL now names another Redis server, which does not hold the crawl"
 
 
 def _size(size: int) -> str:

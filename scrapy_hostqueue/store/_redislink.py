@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy_hostqueue.store._rediscapacity import is_oom
+from scrapy_hostqueue.store._redischeck import lost_cause
 from scrapy_hostqueue.store._redisdb import LOST, SCRIPTS
 from scrapy_hostqueue.store._redisshare import SHARE_TICK
 from scrapy_hostqueue.store.redis import BATCH
@@ -88,13 +89,17 @@ class RedisLink:
         store: RedisStore[Any],
         client: Any,
         errors: tuple[type[BaseException], ...],
-        memory_info: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        info: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
+        run_id: str = "",
     ) -> None:
         self.store = store
         self.client = client
         self.errors = errors
-        #: Reads ``INFO memory`` of the Redis serving the crawl.
-        self.memory_info = memory_info or (lambda: client.info("memory"))
+        #: Reads a section of ``INFO`` of the Redis serving the crawl.
+        self.info = info or client.info
+        #: The server's ``run_id`` when this process joined the crawl.
+        self.run_id = run_id
+        self._joined = store.wall()
         self._keys_at_start: dict[str, int] | None = None
         self.shas: dict[str, str] | None = None
         self._wake = asyncio.Event()
@@ -135,11 +140,11 @@ class RedisLink:
                 if totals:
                     next_totals = now + TOTALS_INTERVAL
             except FrontierLost:
-                store.lose_frontier()
+                store.lose_frontier(await self.lost_cause())
                 return
             except Exception as error:
                 if LOST in str(error):
-                    store.lose_frontier()
+                    store.lose_frontier(await self.lost_cause())
                     return
                 if type(error).__name__ == "NoScriptError" and not reloaded:
                     # A replica promoted by a failover (Redis 7 does not copy
@@ -192,9 +197,21 @@ class RedisLink:
     async def load_scripts(self) -> dict[str, str]:
         return {name: await self.client.script_load(src) for name, src in SCRIPTS.items()}
 
+    async def lost_cause(self) -> str:
+        """Why Redis no longer holds the crawl, as far as ``INFO server``
+        tells ("" if it cannot)."""
+        try:
+            server = await self.info("server")
+        except Exception:  # away again: no cause given
+            logger.debug("Could not read INFO server", exc_info=True)
+            return ""
+        since = self.store.wall() - self._joined
+        uptime = float(server.get("uptime_in_seconds", 0))
+        return lost_cause(self.run_id, str(server.get("run_id", "")), uptime, since)
+
     async def read_memory(self) -> None:
         """Tell the store how much memory Redis uses, of its ``maxmemory``."""
-        info = await self.memory_info()
+        info = await self.info("memory")
         maxmemory = int(info.get("maxmemory", 0))
         self.store.capacity.memory(int(info.get("used_memory", 0)), maxmemory)
         if maxmemory and self._keys_at_start is None:

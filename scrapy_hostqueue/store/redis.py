@@ -201,6 +201,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         #: free memory: the crawl stops.
         self.stuck_full = False
         self._stuck_since: float | None = None
+        #: Why Redis no longer holds the crawl, in words ("" if unknown).
+        self.lost_cause = ""
         #: Called once when Redis no longer holds the crawl (``"lost"``), or
         #: stays full for good (``"full"``).
         self.on_lost: Callable[[str], None] | None = None
@@ -633,12 +635,14 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.counts["kept_back"] += len(kept)
         return self.capacity.refused()
 
-    def lose_frontier(self) -> None:
-        """Redis no longer holds the crawl: hand out and send nothing more;
-        what this process holds goes to a file (:meth:`held_requests`)."""
+    def lose_frontier(self, cause: str = "") -> None:
+        """Redis no longer holds the crawl (*cause*: why, in words, if
+        known): hand out and send nothing more; what this process holds goes
+        to a file (:meth:`held_requests`)."""
         if self.frontier_lost:
             return
         self.frontier_lost = True
+        self.lost_cause = cause
         if self.on_lost is not None:
             self.on_lost("lost")
 
