@@ -33,8 +33,8 @@ from typing import Any
 
 from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
-from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from scrapy_hostqueue.testing._redis_server import RedisServer
 
 #: What a log line about a full Redis holds.
 FULL_LINES = (

@@ -27,9 +27,12 @@ from scrapy.http import Headers
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_hostqueue._config import HostQueueSettingsError
-from scrapy_hostqueue.store._redisdb import RedisFrontierError
-from scrapy_hostqueue.store._sqlfile import FrontierFileError
+from scrapy_hostqueue.exceptions import (
+    FrontierFileError,
+    HostQueueSettingsError,
+    RedisFrontierError,
+    UnsupportedDependencyError,
+)
 
 if TYPE_CHECKING:
     from aiohttp.client_proto import ResponseHandler
@@ -54,11 +57,6 @@ SCRAPY_KNOWN = ((2, 19), (2, 20))
 #: aiohttp: 3.10 reads the session's retry switch at each request; 4.0 may
 #: change the connector (this module was tested up to 3.14).
 AIOHTTP_KNOWN = ((3, 10), (4,))
-
-
-class UnsupportedDependencyError(ImportError):
-    """The installed Scrapy or aiohttp is not a version this package knows,
-    or lacks a private name it uses."""
 
 
 def _known_range(known: tuple[tuple[int, ...], tuple[int, ...]]) -> str:

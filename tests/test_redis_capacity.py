@@ -19,10 +19,9 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue._redis_glue import async_client, redis_errors
-from scrapy_hostqueue.store import _redislink as redislink
-from scrapy_hostqueue.store import redis as store_module
-from scrapy_hostqueue.store._rediscapacity import (
+from scrapy_hostqueue.frontier.redis import _link as redislink
+from scrapy_hostqueue.frontier.redis import _store as store_module
+from scrapy_hostqueue.frontier.redis._capacity import (
     BLIND,
     LOG_EVERY,
     Backlog,
@@ -31,8 +30,9 @@ from scrapy_hostqueue.store._rediscapacity import (
     read_held,
     write_held,
 )
-from scrapy_hostqueue.store._redischeck import persistence_warning, read
-from scrapy_hostqueue.store._redisdb import prefix
+from scrapy_hostqueue.frontier.redis._check import persistence_warning, read
+from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._glue import async_client, redis_errors
 from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
 
 redis = pytest.importorskip("redis")

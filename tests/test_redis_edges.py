@@ -19,7 +19,7 @@ import pytest
 
 from bench.redis_full import run as run_full
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.store._redisdb import prefix
+from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests._redis import CuttableProxy, RedisServer
 from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
@@ -60,8 +60,10 @@ def _acked(client: Any) -> int:
 
 
 def _wait_acked(client: Any, workers: list[subprocess.Popen[bytes]], count: int) -> None:
+    """Until *count* requests are acknowledged and every one of *workers*
+    has joined the crawl (a slow start must not meet the event)."""
     deadline = time.monotonic() + 60
-    while _acked(client) < count:
+    while _acked(client) < count or client.zcard(P + "procs") < len(workers):
         assert time.monotonic() < deadline, "the crawl did not get going"
         assert all(worker.poll() is None for worker in workers), "a crawl ended early"
         time.sleep(0.01)

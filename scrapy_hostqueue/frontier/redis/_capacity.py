@@ -3,7 +3,7 @@
 Pure: no Scrapy, Twisted or ``redis`` import; the clock is injected.
 
 A Redis at ``maxmemory`` with ``noeviction`` refuses the push script (see
-:mod:`scrapy_hostqueue.store._redisdb`: every other script runs when Redis
+:mod:`scrapy_hostqueue.frontier.redis._db`: every other script runs when Redis
 is full). The requests it refused, and those found while it is nearly full,
 wait here in a :class:`Backlog`, in memory up to a bound and past it in a
 file, and go to Redis again with a back-off while the crawl fetches what is

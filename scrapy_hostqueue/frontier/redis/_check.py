@@ -5,7 +5,7 @@ Pure: no Scrapy or Twisted import, and the ``redis`` client is passed in.
 A crawl's keys have no TTL, so only the ``allkeys-*`` policies can evict
 them; under a ``volatile-*`` policy (or ``noeviction``) a full Redis refuses
 writes instead, which the crawl survives (see
-:mod:`scrapy_hostqueue.store._rediscapacity`).
+:mod:`scrapy_hostqueue.frontier.redis._capacity`).
 """
 
 from __future__ import annotations

@@ -18,19 +18,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._errors import RedisFrontierError, RedisFrontierLost
 from scrapy_hostqueue._recorder import stat_key
-from scrapy_hostqueue.store import _redischeck
-from scrapy_hostqueue.store._rediscapacity import HeldRequest, is_oom, write_held
-from scrapy_hostqueue.store._redisdb import (
-    RedisFrontierError,
-    RedisFrontierLost,
-    crawl_token,
-    prefix,
-    register,
-)
-from scrapy_hostqueue.store._redislink import RedisLink
-from scrapy_hostqueue.store.memory import MemoryStore
-from scrapy_hostqueue.store.redis import RedisStore
+from scrapy_hostqueue.frontier.memory import MemoryStore
+from scrapy_hostqueue.frontier.redis import _check
+from scrapy_hostqueue.frontier.redis._capacity import HeldRequest, is_oom, write_held
+from scrapy_hostqueue.frontier.redis._db import crawl_token, prefix, register
+from scrapy_hostqueue.frontier.redis._link import RedisLink
+from scrapy_hostqueue.frontier.redis._store import RedisStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -39,8 +34,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_hostqueue._config import HostQueueConfig
-    from scrapy_hostqueue._frontier import RequestCodec
-    from scrapy_hostqueue.store import HostState
+    from scrapy_hostqueue.frontier import HostState
+    from scrapy_hostqueue.frontier._codec import RequestCodec
 
 logger = logging.getLogger(__name__)
 
@@ -318,13 +313,13 @@ class RedisFrontier:
         self.crawl_id = crawl_id
         self.proc = proc
         self.config = config
-        #: The crawl's identity in Redis (see ``store._redisdb``).
+        #: The crawl's identity in Redis (see ``_db``).
         self.token = token
         self.crawler = crawler
         #: Whether Redis is a Redis Cluster (found at :meth:`open`).
         self.cluster = False
         #: What the server said of its memory and persistence at start-up.
-        self.server: _redischeck.ServerSettings | None = None
+        self.server: _check.ServerSettings | None = None
         #: The task of the crawl (``scrapy crawl``), to end it with an error.
         self.task = internals.crawl_task()
         self.lost: RedisFrontierLost | None = None
@@ -354,8 +349,8 @@ class RedisFrontier:
         try:
             client, cluster = connect(redis, url)
             node = {"target_nodes": client.get_node_from_key(prefix(crawl_id))} if cluster else {}
-            server = _redischeck.read(client, **node)
-            refusal = _redischeck.eviction_refusal(server, shown_url(url))
+            server = _check.read(client, **node)
+            refusal = _check.eviction_refusal(server, shown_url(url))
             if refusal is not None:
                 raise RedisFrontierError(refusal)
             proc = register(client, crawl_id, int((time.time() + config.lease_timeout) * 1000))
@@ -370,7 +365,7 @@ class RedisFrontier:
                 client.close()
         if cluster:
             check_cluster_options(redis, url)
-        warning = _redischeck.persistence_warning(server, shown_url(url))
+        warning = _check.persistence_warning(server, shown_url(url))
         if warning is not None:
             logger.warning(warning)
         frontier = cls(url, crawl_id, proc, config, token, crawler)
@@ -438,7 +433,7 @@ class RedisFrontier:
             self.proc,
             self.store.max_hold,
             self.config.lease_timeout,
-            _redischeck.describe(self.server) if self.server is not None else "not read",
+            _check.describe(self.server) if self.server is not None else "not read",
         )
 
     def _on_lost(self, kind: str) -> None:

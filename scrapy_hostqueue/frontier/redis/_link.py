@@ -19,14 +19,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy_hostqueue.store._rediscapacity import is_oom
-from scrapy_hostqueue.store._redischeck import lost_cause
-from scrapy_hostqueue.store._redisdb import LOST, SCRIPTS
-from scrapy_hostqueue.store._redisshare import SHARE_TICK
-from scrapy_hostqueue.store.redis import BATCH
+from scrapy_hostqueue.frontier.redis._capacity import is_oom
+from scrapy_hostqueue.frontier.redis._check import lost_cause
+from scrapy_hostqueue.frontier.redis._db import LOST, SCRIPTS
+from scrapy_hostqueue.frontier.redis._share import SHARE_TICK
+from scrapy_hostqueue.frontier.redis._store import BATCH
 
 if TYPE_CHECKING:
-    from scrapy_hostqueue.store.redis import RedisStore
+    from scrapy_hostqueue.frontier.redis._store import RedisStore
 
 __all__ = ["RedisLink", "batched"]
 

@@ -65,6 +65,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from scrapy_hostqueue._errors import RedisFrontierError
+
 #: The layout of the keys; a crawl id written with another is refused.
 LAYOUT_VERSION = "2"
 #: The error a script answers when Redis no longer holds the crawl it was
@@ -80,17 +82,6 @@ RANK_LIMIT = 4_000_000
 def prefix(crawl_id: str) -> str:
     """The key prefix of *crawl_id* (with its hash tag)."""
     return f"hq:{{{crawl_id}}}:"
-
-
-class RedisFrontierError(Exception):
-    """The shared frontier cannot be used (Redis unreachable, a crawl id of
-    another layout, the client missing). The message is one line saying
-    what to do."""
-
-
-class RedisFrontierLost(RedisFrontierError):
-    """Redis no longer holds the crawl this process joined (restarted
-    without its data, flushed, or the URL names another server)."""
 
 
 # What every script shares. A script's body runs in ``run``, which writes
@@ -775,7 +766,6 @@ __all__ = [
     "RANK_LIMIT",
     "SCRIPTS",
     "RedisFrontierError",
-    "RedisFrontierLost",
     "crawl_token",
     "open_crawl",
     "prefix",
