@@ -98,15 +98,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     push_parser.add_argument("--crawl-id", required=True, help="HOSTQUEUE_CRAWL_ID")
     push_parser.add_argument("urls", nargs="*", help="URLs; none: one a line on standard input")
     push_parser.add_argument("--priority", type=int, default=0, help="Request.priority")
+    push_parser.add_argument(
+        "--requests",
+        metavar="FILE",
+        help="also the requests of FILE, as a crawl wrote them when Redis lost the crawl "
+        "or was full (their callbacks, meta and priority kept)",
+    )
     # URLs may come after --crawl-id, where argparse no longer takes them.
     args, extra = parser.parse_known_args(argv)
     if extra and (args.command != "push" or any(arg.startswith("-") for arg in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "push":
         url = _location(push_parser, args.url)
-        urls = args.urls + extra or [line.strip() for line in sys.stdin if line.strip()]
+        urls = args.urls + extra
+        if not urls and not args.requests:
+            urls = [line.strip() for line in sys.stdin if line.strip()]
         try:
-            queued, duplicates = frontier.push(url, args.crawl_id, urls, priority=args.priority)
+            queued, duplicates = frontier.push(
+                url, args.crawl_id, urls, priority=args.priority, requests_file=args.requests
+            )
+        except OSError as error:
+            print(f"error: cannot read {args.requests}: {error.strerror}", file=sys.stderr)
+            return 2
         except (RedisFrontierError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

@@ -298,6 +298,21 @@ def _crawl_id(settings: BaseSettings) -> str | None:
     return value
 
 
+def _spill_dir(settings: BaseSettings) -> str:
+    """HOSTQUEUE_REDIS_SPILL_DIR: a directory, "" for JOBDIR or else the
+    temporary directory."""
+    value = _raw(settings, "HOSTQUEUE_REDIS_SPILL_DIR")
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if value is None or value == "":
+        return str(settings.get("JOBDIR") or "")
+    if not isinstance(value, str):
+        raise HostQueueSettingsError(
+            f"HOSTQUEUE_REDIS_SPILL_DIR must be a directory, got {value!r}"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class HostQueueConfig:
     """The effective configuration of every component, validated."""
@@ -318,6 +333,8 @@ class HostQueueConfig:
     redis_finish_grace: float  # seconds the shared crawl must be empty before closing
     redis_wait_for_urls: bool  # never close when the shared crawl is empty
     redis_share_hosts: bool  # lend a part of a busy host to a process with no host
+    redis_backlog: int  # requests kept back in memory while Redis is full; past it, a file
+    redis_spill_dir: str  # where those files go; "": JOBDIR, else the temporary directory
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
     max_overdue: int  # overdue requests kept out of CONCURRENT_REQUESTS, 0 = none
@@ -416,6 +433,8 @@ class HostQueueConfig:
             ),
             redis_wait_for_urls=_boolean(settings, "HOSTQUEUE_REDIS_WAIT_FOR_URLS", False),
             redis_share_hosts=_boolean(settings, "HOSTQUEUE_REDIS_SHARE_HOSTS", True),
+            redis_backlog=_integer(settings, "HOSTQUEUE_REDIS_BACKLOG", 10_000, minimum=1),
+            redis_spill_dir=_spill_dir(settings),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
             max_overdue=_integer(

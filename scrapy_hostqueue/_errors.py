@@ -14,6 +14,7 @@ __all__ = [
     "HostQueueSettingsError",
     "PlotError",
     "RedisFrontierError",
+    "RedisFrontierLost",
     "TimelineError",
     "UnsupportedDependencyError",
 ]
@@ -42,6 +43,11 @@ class RedisFrontierError(HostQueueError):
     """The shared frontier cannot be used (Redis unreachable, a crawl id of
     another layout, the client missing). The message is one line saying
     what to do."""
+
+
+class RedisFrontierLost(RedisFrontierError):
+    """Redis no longer holds the crawl this process joined (restarted
+    without its data, flushed, or the URL names another server)."""
 
 
 class TimelineError(HostQueueError, ValueError):

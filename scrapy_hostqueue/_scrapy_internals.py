@@ -237,6 +237,51 @@ def _report_crawl_end(error: BaseException, task: asyncio.Task[Any]) -> None:
     )
 
 
+def crawl_task() -> asyncio.Task[Any] | None:
+    """The task of the crawl being built, when ``scrapy crawl`` (Scrapy's
+    ``AsyncCrawlerRunner``) runs it: called from a component's
+    ``from_crawler``. None otherwise."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
+    return task if task is not None and _is_crawl_task(task) else None
+
+
+def fail_crawl(crawler: Crawler, error: BaseException, task: asyncio.Task[Any] | None) -> None:
+    """Have the crawl end with *error* once its engine has stopped (its
+    spider closed, its stats written): ``scrapy crawl`` then exits with
+    status 1, and ``Crawler.crawl_async()`` raises *error*. *task* is the
+    crawl's task (:func:`crawl_task`), whose end reports nothing more: the
+    caller logged *error* already.
+
+    Scrapy 2.19's ``ExecutionEngine.start_async()`` waits on the private
+    ``_closewait`` deferred, which ``stop_async()`` fires after the
+    ``engine_stopped`` signal; failed here first with *error* (and taken
+    away, so that it is not fired twice), it makes the crawl raise."""
+
+    def stopped() -> None:
+        engine = _engine(crawler)
+        closewait = getattr(engine, "_closewait", None)
+        if closewait is not None and not closewait.called:
+            engine._closewait = None
+            closewait.errback(error)
+
+    crawler.signals.connect(stopped, signal=scrapy.signals.engine_stopped, weak=False)
+    if task is not None:
+        task.add_done_callback(functools.partial(_quiet_crawl_end, error))
+
+
+def _quiet_crawl_end(error: BaseException, task: asyncio.Task[Any]) -> None:
+    if task.cancelled():
+        return
+    raised = task.exception()  # retrieved: asyncio reports nothing
+    if raised is not None and raised is not error and not _caused_by(raised, error):
+        task.get_loop().call_exception_handler(
+            {"message": "Task exception was never retrieved", "exception": raised, "future": task}
+        )
+
+
 def _engine(crawler: Crawler) -> Any:
     """The crawler's engine, or None before the crawl starts (Scrapy 2.19's
     ``Crawler.engine`` raises then)."""

@@ -5,8 +5,9 @@ What errbacks and downloader middlewares of a crawl may see
 (:class:`HostBlocked`, :class:`HostGivenUp`, both Scrapy's ``IgnoreRequest``
 too); what a crawl refuses to start with, as one ERROR line
 (:class:`HostQueueSettingsError`, :class:`UnsupportedDependencyError`,
-:class:`FrontierFileError`, :class:`RedisFrontierError`); what the command
-line reports (:class:`TimelineError`, :class:`PlotError`, and the two
+:class:`FrontierFileError`, :class:`RedisFrontierError`); what stops a
+shared crawl whose Redis lost it (:class:`RedisFrontierLost`); what the
+command line reports (:class:`TimelineError`, :class:`PlotError`, and the
 frontier errors).
 """
 
@@ -20,6 +21,7 @@ from scrapy_hostqueue._errors import (
     HostQueueSettingsError,
     PlotError,
     RedisFrontierError,
+    RedisFrontierLost,
     TimelineError,
     UnsupportedDependencyError,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "HostQueueSettingsError",
     "PlotError",
     "RedisFrontierError",
+    "RedisFrontierLost",
     "TimelineError",
     "UnsupportedDependencyError",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scrapy_hostqueue.frontier import HostState, MemoryStore
-from scrapy_hostqueue.frontier.redis._db import prefix, register
+from scrapy_hostqueue.frontier.redis._db import crawl_token, prefix, register
 from scrapy_hostqueue.frontier.redis._link import RedisLink
 from scrapy_hostqueue.frontier.redis._store import RedisStore
 from scrapy_hostqueue.testing._redis_server import RedisServer, redis_server
@@ -57,7 +57,7 @@ def new_store(
         str.encode,
         bytes.decode,
         lambda item: item.encode(),
-        **{"max_hold": 4, "finish_grace": 0.0, **options},
+        **{"max_hold": 4, "finish_grace": 0.0, "token": crawl_token(sync, crawl), **options},
     )
 
 

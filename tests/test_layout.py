@@ -305,7 +305,7 @@ def test_every_exception_derives_from_one_base_and_is_listed() -> None:
         and value.__module__ == "scrapy_hostqueue.exceptions"
     }
     assert set(exceptions.__all__) == defined
-    assert len(defined) == 9
+    assert len(defined) == 10
     for name in exceptions.__all__:
         error = getattr(exceptions, name)
         assert issubclass(error, exceptions.HostQueueError), name
@@ -318,6 +318,7 @@ def test_every_exception_derives_from_one_base_and_is_listed() -> None:
         (exceptions.HostBlocked, "scrapy.exceptions.IgnoreRequest"),
         (exceptions.HostGivenUp, "scrapy.exceptions.IgnoreRequest"),
         (exceptions.HostQueueSettingsError, "builtins.ValueError"),
+        (exceptions.RedisFrontierLost, "scrapy_hostqueue.exceptions.RedisFrontierError"),
         (exceptions.TimelineError, "builtins.ValueError"),
         (exceptions.UnsupportedDependencyError, "builtins.ImportError"),
     ],

@@ -381,7 +381,8 @@ async def test_a_resync_gives_back_what_a_lost_answer_handed_out(
     # A claim whose answer never came back: Redis handed the host out.
     assert a.link.shas is not None
     claim = a.link.shas["claim"]
-    await a.client.evalsha(claim, 1, P, a.store.proc, int(time.time() * 1000), 4, 16)
+    now_ms = int(time.time() * 1000)
+    await a.client.evalsha(claim, 1, P, a.store.token, a.store.proc, now_ms, 4, 16)
     assert redis_client.hget(P + "owner", "h1") == a.store.proc.encode()
     assert a.store.held_hosts == []
     await a.link.resync()

@@ -285,9 +285,23 @@ def report(location: str, *, crawl_id: str | None = None, top: int = 10) -> str:
     return _report.report(location, top=top)
 
 
-def push(url: str, crawl_id: str, urls: Iterable[str], *, priority: int = 0) -> tuple[int, int]:
+def push(
+    url: str,
+    crawl_id: str,
+    urls: Iterable[str],
+    *,
+    priority: int = 0,
+    requests_file: str | None = None,
+) -> tuple[int, int]:
     """Queue *urls* in the shared crawl *crawl_id* at *url*, through its
-    dupefilter. Returns how many were queued and how many already seen."""
-    from scrapy_hostqueue.frontier.redis import _cli  # noqa: PLC0415
+    dupefilter, then the requests of *requests_file* as they are (a file a
+    crawl wrote when Redis lost the crawl or was full). Returns how many were
+    queued and how many already seen. Raises :class:`OSError` if the file
+    cannot be read (before anything is queued)."""
+    from scrapy_hostqueue.frontier.redis import _capacity, _cli  # noqa: PLC0415
 
-    return _cli.push(url, crawl_id, urls, priority=priority)
+    held: list[_capacity.HeldRequest] = []
+    if requests_file is not None:
+        with open(requests_file, encoding="utf-8") as lines:
+            held = list(_capacity.read_held(lines))
+    return _cli.push(url, crawl_id, urls, priority=priority, requests=held)

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +179,10 @@ class RedisServer:
     persistence, in a temporary directory; :meth:`stop` ends it (``with``
     does both). With *cluster*, a node of a Redis Cluster that has yet to
     meet the others and be given slots. With *password* (no spaces), a
-    server that refuses clients without it (``--requirepass``)."""
+    server that refuses clients without it (``--requirepass``). With
+    *appendonly*, a server that writes every change to its append-only
+    file, and reads it back when :meth:`restart` starts it again. *options*
+    are more command-line options (``("--maxmemory", "10mb")``)."""
 
     def __init__(
         self,
@@ -189,12 +192,16 @@ class RedisServer:
         stop_timeout: float = STOP_TIMEOUT,
         cluster: bool = False,
         password: str | None = None,
+        appendonly: bool = False,
+        options: Sequence[str] = (),
     ) -> None:
         if password is not None and (not password or any(c.isspace() for c in password)):
             raise ValueError("the password of a RedisServer must be a word without spaces")
         self.binary = binary
         self.cluster = cluster
         self.password = password
+        self.appendonly = appendonly
+        self.options = tuple(options)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.port = 0
@@ -251,13 +258,14 @@ class RedisServer:
                     "--save",
                     "",
                     "--appendonly",
-                    "no",
+                    "yes" if self.appendonly else "no",
                     "--dir",
                     self._directory,
                     "--daemonize",
                     "no",
                     *(CLUSTER_OPTIONS if self.cluster else ()),
                     *(("--requirepass", self.password) if self.password is not None else ()),
+                    *self.options,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=output,
@@ -316,6 +324,15 @@ class RedisServer:
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait(self.stop_timeout)
+
+    def restart(self, pause: float = 0.0) -> None:
+        """Kill the server (SIGKILL, a crash) and start it again after
+        *pause* seconds on the same port and in the same directory: with
+        *appendonly*, holding what it wrote; else empty."""
+        self.kill()
+        time.sleep(pause)
+        if not self._start_on(self.binary or find_redis_server(), self._running()):
+            raise RedisServerError(f"port {self.port} was taken while redis-server was down")
 
     def __enter__(self) -> RedisServer:
         return self.start()

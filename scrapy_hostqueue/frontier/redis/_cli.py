@@ -6,11 +6,12 @@ Synchronous ``redis`` client: these are commands, not a crawl.
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,10 +19,13 @@ from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.request import fingerprint
 
+from scrapy_hostqueue.frontier.redis import _check
+from scrapy_hostqueue.frontier.redis._capacity import HeldRequest
 from scrapy_hostqueue.frontier.redis._db import (
     LAYOUT_VERSION,
     SCRIPTS,
     RedisFrontierError,
+    open_crawl,
     prefix,
     split_value,
 )
@@ -57,29 +61,45 @@ def _check_layout(client: Any, url: str, crawl_id: str) -> None:
         )
 
 
-def push(url: str, crawl_id: str, urls: Iterable[str], *, priority: int = 0) -> tuple[int, int]:
+def _requests(urls: Iterable[str], priority: int) -> Iterator[HeldRequest]:
+    """A request for each of *urls*, as the spider's default callback gets
+    them, in the push script's form."""
+    for address in urls:
+        request = Request(address.strip(), priority=priority)
+        host = urlparse_cached(request).hostname or ""
+        data = pickle.dumps(request.to_dict(), protocol=4)
+        yield HeldRequest("", fingerprint(request), host, priority * 2 + 1, data)
+
+
+def push(
+    url: str,
+    crawl_id: str,
+    urls: Iterable[str] = (),
+    *,
+    priority: int = 0,
+    requests: Iterable[HeldRequest] = (),
+) -> tuple[int, int]:
     """Queue a request for each of *urls* in the crawl, through its
-    dupefilter, as its spider's default callback would get them. Returns
-    ``(queued, duplicates)``."""
+    dupefilter, as its spider's default callback would get them, then
+    *requests* as they are (from a file a crawl wrote, :func:`read_held`).
+    Returns ``(queued, duplicates)``."""
     client = _client(url)
     try:
         _check_layout(client, url, crawl_id)
         p = prefix(crawl_id)
-        client.set(p + "version", LAYOUT_VERSION, nx=True)
+        token = open_crawl(client, crawl_id)  # made now if it is not there
         script = client.register_script(SCRIPTS["push"])
         source = f"cli{client.incr(p + 'procseq')}"
         args: list[Any] = []
         statuses: Counter[int] = Counter()
-        for n, address in enumerate(urls):
-            request = Request(address.strip(), priority=priority)
-            host = urlparse_cached(request).hostname or ""
-            data = pickle.dumps(request.to_dict(), protocol=4)
-            args += [f"{source}.{n}", fingerprint(request), host, priority * 2 + 1, "0", data]
+        every = itertools.chain(_requests(urls, priority), requests)
+        for n, held in enumerate(every):
+            args += [f"{source}.{n}", held.fingerprint, held.host, held.rank, "0", held.data]
             if len(args) >= 6 * _CHUNK:
-                statuses.update(script(keys=[p], args=[source, *args]))
+                statuses.update(script(keys=[p], args=[token, source, *args]))
                 args = []
         if args:
-            statuses.update(script(keys=[p], args=[source, *args]))
+            statuses.update(script(keys=[p], args=[token, source, *args]))
         return statuses[1], statuses[0]
     finally:
         client.close()
@@ -101,17 +121,28 @@ def report(url: str, crawl_id: str, *, top: int = 10) -> str:
         client.close()
 
 
+def _server_line(client: Any, crawl_id: str) -> str:
+    """Redis's memory and persistence, in one line."""
+    node = {}
+    if hasattr(client, "get_node_from_key"):  # a Redis Cluster: the crawl's node
+        node = {"target_nodes": client.get_node_from_key(prefix(crawl_id))}
+    return "  Redis: " + _check.describe(_check.read(client, **node))
+
+
 def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
     p = prefix(crawl_id)
     now = time.time()
     stats = {k.decode(): int(v) for k, v in client.hgetall(p + "stats").items()}
     procs = [(m.decode(), score) for m, score in client.zrange(p + "procs", 0, -1, withscores=True)]
+    backlog = sum(int(n) for n in client.hvals(p + "backlog"))
     lines = [
         f"shared frontier {shown_url(url)}, crawl id {crawl_id!r}",
+        _server_line(client, crawl_id),
         f"  {stats.get('queued', 0):,} requests queued and {stats.get('leased', 0):,} leased; "
         f"{stats.get('pushed', 0):,} pushed, {stats.get('duplicates', 0):,} duplicates dropped, "
         f"{stats.get('acked', 0):,} done, {stats.get('reclaimed', 0):,} taken back from "
-        f"processes that stopped; {client.scard(p + 'seen'):,} fingerprints seen",
+        f"processes that stopped; {client.scard(p + 'seen'):,} fingerprints seen"
+        + (f"; {backlog:,} kept back in processes while Redis is full" if backlog else ""),
     ]
     leased: Counter[str] = Counter()
     if procs:

@@ -8,6 +8,8 @@ crawl's keys share one Redis Cluster slot and the multi-key scripts stay
 legal there. Keys (after the prefix):
 
 ``version``     the layout version; another one is refused
+``crawl``       the crawl's identity: a random token written when the crawl
+                is created; every script checks it first (see below)
 ``procs``       zset: process id -> heartbeat expiry (ms since the epoch)
 ``procseq``     counter giving processes their ids
 ``r``           hash: request id -> ``"<rank> <host>\\n"`` + the encoded request
@@ -35,20 +37,41 @@ legal there. Keys (after the prefix):
 ``wantshare``   zset: process -> when it last wanted hosts and found none (ms)
 ``stats``       hash: crawl-wide counters (``queued``, ``leased``, ``pushed``,
                 ``duplicates``, ``acked``, ``reclaimed``, ``claims``)
+``backlog``     hash: process -> requests it keeps back while Redis is full
+                (the crawl is not finished while one holds any)
 
 A request id is ``<proc>.<n>``, chosen by the process that pushes it, so
 that every script is idempotent: a batch whose answer was lost with the
 connection is sent again as it was.
+
+**The crawl's identity.** Every script takes the crawl's token
+(``ARGV[1]``, what ``crawl`` held when the process joined) and answers the
+error :data:`LOST` without touching anything when ``crawl`` holds another
+one, or none: the Redis restarted without its data, was flushed, or the URL
+now names another server. Nothing is written into a Redis that lost the
+crawl, and the process knows at its next exchange.
+
+**A full Redis** (``maxmemory`` with ``noeviction``) refuses a script's
+first write that may grow its memory, with nothing applied, and lets a
+script that already wrote run to its end. Only the push script may be
+refused so; every other script frees or moves memory (acknowledgements,
+hand-backs, reclaims, the heartbeat), and starts with a write that deletes
+nothing, so that it runs when Redis is full: what makes room never waits
+for room.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from scrapy_hostqueue._errors import RedisFrontierError
 
 #: The layout of the keys; a crawl id written with another is refused.
 LAYOUT_VERSION = "2"
+#: The error a script answers when Redis no longer holds the crawl it was
+#: given the token of.
+LOST = "HQLOST"
 
 #: Redis sorted-set scores are doubles: a request's score is ``-rank * ORDER
 #: + order``, exact while ``|rank| < RANK_LIMIT``.
@@ -66,8 +89,24 @@ def prefix(crawl_id: str) -> str:
 # per counter, not per request), the per-host queue counts, the order
 # counter, the values and leases of the requests it added; and host lookups
 # (owner, ready time, given up) are read once per script.
-_COMMON = """
+_COMMON = (
+    """
 local P = KEYS[1]
+if redis.call('GET', P..'crawl') ~= ARGV[1] then
+  return redis.error_reply('%(lost)s this Redis does not hold the crawl')
+end
+-- The script's own arguments follow the token.
+local ARGV = (function(all)
+  local rest = {}
+  for i = 2, #all do rest[i - 1] = all[i] end
+  return rest
+end)(ARGV)
+-- A write that deletes nothing: a script that calls it first runs when
+-- Redis is full (maxmemory, noeviction), which refuses only a script's
+-- first write that may grow its memory.
+local function pass_when_full()
+  redis.call('DEL', P..'none')
+end
 local counters, qdelta, memo_owner, memo_ready, memo_gaveup, in_avail = {}, {}, {}, {}, {}, {}
 local memo_shared = {}
 local new_values, new_leases = {}, {}
@@ -221,6 +260,7 @@ local function leave(proc)
   redis.call('ZREM', P..'procs', proc)
   redis.call('ZREM', P..'hungry', proc)
   redis.call('ZREM', P..'wantshare', proc)
+  redis.call('HDEL', P..'backlog', proc)
   return n
 end
 local function flush()
@@ -242,7 +282,10 @@ local function run(body)
   return result
 end
 return run(function()
-""".replace("%(order)d", str(_ORDER)).replace("%%", "%")
+""".replace("%(order)d", str(_ORDER))
+    .replace("%(lost)s", LOST)
+    .replace("%%", "%")
+)
 _END = """
 end)
 """
@@ -296,6 +339,7 @@ return out
 ACK = (
     _COMMON
     + """
+pass_when_full()
 local proc = ARGV[1]
 local ids, listed = {}, {}
 for i = 2, #ARGV do
@@ -340,6 +384,7 @@ return 1
 GIVE_BACK = (
     _COMMON
     + """
+pass_when_full()
 local proc, host, state, ready, rel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if state ~= '' then redis.call('HSET', P..'state', host, state) end
 if ready > 0 then
@@ -371,6 +416,7 @@ return 1
 CLAIM = (
     _COMMON
     + """
+pass_when_full()
 local proc, now, n, w = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local wait_ms = tonumber(ARGV[5] or '2000')
 if not redis.call('ZSCORE', P..'procs', proc) then return -1 end
@@ -442,6 +488,7 @@ return out
 REFILL = (
     _COMMON
     + """
+pass_when_full()
 local proc, host, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if owner_of(host) ~= proc and redis.call('HGET', P..'share:'..host, 'co') ~= proc then
   return -1
@@ -458,6 +505,7 @@ return {redis.call('ZCARD', P..'q:'..host), items}
 HEARTBEAT = (
     _COMMON
     + """
+pass_when_full()
 local proc, now, expiry = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local alive = redis.call('ZSCORE', P..'procs', proc) and 1 or 0
 local n = 0
@@ -484,6 +532,7 @@ return {alive, n}
 RESYNC = (
     _COMMON
     + """
+pass_when_full()
 local proc = ARGV[1]
 local nh = tonumber(ARGV[2])
 local hosts, ids, leased, lost = {}, {}, {}, {}
@@ -544,6 +593,7 @@ return {n, lost}
 OFFER = (
     _COMMON
     + """
+pass_when_full()
 local proc, host, limit, part, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 if owner_of(host) ~= proc or gave_up(host) then return 0 end
 if shared(host) then return 1 end
@@ -563,6 +613,7 @@ return 1
 SHARE = (
     _COMMON
     + """
+pass_when_full()
 local proc, host, role, block, what = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local key = P..'share:'..host
 for i = 6, #ARGV do give_back(proc, ARGV[i]) end
@@ -592,6 +643,7 @@ return {rec[2] and 2 or 1, b, rec[4] and 1 or 0}
 LEAVE = (
     _COMMON
     + """
+pass_when_full()
 return leave(ARGV[1])
 """
     + _END
@@ -601,6 +653,7 @@ return leave(ARGV[1])
 GIVE_UP = (
     _COMMON
     + """
+pass_when_full()
 local host = ARGV[1]
 redis.call('SADD', P..'gaveup', host)
 local ids = redis.call('ZRANGE', P..'q:'..host, 0, -1)
@@ -611,6 +664,23 @@ redis.call('ZREM', P..'avail', host)
 hinc('queued', -#ids)
 hinc('refused', #ids)
 return #ids
+"""
+    + _END
+)
+
+#: ARGV: proc, n. How many requests the process keeps back while Redis is
+#: full (0: none).
+BACKLOG = (
+    _COMMON
+    + """
+pass_when_full()
+local proc, n = ARGV[1], tonumber(ARGV[2])
+if n > 0 then
+  redis.call('HSET', P..'backlog', proc, n)
+else
+  redis.call('HDEL', P..'backlog', proc)
+end
+return 1
 """
     + _END
 )
@@ -627,6 +697,7 @@ SCRIPTS = {
     "give_up": GIVE_UP,
     "offer": OFFER,
     "share": SHARE,
+    "backlog": BACKLOG,
 }
 
 
@@ -637,13 +708,15 @@ def split_value(value: bytes) -> tuple[str, int, bytes]:
     return host.decode(), int(rank), data
 
 
-def register(client: Any, crawl_id: str, expiry_ms: int) -> str:
-    """Check the layout of *crawl_id* with a synchronous *client* (at
-    start-up, before the crawl runs), register this process and return its
-    id. Raises :class:`RedisFrontierError`."""
+def open_crawl(client: Any, crawl_id: str) -> str:
+    """Check the layout of *crawl_id* with a synchronous *client*, make the
+    crawl if it is not there (its layout version and its identity), and
+    return its identity. Raises :class:`RedisFrontierError`."""
     p = prefix(crawl_id)
-    client.set(p + "version", LAYOUT_VERSION, nx=True)
     version = client.get(p + "version")
+    if version is None:
+        client.set(p + "version", LAYOUT_VERSION, nx=True)
+        version = client.get(p + "version")
     if isinstance(version, bytes):
         version = version.decode()
     if version != LAYOUT_VERSION:
@@ -652,16 +725,49 @@ def register(client: Any, crawl_id: str, expiry_ms: int) -> str:
             f"{version}, this scrapy-hostqueue uses layout {LAYOUT_VERSION}: finish it with "
             "the version that wrote it, or choose another HOSTQUEUE_CRAWL_ID"
         )
-    proc = str(client.incr(p + "procseq"))
-    client.zadd(p + "procs", {proc: expiry_ms})
-    return proc
+    if client.get(p + "crawl") is None:
+        client.set(p + "crawl", secrets.token_hex(8), nx=True)
+    return crawl_token(client, crawl_id)
+
+
+def register(client: Any, crawl_id: str, expiry_ms: int) -> str:
+    """Join *crawl_id* (see :func:`open_crawl`) with a synchronous *client*
+    (at start-up, before the crawl runs): register this process and return
+    its id. Raises :class:`RedisFrontierError`."""
+    open_crawl(client, crawl_id)
+    proc = client.eval(_JOIN, 1, prefix(crawl_id), expiry_ms)
+    return proc.decode() if isinstance(proc, bytes) else str(proc)
+
+
+#: KEYS: the prefix; ARGV: the heartbeat expiry. A new process id, and its
+#: heartbeat; it runs when Redis is full (a process may join a full crawl).
+_JOIN = """
+redis.call('DEL', KEYS[1]..'none')
+local proc = redis.call('INCR', KEYS[1]..'procseq')
+redis.call('ZADD', KEYS[1]..'procs', ARGV[1], proc)
+return tostring(proc)
+"""
+
+
+def crawl_token(client: Any, crawl_id: str) -> str:
+    """The identity of *crawl_id* on the Redis of the synchronous *client*
+    (written by :func:`open_crawl`): what a process gives every script."""
+    token = client.get(prefix(crawl_id) + "crawl")
+    if token is None:
+        raise RedisFrontierError(
+            f"crawl id {crawl_id!r} vanished from Redis as this process joined it"
+        )
+    return token.decode() if isinstance(token, bytes) else str(token)
 
 
 __all__ = [
     "LAYOUT_VERSION",
+    "LOST",
     "RANK_LIMIT",
     "SCRIPTS",
     "RedisFrontierError",
+    "crawl_token",
+    "open_crawl",
     "prefix",
     "register",
     "split_value",

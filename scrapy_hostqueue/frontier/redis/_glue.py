@@ -9,6 +9,7 @@ without it for the memory and SQLite stores.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -16,14 +17,18 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._errors import RedisFrontierError, RedisFrontierLost
 from scrapy_hostqueue._recorder import stat_key
 from scrapy_hostqueue.frontier.memory import MemoryStore
-from scrapy_hostqueue.frontier.redis._db import RedisFrontierError, register
+from scrapy_hostqueue.frontier.redis import _check
+from scrapy_hostqueue.frontier.redis._capacity import HeldRequest, is_oom, write_held
+from scrapy_hostqueue.frontier.redis._db import crawl_token, prefix, register
 from scrapy_hostqueue.frontier.redis._link import RedisLink
 from scrapy_hostqueue.frontier.redis._store import RedisStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -39,6 +44,11 @@ CONNECT_TIMEOUT = 5.0
 #: Fingerprints this process remembers having pushed (its own duplicates are
 #: dropped here, without a trip to Redis); past this the memory starts over.
 LOCAL_SEEN = 100_000
+#: The finish reason of a crawl whose Redis no longer holds it.
+FRONTIER_LOST = "hostqueue_frontier_lost"
+#: The finish reason of a crawl whose Redis stays full with nothing in the
+#: crawl that could free memory.
+REDIS_FULL = "hostqueue_redis_full"
 
 
 def redis_client_module() -> Any:
@@ -152,6 +162,11 @@ def connect_problem(redis: Any, url: str, error: BaseException, where: str = "th
         return (
             f"Redis asks for a password, and {where} gives none: write it as "
             f"{scheme}://:PASSWORD@host:port/db"
+        )
+    if is_oom(error):
+        return (
+            f"Redis is full ({text}) and cannot hold a new crawl: raise its maxmemory, "
+            "or give the crawl a Redis of its own"
         )
     if "CERTIFICATE_VERIFY_FAILED" in text:
         return (
@@ -285,18 +300,35 @@ class RedisFrontier:
     start-up (:meth:`open`), then its store's task (:meth:`start`) until the
     graceful hand-back (:meth:`close`)."""
 
-    def __init__(self, url: str, crawl_id: str, proc: str, config: HostQueueConfig) -> None:
+    def __init__(  # noqa: PLR0917 - what open() found
+        self,
+        url: str,
+        crawl_id: str,
+        proc: str,
+        config: HostQueueConfig,
+        token: str = "",
+        crawler: Crawler | None = None,
+    ) -> None:
         self.url = url
         self.crawl_id = crawl_id
         self.proc = proc
         self.config = config
+        #: The crawl's identity in Redis (see ``_db``).
+        self.token = token
+        self.crawler = crawler
         #: Whether Redis is a Redis Cluster (found at :meth:`open`).
         self.cluster = False
+        #: What the server said of its memory and persistence at start-up.
+        self.server: _check.ServerSettings | None = None
+        #: The task of the crawl (``scrapy crawl``), to end it with an error.
+        self.task = internals.crawl_task()
+        self.lost: RedisFrontierLost | None = None
         #: The fingerprints this process pushed (the dupefilter's first answer).
         self.seen = LocalSeen()
         self.store: RedisStore[Request] | None = None
         self._client: Any = None
         self._link: RedisLink | None = None
+        self._codec: RequestCodec | None = None
 
     @classmethod
     def open(cls, crawler: Crawler, config: HostQueueConfig) -> RedisFrontier:
@@ -316,7 +348,13 @@ class RedisFrontier:
         client = None
         try:
             client, cluster = connect(redis, url)
+            node = {"target_nodes": client.get_node_from_key(prefix(crawl_id))} if cluster else {}
+            server = _check.read(client, **node)
+            refusal = _check.eviction_refusal(server, shown_url(url))
+            if refusal is not None:
+                raise RedisFrontierError(refusal)
             proc = register(client, crawl_id, int((time.time() + config.lease_timeout) * 1000))
+            token = crawl_token(client, crawl_id)
         except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
             raise RedisFrontierError(
                 f"cannot use the shared frontier at {shown_url(url)}: "
@@ -327,8 +365,12 @@ class RedisFrontier:
                 client.close()
         if cluster:
             check_cluster_options(redis, url)
-        frontier = cls(url, crawl_id, proc, config)
+        warning = _check.persistence_warning(server, shown_url(url))
+        if warning is not None:
+            logger.warning(warning)
+        frontier = cls(url, crawl_id, proc, config, token, crawler)
         frontier.cluster = cluster
+        frontier.server = server
         return frontier
 
     def make_store(
@@ -351,7 +393,12 @@ class RedisFrontier:
             finish_grace=cfg.redis_finish_grace,
             wait_for_urls=cfg.redis_wait_for_urls,
             share_hosts=cfg.redis_share_hosts,
+            token=self.token,
+            backlog=cfg.redis_backlog,
+            spill_dir=cfg.redis_spill_dir,
+            where=shown_url(self.url),
         )
+        self._codec = codec
         return self.store
 
     def start(self, wake: Callable[[], None]) -> None:
@@ -364,30 +411,130 @@ class RedisFrontier:
         # After an outage Redis may lack requests this process pushed (a
         # failover lost them): their links, found again, are pushed again.
         self.store.on_back = self.seen.clear
-        self._link = RedisLink(self.store, self._client, redis_errors(redis))
+        self.store.on_lost = self._on_lost
+        client = self._client
+        info = None
+        if self.cluster:
+
+            async def info(section: str) -> dict[str, Any]:
+                node = client.get_node_from_key(self.store.prefix)  # type: ignore[union-attr]
+                return await client.info(section, target_nodes=node)  # type: ignore[no-any-return]
+
+        run_id = self.server.run_id if self.server is not None else ""
+        self._link = RedisLink(self.store, client, redis_errors(redis), info, run_id)
         self._link.start()
         logger.info(
             "HostQueueScheduler: shared frontier at %s%s, crawl id %r, this process %s, "
-            "at most %d hosts held at once, leases expire %g s after a process stops",
+            "at most %d hosts held at once, leases expire %g s after a process stops; "
+            "Redis: %s",
             shown_url(self.url),
             " (a Redis Cluster)" if self.cluster else "",
             self.crawl_id,
             self.proc,
             self.store.max_hold,
             self.config.lease_timeout,
+            _check.describe(self.server) if self.server is not None else "not read",
         )
+
+    def _on_lost(self, kind: str) -> None:
+        """Redis no longer holds the crawl (*kind* ``"lost"``), or stays
+        full with nothing that could free memory (``"full"``): one ERROR,
+        and the crawl closes (its finish reason :data:`FRONTIER_LOST` or
+        :data:`REDIS_FULL`, then an error for ``scrapy crawl``'s exit
+        status)."""
+        assert self.store is not None
+        path = self.store.file_path("held")
+        shown = shown_url(self.url)
+        again = (
+            f"python -m scrapy_hostqueue push {shown} --crawl-id {self.crawl_id} --requests {path}"
+        )
+        if kind == "lost":
+            cause = self.store.lost_cause or (
+                "Redis restarted without its data, was flushed, or the URL now names another server"
+            )
+            self.lost = RedisFrontierLost(
+                f"the shared frontier at {shown} no longer holds crawl {self.crawl_id!r}: "
+                f"{cause}. This process stops and writes the requests it holds to {path}; "
+                f"start the crawl again, then queue them with: {again}"
+            )
+            reason = FRONTIER_LOST
+        else:
+            self.lost = RedisFrontierLost(
+                f"Redis at {shown} stays full (maxmemory) and nothing the crawl holds can free "
+                f"memory: this process stops and writes the {len(self.store.capacity.backlog)} "
+                f"new requests Redis refused to {path}. Raise maxmemory, then queue them "
+                f"with: {again}"
+            )
+            reason = REDIS_FULL
+        logger.error("The crawl stops: %s", self.lost)
+        if self.crawler is None:
+            return
+        internals.fail_crawl(self.crawler, self.lost, self.task)
+        engine = self.crawler.engine
+        closing = asyncio.ensure_future(engine.close_spider_async(reason=reason))
+        closing.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    def _write_held(self, requests: Iterable[tuple[HeldRequest, Request | None]]) -> int:
+        """Write *requests* to this process's file of held requests."""
+        assert self.store is not None
+        codec = self._codec
+
+        def url(held: HeldRequest) -> str | None:
+            item = items.get(id(held))
+            if item is None and codec is not None:
+                try:
+                    item = codec.decode(held.data)
+                except Exception:  # written all the same: push does not decode
+                    return None
+            return None if item is None else str(item.url)
+
+        pairs = list(requests)
+        items = {id(held): item for held, item in pairs}
+        return write_held(self.store.file_path("held"), (held for held, _ in pairs), url)
 
     async def close(self, stats: Any) -> None:
         """Hand back what this process holds and leave the crawl."""
         store = self.store
         if store is None or self._link is None:
             return
-        problem = await self._link.close()
-        if problem is not None:
-            logger.error("Could not hand back to the shared frontier: %s", problem)
+        if store.frontier_lost:
+            await self._link.stop()
+            written = self._write_held(store.held_requests())
+            logger.info(
+                "Wrote the %d requests this process held to %s",
+                written,
+                store.file_path("held"),
+            )
+        else:
+            if store.stuck_full:
+                written = self._write_held(store.unsent_requests())
+                store.drop_unsent()
+                logger.info(
+                    "Wrote the %d requests Redis refused to %s", written, store.file_path("held")
+                )
+            problem = await self._link.close()
+            if problem is not None:
+                logger.error("Could not hand back to the shared frontier: %s", problem)
+                unsent = list(store.unsent_requests())
+                if unsent:
+                    written = self._write_held(unsent)
+                    logger.error(
+                        "Wrote the %d requests Redis never took to %s: queue them with "
+                        "python -m scrapy_hostqueue push --requests",
+                        written,
+                        store.file_path("held"),
+                    )
+        store.capacity.backlog.close()
         for name, value in store.counts.items():
             if value:
                 stats.set_value(stat_key(f"redis/{name}_count"), value)
+        capacity = store.capacity
+        if capacity.full_seconds or capacity.full_since is not None:
+            stats.set_value(stat_key("redis/full_seconds"), round(capacity.seconds_full(), 3))
+        if capacity.max_backlog:
+            stats.set_value(stat_key("redis/max_backlog"), capacity.max_backlog)
+        if capacity.backlog.spilled:
+            stats.set_value(stat_key("redis/spilled_count"), capacity.backlog.spilled)
         try:
             await self._client.aclose()
         except Exception:  # closing a connection that is gone

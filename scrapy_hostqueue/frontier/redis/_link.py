@@ -16,9 +16,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from scrapy_hostqueue.frontier.redis._db import SCRIPTS
+from scrapy_hostqueue.frontier.redis._capacity import is_oom
+from scrapy_hostqueue.frontier.redis._check import lost_cause
+from scrapy_hostqueue.frontier.redis._db import LOST, SCRIPTS
 from scrapy_hostqueue.frontier.redis._share import SHARE_TICK
 from scrapy_hostqueue.frontier.redis._store import BATCH
 
@@ -40,6 +43,16 @@ CHUNK = 200
 #: A process that wanted hosts (and held fewer than its fair share) within
 #: this many milliseconds is waiting.
 HUNGRY_MS = 2_000
+#: Seconds between two reads of Redis's memory (``INFO memory``), and while
+#: it refuses this process's new requests.
+MEMORY_INTERVAL = 1.0
+MEMORY_INTERVAL_FULL = 0.1
+#: Longest back-off (seconds) between two tries while Redis is away.
+BACKOFF_MAX = 5.0
+
+
+class FrontierLost(Exception):
+    """Redis no longer holds the crawl (a script answered :data:`LOST`)."""
 
 
 def batched(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -72,11 +85,22 @@ class RedisLink:
     client's errors that mean Redis is away (or restarted)."""
 
     def __init__(
-        self, store: RedisStore[Any], client: Any, errors: tuple[type[BaseException], ...]
+        self,
+        store: RedisStore[Any],
+        client: Any,
+        errors: tuple[type[BaseException], ...],
+        info: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
+        run_id: str = "",
     ) -> None:
         self.store = store
         self.client = client
         self.errors = errors
+        #: Reads a section of ``INFO`` of the Redis serving the crawl.
+        self.info = info or client.info
+        #: The server's ``run_id`` when this process joined the crawl.
+        self.run_id = run_id
+        self._joined = store.wall()
+        self._keys_at_start: dict[str, int] | None = None
         self.shas: dict[str, str] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -93,8 +117,10 @@ class RedisLink:
         store = self.store
         backoff = 0.1
         outage_at: float | None = None
-        next_beat = next_totals = 0.0
+        next_beat = next_totals = next_memory = 0.0
         resync = reloaded = False
+        # Retried at least as often as the heartbeat is renewed.
+        longest = min(BACKOFF_MAX, max(0.1, store.lease_timeout / 3))
         while not store.closing:
             try:
                 if self.shas is None:
@@ -103,18 +129,30 @@ class RedisLink:
                     await self.resync()
                     resync = False
                 now = store.clock()
+                if now >= next_memory:
+                    full = store.capacity.full_since is not None
+                    next_memory = now + (MEMORY_INTERVAL_FULL if full else MEMORY_INTERVAL)
+                    await self.read_memory()
                 beat, totals = now >= next_beat, now >= next_totals
                 await self.step(beat=beat, totals=totals)
                 if beat:
                     next_beat = now + store.lease_timeout / 3
                 if totals:
                     next_totals = now + TOTALS_INTERVAL
+            except FrontierLost:
+                store.lose_frontier(await self.lost_cause())
+                return
             except Exception as error:
+                if LOST in str(error):
+                    store.lose_frontier(await self.lost_cause())
+                    return
                 if type(error).__name__ == "NoScriptError" and not reloaded:
                     # A replica promoted by a failover (Redis 7 does not copy
                     # SCRIPT LOAD to replicas): load them there and send the
-                    # batch again at once, not after the back-off.
-                    logger.info(
+                    # batch again at once, not after the back-off. After an
+                    # outage, a restart: the next exchange tells whether
+                    # Redis still holds the crawl.
+                    (logger.debug if outage_at is not None else logger.info)(
                         "The shared frontier at Redis lacks this package's scripts (a "
                         "failover to a replica, or a restart): loading them again"
                     )
@@ -137,7 +175,7 @@ class RedisLink:
                     )
                 resync = True
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, longest)
                 if type(error).__name__ == "NoScriptError":
                     self.shas = None  # Redis restarted: load them again
                 continue
@@ -159,6 +197,60 @@ class RedisLink:
     async def load_scripts(self) -> dict[str, str]:
         return {name: await self.client.script_load(src) for name, src in SCRIPTS.items()}
 
+    async def lost_cause(self) -> str:
+        """Why Redis no longer holds the crawl, as far as ``INFO server``
+        tells ("" if it cannot)."""
+        try:
+            server = await self.info("server")
+        except Exception:  # away again: no cause given
+            logger.debug("Could not read INFO server", exc_info=True)
+            return ""
+        since = self.store.wall() - self._joined
+        uptime = float(server.get("uptime_in_seconds", 0))
+        return lost_cause(self.run_id, str(server.get("run_id", "")), uptime, since)
+
+    async def read_memory(self) -> None:
+        """Tell the store how much memory Redis uses, of its ``maxmemory``."""
+        info = await self.info("memory")
+        maxmemory = int(info.get("maxmemory", 0))
+        self.store.capacity.memory(int(info.get("used_memory", 0)), maxmemory)
+        if maxmemory and self._keys_at_start is None:
+            sizes = await self._key_sizes()
+            self._keys_at_start = {"r": sizes[2], "seen": sizes[3]}
+
+    async def _key_sizes(self) -> list[int]:
+        """Requests, fingerprints, and the bytes of the keys that hold them."""
+        p = self.store.prefix
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hlen(p + "r")
+        pipe.scard(p + "seen")
+        pipe.memory_usage(p + "r")
+        pipe.memory_usage(p + "seen")
+        return [int(value or 0) for value in await pipe.execute()]
+
+    async def describe_keys(self) -> str:
+        """What the crawl's biggest keys hold now, and how they grew since
+        this process started, in words for the log."""
+        store = self.store
+        p = store.prefix
+        try:
+            requests, seen, r_size, seen_size = await self._key_sizes()
+        except Exception as error:  # MEMORY USAGE refused: a managed Redis
+            logger.debug("Could not read the sizes of the crawl's keys", exc_info=True)
+            return f"The sizes of the crawl's keys could not be read ({error})"
+        sizes = {"r": r_size, "seen": seen_size}
+        queued, leased = store.remote_queued, store.remote_leased
+        start = self._keys_at_start or sizes
+
+        def grown(name: str) -> str:
+            return f"{sizes[name] / 1e6:,.1f} MB, {(sizes[name] - start[name]) / 1e6:+,.1f} MB"
+
+        return (
+            f"The crawl's keys: {int(requests):,} requests in {p}r ({grown('r')} since this "
+            f"process started; {queued:,} queued, {leased:,} leased), "
+            f"{int(seen):,} fingerprints in {p}seen ({grown('seen')})"
+        )
+
     async def step(self, *, beat: bool, totals: bool) -> None:
         """One exchange: what the log holds (up to :data:`BATCH` operations),
         then the heartbeat (*beat*) and the totals (*totals*)."""
@@ -171,7 +263,7 @@ class RedisLink:
         ops = batched(store.outbox[:BATCH])
         if not ops and not beat and not totals:
             return
-        p, proc = store.prefix, store.proc
+        p, proc, token = store.prefix, store.proc, store.token
         wall_ms = int(store.wall() * 1000)
         pipe = self.client.pipeline(transaction=False)
         plan: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -203,14 +295,16 @@ class RedisLink:
                 args = [proc, key, role, block, what, *ids]
             elif kind == "refill":
                 args = [proc, group[0][1], group[0][2]]
+            elif kind == "backlog":
+                args = [proc, group[0][1]]
             else:  # give_up
                 args = [group[0][1]]
-            pipe.evalsha(shas[kind], 1, p, *args)
+            pipe.evalsha(shas[kind], 1, p, token, *args)
             plan.append((kind, group))
             i = j
         if beat:
             expiry = wall_ms + int(store.lease_timeout * 1000)
-            pipe.evalsha(shas["heartbeat"], 1, p, proc, wall_ms, expiry)
+            pipe.evalsha(shas["heartbeat"], 1, p, token, proc, wall_ms, expiry)
         if totals:
             pipe.hmget(p + "stats", "queued", "leased")
             pipe.zrangebyscore(p + "hungry", wall_ms - HUNGRY_MS, "+inf")
@@ -219,32 +313,69 @@ class RedisLink:
             pipe.zcount(p + "avail", "-inf", wall_ms)
             pipe.zcount(p + "procs", wall_ms, "+inf")
             pipe.zrangebyscore(p + "wantshare", wall_ms - HUNGRY_MS, "+inf")
+            pipe.hgetall(p + "backlog")
+            # Read alone, the totals of a Redis that lost the crawl would
+            # say that it finished: its identity goes with them.
+            pipe.get(p + "crawl")
         try:
-            results = await pipe.execute(raise_on_error=True)
+            # Each answer on its own: Redis full refuses pushes, and only them.
+            results = await pipe.execute(raise_on_error=False)
+            self._check(results)
         except BaseException:
             store.outbox[: len(ops)] = store.failed(ops)
             raise
         del store.outbox[: len(ops)]
         work = False
+        refused: list[tuple[Any, ...]] = []
+        retry: list[tuple[Any, ...]] = []
+        accepted = False
         for (kind, group), result in zip(plan, results, strict=False):
-            if kind == "push":
+            if isinstance(result, Exception):  # Redis full: nothing applied
+                if kind == "push":
+                    refused += group
+                else:
+                    retry += group
+            elif kind == "push":
+                accepted = True
                 for op, status in zip(group, result, strict=True):
                     work = store.answered(op, status) or work
             elif kind != "ack":
                 work = store.answered(group[0], result) or work
+        if retry:
+            store.outbox[:0] = store.failed(retry)
+        if refused and store.refused_pushes(refused):
+            await self.read_memory()
+            store.capacity.warn_full(await self.describe_keys())
+        elif accepted:
+            store.capacity.accepted()
         rest = results[len(plan) :]
         if beat:
-            alive, _reclaimed = rest.pop(0)
-            if not int(alive):
+            beaten = rest.pop(0)
+            if not isinstance(beaten, Exception) and not int(beaten[0]):
                 store.lost()
         if totals:
-            (queued, leased), hungry, owned, claimable, live, no_host = rest
+            (queued, leased), hungry, owned, claimable, live, no_host, backlogs, crawl = rest
+            if crawl is None or crawl.decode() != token:
+                raise FrontierLost
             waiting = sum(1 for name in hungry if name.decode() != proc)
             want_share = sum(1 for name in no_host if name.decode() != proc)
+            backlog = sum(int(n) for name, n in backlogs.items() if name.decode() != proc)
             store.share = int(owned) + int(claimable), max(1, int(live))
-            work = store.totals(queued, leased, waiting, now, want_share) or work
+            work = store.totals(queued, leased, waiting, now, want_share, backlog) or work
         if work and store.on_work is not None:
             store.on_work()
+
+    @staticmethod
+    def _check(results: list[Any]) -> None:
+        """Raise what a batch's answers hold other than Redis full: the
+        crawl gone from Redis (:class:`FrontierLost`), else the first
+        error (then the whole batch is sent again)."""
+        errors = [result for result in results if isinstance(result, Exception)]
+        if any(LOST in str(error) for error in errors):
+            raise FrontierLost
+        for error in errors:
+            if not is_oom(error):
+                raise error
 
     async def resync(self) -> None:
         """Give back what Redis handed this process that it never heard of
@@ -255,9 +386,17 @@ class RedisLink:
             self.shas = await self.load_scripts()
         store = self.store
         _given_back, lost = await self.client.evalsha(
-            self.shas["resync"], 1, store.prefix, store.proc, *store.resync_args()
+            self.shas["resync"], 1, store.prefix, store.token, store.proc, *store.resync_args()
         )
         store.drop_hosts([host.decode() for host in lost])
+
+    async def stop(self) -> None:
+        """Stop the task; say nothing more to Redis (it lost the crawl)."""
+        self.store.closing = True
+        self._wake.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 10.0)
 
     async def close(self, timeout: float = 10.0) -> str | None:
         """Stop the task; send what the log holds; give back every held host
@@ -279,7 +418,7 @@ class RedisLink:
                 if time.monotonic() > deadline:
                     raise asyncio.TimeoutError
                 await self.step(beat=False, totals=False)
-            await self.client.evalsha(self.shas["leave"], 1, store.prefix, store.proc)
+            await self.client.evalsha(self.shas["leave"], 1, store.prefix, store.token, store.proc)
         except Exception as error:  # Redis away, or refusing
             acks = sum(1 for op in store.outbox if op[0] == "ack")
             pushes = sum(1 for op in store.outbox if op[0] == "push")

@@ -50,6 +50,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +60,7 @@ from typing import Any, Generic, TypeVar
 
 from scrapy_hostqueue.frontier._layered import LayeredStore
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
+from scrapy_hostqueue.frontier.redis._capacity import Backlog, Capacity, HeldRequest
 from scrapy_hostqueue.frontier.redis._db import RANK_LIMIT, prefix, split_value
 from scrapy_hostqueue.frontier.redis._share import (
     LOWERING,
@@ -97,6 +101,11 @@ CLAIM_RETRY = 0.2
 SAVE_INTERVAL = 1.0
 #: Operations sent in one step of the task.
 BATCH = 2_000
+#: Requests kept back in memory while Redis is full; past it, in a file.
+BACKLOG = 10_000
+#: Seconds Redis may stay full with nothing queued or leased in the crawl
+#: (nothing that could free memory) before the crawl stops, at least.
+STUCK_FULL = 10.0
 
 
 class _Entry(Generic[T]):
@@ -166,11 +175,37 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         share_hosts: bool = False,
         window: int = WINDOW,
         wall_clock: Callable[[], float] = time.time,
+        token: str = "",
+        backlog: int = BACKLOG,
+        spill_dir: str = "",
+        where: str = "",
     ) -> None:
         super().__init__(memory)
         self.crawl_id = crawl_id
         self.prefix = prefix(crawl_id)
         self.proc = proc
+        #: The crawl's identity in Redis (see ``_db``): every script
+        #: checks it.
+        self.token = token
+        #: Where the files of requests kept here go.
+        self.spill_dir = spill_dir or tempfile.gettempdir()
+        #: How full Redis is, and the pushes it refused, kept here.
+        self.capacity = Capacity(
+            Backlog(backlog, self.file_path("backlog")), where or crawl_id, memory.clock
+        )
+        self._backlog_told = 0  # the backlog count Redis was last told
+        #: Set once Redis no longer holds the crawl: nothing more is handed
+        #: out or sent.
+        self.frontier_lost = False
+        #: Set once Redis stayed full with nothing in the crawl that could
+        #: free memory: the crawl stops.
+        self.stuck_full = False
+        self._stuck_since: float | None = None
+        #: Why Redis no longer holds the crawl, in words ("" if unknown).
+        self.lost_cause = ""
+        #: Called once when Redis no longer holds the crawl (``"lost"``), or
+        #: stays full for good (``"full"``).
+        self.on_lost: Callable[[str], None] | None = None
         self._encode = encode
         self._decode = decode
         self._fingerprint = fingerprint
@@ -224,6 +259,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             "lost_hosts": 0,
             "lent_hosts": 0,
             "shared_hosts": 0,
+            "kept_back": 0,
         }
         #: Called when the task should step now (the local ring is starving,
         #: the log is long); set by the task.
@@ -271,6 +307,17 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         rank = max(-RANK_LIMIT, min(RANK_LIMIT, rank))
         self._next_id += 1
         rid = f"{self.proc}.{self._next_id}"
+        fingerprint = self._fingerprint(item) or b""
+        self._unanswered += 1
+        if self._finished:
+            self._finished = False
+            self._quiet_since = None
+        if self.capacity.holding:
+            # Redis is full, or nearly: behind the requests kept here.
+            self.capacity.backlog.append(HeldRequest(rid, fingerprint, key, rank, data))
+            self.capacity.note_backlog()
+            self.counts["kept_back"] += 1
+            return True
         held = self._held.get(key)
         keep = (
             held is not None
@@ -281,19 +328,16 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if keep:
             assert held is not None
             held.pending += 1
-        fingerprint = self._fingerprint(item) or b""
         self.outbox.append(
             ("push", rid, fingerprint, key, rank, keep, data, item if keep else None)
         )
-        self._unanswered += 1
-        if self._finished:
-            self._finished = False
-            self._quiet_since = None
         if len(self.outbox) >= BATCH:
             self.kick()
         return True
 
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
+        if self.frontier_lost or self.stuck_full:
+            return None  # what is here goes to the file of held requests
         popped = self._mem.pop(now)
         if popped is None:
             self._room_at = self._mem.clock() if now is None else now
@@ -554,12 +598,119 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                     saved, ready = self._state(key)
                     self.outbox.append(("give_back", key, saved, ready, False, ()))
             self._dirty.clear()
+        self._send_backlog()
         want = self._wants_hosts()
         if want and not self._claiming and now >= self._claim_after:
             self._claiming = True
             # A part of a busy host only while this process works none yet.
             part = self.share_hosts and not any(held.co_held for held in self._held.values())
             self.outbox.append(("claim", want, self._window, part))
+
+    def _send_backlog(self) -> None:
+        """Send as many requests kept back as Redis has room for now, and
+        tell Redis whether this process keeps any (the crawl is not
+        finished while it does)."""
+        capacity = self.capacity
+        backlog = capacity.backlog
+        if backlog:
+            acks = sum(1 for op in self.outbox[:BATCH] if op[0] == "ack")
+            for held in backlog.take(capacity.budget(acks)):
+                rid, fingerprint, key, rank, data = held
+                self.outbox.append(("push", rid, fingerprint, key, rank, False, data, None))
+        if bool(backlog) != bool(self._backlog_told):
+            self._backlog_told = len(backlog)
+            self.outbox.append(("backlog", len(backlog)))
+
+    def refused_pushes(self, ops: list[tuple[Any, ...]]) -> bool:
+        """Redis refused the pushes *ops* for lack of memory (nothing of
+        them applied): kept here, before the others kept back. True when
+        this starts a spell worth a WARNING."""
+        kept = []
+        for _, rid, fingerprint, key, rank, keep, data, _item in ops:
+            held = self._held.get(key)
+            if keep and held is not None and held.pending:
+                held.pending -= 1
+            kept.append(HeldRequest(rid, fingerprint, key, rank, data))
+        self.capacity.backlog.put_back(kept)
+        self.counts["kept_back"] += len(kept)
+        return self.capacity.refused()
+
+    def lose_frontier(self, cause: str = "") -> None:
+        """Redis no longer holds the crawl (*cause*: why, in words, if
+        known): hand out and send nothing more; what this process holds goes
+        to a file (:meth:`held_requests`)."""
+        if self.frontier_lost:
+            return
+        self.frontier_lost = True
+        self.lost_cause = cause
+        if self.on_lost is not None:
+            self.on_lost("lost")
+
+    def _check_stuck(self, now: float) -> None:
+        """Stop the crawl when Redis refuses new requests while nothing in
+        the crawl can free memory (nothing queued or leased anywhere, nothing
+        here): waiting would be for ever."""
+        stuck = (
+            self.capacity.full_since is not None
+            and self.remote_queued <= 0
+            and self.remote_leased <= 0
+            and not len(self._mem)
+            and not self._leases
+        )
+        if not stuck:
+            self._stuck_since = None
+            return
+        if self._stuck_since is None:
+            self._stuck_since = now
+        if not self.stuck_full and now - self._stuck_since >= max(STUCK_FULL, self.lease_timeout):
+            self.stuck_full = True
+            if self.on_lost is not None:
+                self.on_lost("full")
+
+    def drop_unsent(self) -> None:
+        """Forget the requests Redis has not taken (written to a file)."""
+        pushes = [op for op in self.outbox if op[0] == "push"]
+        self.outbox = [op for op in self.outbox if op[0] != "push"]
+        self._unanswered -= len(pushes) + len(self.capacity.backlog)
+        self.capacity.backlog.take(len(self.capacity.backlog))
+        self.capacity.backlog.close()
+
+    def held_requests(self) -> Iterator[tuple[HeldRequest, T | None]]:
+        """Every request this process holds, with its item when it has it:
+        those of its windows, those handed out and not acknowledged, those
+        not sent yet and those kept back. Requests kept in memory only
+        (their codec could not encode them) have nothing to write."""
+        for key, rank, entry in self._mem.items():
+            item = entry.item
+            if item is None:
+                assert entry.data is not None
+                item = self._decode(entry.data)
+            data = entry.data if entry.data is not None else self._encode(item)
+            if data is not None:
+                fingerprint = self._fingerprint(item) or b""
+                yield HeldRequest(entry.rid, fingerprint, key, rank, data), item
+        for item, rid, key, rank in self._leases.values():
+            data = self._encode(item)
+            if data is not None:
+                yield HeldRequest(rid, self._fingerprint(item) or b"", key, rank, data), item
+        yield from self.unsent_requests()
+
+    def unsent_requests(self) -> Iterator[tuple[HeldRequest, T | None]]:
+        """The requests this process pushed that Redis has not taken: not
+        sent yet, or kept back while Redis is full."""
+        for op in self.outbox:
+            if op[0] == "push":
+                _, rid, fingerprint, key, rank, _keep, data, item = op
+                yield HeldRequest(rid, fingerprint, key, rank, data), item
+        for held in self.capacity.backlog.items():
+            yield held, None
+
+    def file_path(self, kind: str) -> str:
+        """The file of this process's requests of *kind* (``backlog``:
+        kept back while Redis is full; ``held``: what it held when Redis
+        lost the crawl)."""
+        name = re.sub(r"[^\w.-]", "_", self.crawl_id)
+        return os.path.join(self.spill_dir, f"hostqueue-{name}-{self.proc}-{kind}.jsonl")
 
     def _give_up_surplus(self) -> None:
         """Other processes wait for hosts: drain the hosts this process holds
@@ -898,22 +1049,31 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 kept.append(op)
         return kept
 
-    def totals(
-        self, queued: Any, leased: Any, hungry: int, now: float, want_share: int = 0
+    def totals(  # noqa: PLR0917 - what the task read
+        self,
+        queued: Any,
+        leased: Any,
+        hungry: int,
+        now: float,
+        want_share: int = 0,
+        backlog: int = 0,
     ) -> bool:
         """The crawl-wide totals were read (*hungry*: other processes that
         wait for hosts; *want_share*: other processes that found no host at
-        all): True if the crawl just finished."""
+        all; *backlog*: requests other processes keep back while Redis is
+        full): True if the crawl just finished."""
         self.remote_queued = int(queued or 0)
         self.remote_leased = int(leased or 0)
         self._others_hungry = hungry > 0
         self._others_want_share = want_share > 0
+        self._check_stuck(now)
         quiet = (
             self.remote_queued <= 0
             and self.remote_leased <= 0
             and not self.outbox
             and not self._unanswered
             and not len(self._mem)
+            and not backlog
         )
         if not quiet or self.wait_for_urls:
             self._quiet_since = None
