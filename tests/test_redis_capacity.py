@@ -34,10 +34,14 @@ from scrapy_hostqueue.frontier.redis._check import persistence_warning, read
 from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.frontier.redis._glue import async_client, redis_errors
 from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
+from tests._requires_redis import import_redis
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="redis-server")
+pytestmark = [
+    pytest.mark.requires_redis,
+    pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
+]
 
 CRAWL = "full"
 P = prefix(CRAWL)

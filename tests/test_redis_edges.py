@@ -22,12 +22,14 @@ from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests._redis import CuttableProxy, RedisServer
+from tests._requires_redis import import_redis
 from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
 
-redis = pytest.importorskip("redis")
+redis = import_redis()
 
 pytestmark = [
     pytest.mark.crawl,
+    pytest.mark.requires_redis,
     pytest.mark.skipif(sys.platform == "win32", reason="signals, redis-server"),
 ]
 
