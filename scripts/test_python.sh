@@ -22,4 +22,4 @@ fi
 PYTHON=$python VENV="$root/.venv-$version" EXTRAS=test,redis,plot . "$root/scripts/_venv.sh"
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY no_proxy NO_PROXY
 echo "== pytest on $("$PY" -c 'import sys; print("Python", sys.version.split()[0])')"
-"$PY" -m pytest -n 2 --dist worksteal -rs "$@"
+"$PY" -m pytest -n 2 --dist worksteal -rfEs "$@"
