@@ -7,6 +7,33 @@ import pytest
 
 from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.testing import PROXY_VARIABLES, HostSpec, LocalHosts
+from tests._crawl_report import WATCHED
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    """Each test's crawls and hosts are watched apart (tests/_crawl_report.py)."""
+    WATCHED.reset()
+    try:
+        return (yield)
+    finally:
+        WATCHED.reset()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """A test that fails after a crawl shows the crawl report, a section of
+    its output of its own (``crawl report``), so that a rare failure in CI
+    can be read from CI's output alone."""
+    report = yield
+    if report.when == "call" and report.failed:
+        try:
+            text = WATCHED.report()
+        except Exception as error:  # the test's own failure must still show
+            text = f"the crawl report failed: {error!r}"
+        if text:
+            report.sections.append(("crawl report", text))
+    return report
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +57,7 @@ def local_hosts() -> Iterator[Callable[..., LocalHosts]]:
         hosts = LocalHosts(specs, **kwargs)
         hosts.start()
         started.append(hosts)
+        WATCHED.hosts_started(hosts)
         return hosts
 
     yield start

@@ -31,6 +31,7 @@ from scrapy.utils.test import get_crawler
 from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.testing import LocalHosts
+from tests._crawl_report import WATCHED
 
 SCRAPY_HTTP11 = "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler"
 SCRAPY_AIOHTTP = "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler"
@@ -39,12 +40,16 @@ SCHEDULER = "scrapy_hostqueue.HostQueueScheduler"
 MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
 ADDON = {"scrapy_hostqueue.Addon": 0}
 
+# What a failed test's crawl report shows of a crawl is kept by this extension
+# (tests/_crawl_report.py); every crawl a test runs enables it.
+WATCH = {"tests._crawl_report.CrawlWatch": 0}
+
 # The type of the ``local_hosts`` fixture (conftest.py).
 HostsFactory = Callable[..., LocalHosts]
 
 BASE_SETTINGS: dict[str, Any] = {
     "TELNETCONSOLE_ENABLED": False,
-    "EXTENSIONS": {"scrapy.extensions.remote_control.RemoteControl": None},
+    "EXTENSIONS": {"scrapy.extensions.remote_control.RemoteControl": None, **WATCH},
     "ROBOTSTXT_OBEY": False,
     "LOG_LEVEL": "INFO",
     "RETRY_ENABLED": True,
@@ -420,6 +425,7 @@ def start_demo_crawl(
     for name, value in (settings or {}).items():
         command += ["-s", f"{name}={value}"]
     command += extra
+    WATCHED.process_started(log)
     with log.open(log_mode) as out:
         return subprocess.Popen(
             command, cwd=PROJECT_DIR, env=child_environment(), stdout=out, stderr=subprocess.STDOUT

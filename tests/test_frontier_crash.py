@@ -23,6 +23,7 @@ import pytest
 
 from scrapy_hostqueue._frontier import COMMIT_INTERVAL
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests._crawl_report import watched_hosts
 from tests.crawling import start_demo_crawl
 
 pytestmark = [
@@ -63,7 +64,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path: Path) -> None:
     log = tmp_path / "crawl.log"
     spec = HostSpec(latency=0.02, pages=PAGES, links=3)
     refetch_bound = 0
-    with LocalHosts([spec] * HOSTS, process=True) as hosts:
+    with watched_hosts([spec] * HOSTS, process=True) as hosts:
 
         def served() -> tuple[int, int]:
             stats = hosts.all_stats(arrivals=False)

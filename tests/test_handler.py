@@ -52,6 +52,7 @@ from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.handler import AiohttpDownloadHandler, _pool_limits
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
 from tests.crawling import (
+    WATCH,
     Certificate,
     Received,
     Reply,
@@ -126,7 +127,9 @@ class ForwardProxy:
 
 
 def _crawler(settings: dict[str, Any] | None = None, spider: Any = None) -> Crawler:
-    return get_crawler(spider, {"DOWNLOAD_HANDLERS": HANDLERS, **(settings or {})})
+    return get_crawler(
+        spider, {"DOWNLOAD_HANDLERS": HANDLERS, "EXTENSIONS": WATCH, **(settings or {})}
+    )
 
 
 @asynccontextmanager

@@ -21,7 +21,8 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._redis_glue import async_client, connect
-from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from scrapy_hostqueue.testing import HostSpec
+from tests._crawl_report import watched_hosts
 from tests._redis import CuttableProxy, RedisClusterServers, RedisServer
 from tests.crawling import Certificate, crawl_refused_at_start, start_demo_crawl
 
@@ -51,7 +52,7 @@ def _with_password(server: RedisServer, password: str | None) -> str:
 def _crawl(url: str, crawl_id: str, tmp_path: Path) -> tuple[list[dict[str, int]], str]:
     """One ``scrapy crawl`` of :data:`SITE` on the shared frontier at *url*:
     the pages each host served, and the crawl's log."""
-    with LocalHosts(SITE, process=True) as hosts:
+    with watched_hosts(SITE, process=True) as hosts:
         worker = start_demo_crawl(
             [hosts.page_url(i, 0) for i in range(len(hosts))],
             tmp_path / "crawl.log",

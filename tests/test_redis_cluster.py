@@ -23,7 +23,8 @@ from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
 from scrapy_hostqueue.store._redisdb import SCRIPTS, RedisFrontierError, prefix, register
-from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from scrapy_hostqueue.testing import HostSpec
+from tests._crawl_report import watched_hosts
 from tests._redis import (
     RedisClusterServers,
     RedisServer,
@@ -257,7 +258,7 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
     # One host at a time per process, 0.6 s at least per host: the first
     # process alone would take 2.4 s, so the second has hosts left when it is up.
     specs = [HostSpec(latency=0.03, pages=40, links=3)] * 4
-    with LocalHosts(specs, process=True) as hosts:
+    with watched_hosts(specs, process=True) as hosts:
         settings: dict[str, Any] = {
             "HOSTQUEUE_FRONTIER": cluster.url,
             "HOSTQUEUE_CRAWL_ID": "pages",

@@ -24,6 +24,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from bench.runner import child_environment
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
+from tests._crawl_report import watched_hosts
 from tests._redis import CuttableProxy, RedisServer
 from tests.crawling import ADDON, HostsFactory, crawl, crawl_refused_at_start, start_demo_crawl
 
@@ -104,7 +105,7 @@ def _responses(tmp_path: Path) -> list[int]:
 
 def test_three_processes_hold_one_limit_per_host(server: RedisServer, tmp_path: Path) -> None:
     specs = [HostSpec(latency=0.01, pages=80)] * 3 + [HostSpec(latency=0.2, pages=40)]
-    with LocalHosts(specs, process=True) as hosts:
+    with watched_hosts(specs, process=True) as hosts:
         # Two hosts per process at most: the first two processes take the
         # four hosts, then give some back to the third, which waits for hosts.
         workers = [
@@ -139,7 +140,7 @@ def test_a_retry_after_seen_by_one_process_holds_for_all(
 ) -> None:
     throttling = HostSpec(latency=0.05, pages=24, throttle_above=2, retry_after="2")
     specs = [throttling] + [HostSpec(latency=0.02, pages=24)] * 2
-    with LocalHosts(specs, process=True) as hosts:
+    with watched_hosts(specs, process=True) as hosts:
         workers = [_worker(server, hosts, tmp_path, n, "retry") for n in range(WORKERS)]
         _wait(workers, tmp_path)
         hosts.wait_idle(10)
@@ -174,7 +175,7 @@ def test_a_process_killed_mid_crawl_loses_nothing(server: RedisServer, tmp_path:
     hosts_count, pages = 20, 100
     spec = HostSpec(latency=0.02, pages=pages, links=3)
     client = redis.Redis.from_url(server.url)
-    with LocalHosts([spec] * hosts_count, process=True) as hosts:
+    with watched_hosts([spec] * hosts_count, process=True) as hosts:
         workers = [
             _worker(
                 server,
@@ -268,7 +269,7 @@ def test_redis_unreachable_at_start_up_is_one_error_line(tmp_path: Path) -> None
 
 def test_urls_pushed_from_outside_are_crawled(server: RedisServer, tmp_path: Path) -> None:
     specs = [HostSpec(latency=0.01, pages=20)] * 2
-    with LocalHosts(specs, process=True) as hosts:
+    with watched_hosts(specs, process=True) as hosts:
         pushed = subprocess.run(
             [sys.executable, "-m", "scrapy_hostqueue", "push", server.url, "--crawl-id", "fed"],
             input=f"{hosts.page_url(1, 0)}\n{hosts.page_url(1, 0)}\n",
@@ -309,7 +310,7 @@ def _crawl_one_busy_host(
     """Two ``scrapy crawl`` processes on one host of *spec*: the host's
     counts at the server, and per process its responses and the parts of
     the host it was lent. Both processes ended normally."""
-    with LocalHosts([spec], process=True) as hosts:
+    with watched_hosts([spec], process=True) as hosts:
         workers = [
             _worker(server, hosts, tmp_path, n, crawl, HOSTQUEUE_AIMD_START=4, **settings)
             for n in range(2)

@@ -30,7 +30,8 @@ from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
 from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.store._redisdb import prefix
 from scrapy_hostqueue.store.redis import RedisStore
-from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
+from scrapy_hostqueue.testing import HostSpec, HostStats
+from tests._crawl_report import watched_hosts
 from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store, wait_pushed
 from tests.crawling import ended_at_exit, start_demo_crawls
 
@@ -66,7 +67,7 @@ def _crawl_through(
     a third of the pages is acknowledged, *failover* is called with the master
     serving the crawl's slot. Returns the hosts' counts, each process's log
     and stats, and the pages acknowledged before the failover."""
-    with LocalHosts(SPECS, process=True) as hosts:
+    with watched_hosts(SPECS, process=True) as hosts:
         settings: dict[str, Any] = {
             "HOSTQUEUE_FRONTIER": cluster.url,
             "HOSTQUEUE_CRAWL_ID": CRAWL,

@@ -23,6 +23,7 @@ import pytest
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.store.sqlite import FRONTIER_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
+from tests._crawl_report import watched_hosts
 from tests.crawling import start_demo_crawl
 
 pytestmark = pytest.mark.crawl
@@ -76,7 +77,7 @@ def _urls(items: Path) -> list[str]:
 def test_sigint_then_resume_fetches_every_page_once(tmp_path: Path) -> None:
     jobdir = tmp_path / "job"
     spec = HostSpec(latency=0.05, pages=PAGES, links=3)
-    with LocalHosts([spec] * HOSTS) as hosts:
+    with watched_hosts([spec] * HOSTS) as hosts:
         served = lambda: sum(s.served for s in hosts.all_stats(arrivals=False))  # noqa: E731
         first = _crawl(hosts, jobdir, tmp_path / "first.jsonl", tmp_path / "first.log")
         _until(lambda: served() >= 30 or first.poll() is not None, 60)
@@ -124,7 +125,7 @@ def test_a_resumed_crawl_starts_a_host_at_its_learned_limit(
         *("-s", "ROBOTSTXT_OBEY=False", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"),
     ]
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    with LocalHosts([spec]) as hosts:
+    with watched_hosts([spec]) as hosts:
         first = _crawl(hosts, jobdir, tmp_path / "first.jsonl", first_log, *aimd)
         _until(lambda: "limit 2 -> 1" in first_log.read_text() or first.poll() is not None, 60)
         assert first.poll() is None, first_log.read_text()[-3000:]

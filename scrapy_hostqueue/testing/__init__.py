@@ -65,6 +65,7 @@ JSON), ``/_hostqueue/hosts`` (GET). Control requests are not counted.
 from __future__ import annotations
 
 from scrapy_hostqueue.testing._hosts import ControlError, LocalHosts, control_request
+from scrapy_hostqueue.testing._report import crawl_report
 from scrapy_hostqueue.testing._spec import (
     HostSpec,
     SpecError,
@@ -96,6 +97,7 @@ __all__ = [
     "LocalHosts",
     "SpecError",
     "control_request",
+    "crawl_report",
     "format_spec",
     "host_address",
     "parse_spec",
