@@ -60,8 +60,8 @@ def crawl(store: str, pages: int, per_host: int) -> dict[str, Any]:
         scheduler = HostQueueScheduler.from_crawler(crawler)
         spider = _Spider.from_crawler(crawler)
         scheduler.spider = spider
-        if scheduler._job._codec is not None:
-            scheduler._job._codec.spider = spider
+        if scheduler.frontier.codec is not None:
+            scheduler.frontier.codec.spider = spider
         scheduler.df.open()
         commit = getattr(scheduler.hosts.store, "commit", lambda: None)
         starts = [

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scrapy_hostqueue._frontier import COMMIT_INTERVAL
+from scrapy_hostqueue.frontier.sqlite._glue import COMMIT_INTERVAL
 
 STORES = ("memory", "sqlite", "scrapy-jobdir")
 SETTINGS: dict[str, Any] = {
@@ -100,7 +100,7 @@ def _build(store: str, jobdir: str) -> tuple[Any, Callable[[Any], None], Callabl
     crawler = get_crawler(_Spider, settings)
     ours = HostQueueScheduler.from_crawler(crawler)
     ours.spider = _Spider()
-    codec = ours._job._codec  # the SQLite store's; open() sets its spider
+    codec = ours.frontier.codec  # the SQLite store's; open() sets its spider
     if codec is not None:
         codec.spider = ours.spider
     store = ours.hosts.store

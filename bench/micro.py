@@ -3,7 +3,7 @@
 ``python -m bench.micro [--hosts 1,1000,10000,100000] [--rounds 5]`` prints one
 JSON line: nanoseconds per pop, the median over rounds, for
 
-* ``frontier``: ``scrapy_hostqueue.store.memory.MemoryStore.pop`` (the pure core);
+* ``frontier``: ``scrapy_hostqueue.frontier.memory.MemoryStore.pop`` (the pure core);
 * ``scheduler``: ``HostQueueScheduler.next_request`` built from a crawler made by
   ``scrapy.utils.test.get_crawler`` (no crawl: hosts come from the URLs);
 * ``dapq``: Scrapy's ``DownloaderAwarePriorityQueue.pop``, built as
@@ -111,7 +111,7 @@ class _Timed:
 
 
 def prepare_frontier(hosts: int, requests: list[Request]) -> _Timed:
-    from scrapy_hostqueue.store.memory import HostState, MemoryStore
+    from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 
     frontier: MemoryStore[int] = MemoryStore(lambda key: HostState(4))
     keys = [f"h{host}" for host in range(hosts)]

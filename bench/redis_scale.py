@@ -65,8 +65,8 @@ from typing import Any
 from bench.runner import ROOT, Run, child_environment, cpu_probe, crawl_scenario, describe
 from bench.scenarios import ADDON, CONFIGS, DEFAULT_BUDGET, SCENARIOS
 from bench.standalone import RESULTS, median, run_meta, write_results
-from scrapy_hostqueue._redis_server import RedisServer, shared_frontier_refusal
 from scrapy_hostqueue.testing import HostStats, LocalHosts
+from scrapy_hostqueue.testing._redis_server import RedisServer, shared_frontier_refusal
 
 SCALE_TARGET = 1.6
 OVERHEAD_TARGET = 1.15

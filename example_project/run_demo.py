@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from scrapy_hostqueue._redis_server import RedisServer, RedisServerError, shared_frontier_refusal
 from scrapy_hostqueue.testing import (
     PROXY_VARIABLES,
     HostSpec,
@@ -48,6 +47,11 @@ from scrapy_hostqueue.testing import (
     SpecError,
     format_spec,
     parse_specs,
+)
+from scrapy_hostqueue.testing._redis_server import (
+    RedisServer,
+    RedisServerError,
+    shared_frontier_refusal,
 )
 
 PROG = "python example_project/run_demo.py"
@@ -467,8 +471,8 @@ def _draw_timeline(timeline: Path, output_dir: Path) -> None:
     if not timeline.is_file():
         print(f"timeline: not written ({timeline}); is HostQueueStats enabled?")
         return
-    from scrapy_hostqueue.plot import PlotError, plot  # noqa: PLC0415 - optional part
-    from scrapy_hostqueue.timeline import TimelineError  # noqa: PLC0415
+    from scrapy_hostqueue._plot import plot  # noqa: PLC0415 - optional part
+    from scrapy_hostqueue.exceptions import PlotError, TimelineError  # noqa: PLC0415
 
     outputs = [output_dir / "timeline.html"]
     if importlib.util.find_spec("matplotlib") is not None:

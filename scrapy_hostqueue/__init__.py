@@ -15,6 +15,7 @@ __all__ = [
     "GcTuning",
     "HostBlocked",
     "HostGivenUp",
+    "HostQueueError",
     "HostQueueScheduler",
     "HostQueueSettingsError",
     "StartRequestsMiddleware",
@@ -30,15 +31,20 @@ _LAZY = {
     "GcTuning": "scrapy_hostqueue.gc_tuning",
     "HostBlocked": "scrapy_hostqueue.exceptions",
     "HostGivenUp": "scrapy_hostqueue.exceptions",
+    "HostQueueError": "scrapy_hostqueue.exceptions",
     "HostQueueScheduler": "scrapy_hostqueue.scheduler",
-    "HostQueueSettingsError": "scrapy_hostqueue._config",
+    "HostQueueSettingsError": "scrapy_hostqueue.exceptions",
     "StartRequestsMiddleware": "scrapy_hostqueue.start",
 }
 
 if TYPE_CHECKING:
-    from scrapy_hostqueue._config import HostQueueSettingsError
     from scrapy_hostqueue.addon import Addon
-    from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
+    from scrapy_hostqueue.exceptions import (
+        HostBlocked,
+        HostGivenUp,
+        HostQueueError,
+        HostQueueSettingsError,
+    )
     from scrapy_hostqueue.gc_tuning import GcTuning
     from scrapy_hostqueue.handler import AiohttpDownloadHandler
     from scrapy_hostqueue.middleware import AIMDMiddleware

@@ -1,10 +1,10 @@
 """``python -m scrapy_hostqueue``: the command line.
 
 ``plot FILE -o OUT.png|OUT.html`` draws a host timeline
-(``HOSTQUEUE_TIMELINE_FILE``); the chart itself is :mod:`scrapy_hostqueue.plot`.
+(``HOSTQUEUE_TIMELINE_FILE``); the chart itself is :mod:`scrapy_hostqueue._plot`.
 ``frontier PATH`` prints what a frontier file (``HOSTQUEUE_FRONTIER``) holds;
 ``frontier redis://... --crawl-id ID`` what a shared crawl holds, and ``push
-redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue._redis_cli`).
+redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue.frontier`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from scrapy_hostqueue import _redis_cli
-from scrapy_hostqueue._frontier_report import report
-from scrapy_hostqueue.plot import PlotError, plot
-from scrapy_hostqueue.store._redisdb import RedisFrontierError
-from scrapy_hostqueue.store._sqlfile import FrontierFileError
-from scrapy_hostqueue.timeline import TimelineError
+from scrapy_hostqueue import frontier
+from scrapy_hostqueue._plot import plot
+from scrapy_hostqueue.exceptions import (
+    FrontierFileError,
+    PlotError,
+    RedisFrontierError,
+    TimelineError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -104,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = _location(push_parser, args.url)
         urls = args.urls + extra or [line.strip() for line in sys.stdin if line.strip()]
         try:
-            queued, duplicates = _redis_cli.push(url, args.crawl_id, urls, priority=args.priority)
+            queued, duplicates = frontier.push(url, args.crawl_id, urls, priority=args.priority)
         except (RedisFrontierError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
@@ -114,14 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.top < 1:
             parser.error("--top must be >= 1")
         path = _location(frontier_parser, args.path)
-        shared = path.startswith(("redis://", "rediss://", "unix://"))
-        if shared and not args.crawl_id:
+        if frontier.is_shared(path) and not args.crawl_id:
             parser.error("a Redis URL needs --crawl-id")
         try:
-            if shared:
-                print(_redis_cli.report(path, args.crawl_id, top=args.top))
-            else:
-                print(report(path, top=args.top))
+            print(frontier.report(path, crawl_id=args.crawl_id, top=args.top))
         except (FrontierFileError, RedisFrontierError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

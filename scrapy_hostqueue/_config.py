@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.settings import SETTINGS_PRIORITIES
 
-from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE
+from scrapy_hostqueue._errors import HostQueueSettingsError
+from scrapy_hostqueue.frontier import FRONTIER_FILE, is_shared
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
@@ -51,10 +52,6 @@ def warn_unused_queue_settings(settings: BaseSettings, logger: logging.Logger) -
         "crawl breadth-first, > 0, or depth-first, < 0)",
         ", ".join(named),
     )
-
-
-class HostQueueSettingsError(ValueError):
-    """A ``HOSTQUEUE_*`` (or related Scrapy) setting has a value that cannot work."""
 
 
 _MISSING = object()
@@ -275,20 +272,17 @@ def _frontier_path(settings: BaseSettings) -> str | None:
                 "set: set JOBDIR, or name a file with 'sqlite:///path/to/frontier.db'"
             )
         return os.path.join(jobdir, FRONTIER_FILE)
-    if value.startswith(_REDIS_SCHEMES):
+    if is_shared(value):
         return None
     if value.startswith("sqlite://") and len(value) > len("sqlite://"):
         return value[len("sqlite://") :]
     raise HostQueueSettingsError(f"HOSTQUEUE_FRONTIER must be {_FRONTIER_FORMS}, got {value!r}")
 
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
 def _frontier_url(settings: BaseSettings) -> str | None:
     """The Redis URL of a shared frontier, or None."""
     value = _raw(settings, "HOSTQUEUE_FRONTIER")
-    if isinstance(value, str) and value.startswith(_REDIS_SCHEMES):
+    if isinstance(value, str) and is_shared(value):
         return value
     return None
 

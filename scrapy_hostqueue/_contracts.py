@@ -11,7 +11,7 @@ these Protocols:
 * :class:`HostView`: what the stats extension reads for its log line and
   timeline.
 * The download handler talks to the send gate
-  (:class:`scrapy_hostqueue.sendgate.GateClient`), never to the scheduler.
+  (:class:`scrapy_hostqueue._sendgate.GateClient`), never to the scheduler.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.http import Response
 
-    from scrapy_hostqueue.store import HostState
+    from scrapy_hostqueue.frontier import HostState
 
 
 class PolicyHook(Protocol):

@@ -15,14 +15,14 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING
 
-from scrapy_hostqueue.sendgate import gate_opens_at
+from scrapy_hostqueue._sendgate import gate_opens_at
 
 if TYPE_CHECKING:
     from scrapy import Request
 
     from scrapy_hostqueue._requests import RequestTable
-    from scrapy_hostqueue.sendgate import SendGate
-    from scrapy_hostqueue.store import RequestStore
+    from scrapy_hostqueue._sendgate import SendGate
+    from scrapy_hostqueue.frontier import RequestStore
 
 
 class DirectDownloads:

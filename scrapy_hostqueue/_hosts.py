@@ -1,8 +1,8 @@
 """The hosts of a crawl: what the other parts ask of and tell the scheduler.
 
 :class:`Hosts` owns the request store (through its interface,
-``scrapy_hostqueue.store.RequestStore``), the record of every request counted
-for a host (``_requests``), the send gate (``sendgate``), the room for direct
+``scrapy_hostqueue.frontier.RequestStore``), the record of every request counted
+for a host (``_requests``), the send gate (``_sendgate``), the room for direct
 downloads (``_direct``) and the overdue watch (``_overdue``). It answers the
 queries and carries out the commands of ``HostControl`` (the AIMD
 middleware) and ``HostView`` (the stats extension), both in ``_contracts``,
@@ -25,11 +25,12 @@ from scrapy.utils.asyncio import call_later
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._direct import DirectDownloads
+from scrapy_hostqueue._leftover import LeftOver, left_over
 from scrapy_hostqueue._overdue import OverdueRequests
 from scrapy_hostqueue._recorder import get_recorder
 from scrapy_hostqueue._requests import MAX_REQUEUES, RequestTable
-from scrapy_hostqueue.sendgate import SendGate, handlers_gate_sends
-from scrapy_hostqueue.store import HostState, RequestStore
+from scrapy_hostqueue._sendgate import SendGate, handlers_gate_sends
+from scrapy_hostqueue.frontier import HostState, RequestStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -134,6 +135,11 @@ class Hosts:
             self._wakeup = None
         self.gate.unregister(self.crawler)
         self._overdue.stop()
+
+    def left_over(self) -> LeftOver:
+        """What the parts still hold (O(hosts + requests left): for a
+        crawl's close)."""
+        return left_over(self.store, self.records, self.gate, self.given_up_requests)
 
     def refuse(self, host: str, request: Request) -> None:
         """*request* came in for *host*, which was given up: it goes to its

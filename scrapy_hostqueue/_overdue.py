@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from scrapy_hostqueue._contracts import PolicyHook
     from scrapy_hostqueue._recorder import HostStatsRecorder
     from scrapy_hostqueue._requests import RequestRecord, RequestTable
-    from scrapy_hostqueue.sendgate import SendGate
-    from scrapy_hostqueue.store import RequestStore
+    from scrapy_hostqueue._sendgate import SendGate
+    from scrapy_hostqueue.frontier import RequestStore
 
 logger = logging.getLogger(__name__)
 

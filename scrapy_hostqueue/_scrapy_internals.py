@@ -28,9 +28,12 @@ from scrapy.http import Headers
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.httpobj import urlparse_cached
 
-from scrapy_hostqueue._config import HostQueueSettingsError
-from scrapy_hostqueue.store._redisdb import RedisFrontierError
-from scrapy_hostqueue.store._sqlfile import FrontierFileError
+from scrapy_hostqueue.exceptions import (
+    FrontierFileError,
+    HostQueueSettingsError,
+    RedisFrontierError,
+    UnsupportedDependencyError,
+)
 
 if TYPE_CHECKING:
     from aiohttp.client_proto import ResponseHandler
@@ -56,11 +59,6 @@ SCRAPY_TESTED = ((2, 19), (2, 20))
 #: aiohttp: the floor is Scrapy 2.19's own (``install_requires`` repeats it);
 #: the tests run up to 3.14.
 AIOHTTP_TESTED = ((3, 13, 3), (3, 15))
-
-
-class UnsupportedDependencyError(ImportError):
-    """The installed Scrapy or aiohttp is older than this package's floors,
-    or lacks a private name it uses."""
 
 
 def _dotted(release: tuple[int, ...]) -> str:

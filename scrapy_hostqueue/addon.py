@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from scrapy.utils.misc import load_object
 
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue.exceptions import HostQueueSettingsError
 from scrapy_hostqueue.middleware import _is_hostqueue_scheduler as _is_hostqueue_class
 
 if TYPE_CHECKING:

@@ -1,13 +1,43 @@
-"""Exceptions the errbacks and downloader middlewares of a crawl may see."""
+"""Every error scrapy-hostqueue raises for its users to see, under one base,
+:class:`HostQueueError`.
+
+What errbacks and downloader middlewares of a crawl may see
+(:class:`HostBlocked`, :class:`HostGivenUp`, both Scrapy's ``IgnoreRequest``
+too); what a crawl refuses to start with, as one ERROR line
+(:class:`HostQueueSettingsError`, :class:`UnsupportedDependencyError`,
+:class:`FrontierFileError`, :class:`RedisFrontierError`); what the command
+line reports (:class:`TimelineError`, :class:`PlotError`, and the two
+frontier errors).
+"""
 
 from __future__ import annotations
 
 from scrapy.exceptions import IgnoreRequest
 
-__all__ = ["HostBlocked", "HostGivenUp"]
+from scrapy_hostqueue._errors import (
+    FrontierFileError,
+    HostQueueError,
+    HostQueueSettingsError,
+    PlotError,
+    RedisFrontierError,
+    TimelineError,
+    UnsupportedDependencyError,
+)
+
+__all__ = [
+    "FrontierFileError",
+    "HostBlocked",
+    "HostGivenUp",
+    "HostQueueError",
+    "HostQueueSettingsError",
+    "PlotError",
+    "RedisFrontierError",
+    "TimelineError",
+    "UnsupportedDependencyError",
+]
 
 
-class HostBlocked(IgnoreRequest):
+class HostBlocked(HostQueueError, IgnoreRequest):
     """Raised at the send gate for a request whose host got blocked (a
     Retry-After, a back-off) while the request waited there; the AIMD
     middleware sends it back to the scheduler, which holds it until the block
@@ -27,7 +57,7 @@ class HostBlocked(IgnoreRequest):
         self.reason = reason
 
 
-class HostGivenUp(IgnoreRequest):
+class HostGivenUp(HostQueueError, IgnoreRequest):
     """What the errback of a request gets when its host was given up (too
     many connection failures in a row, see ``HOSTQUEUE_ERROR_MAX_COOLDOWNS``):
     the request was queued when that happened, or came later. A subclass of

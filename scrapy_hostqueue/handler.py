@@ -67,8 +67,9 @@ from scrapy.utils.asyncio import is_asyncio_available
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
-from scrapy_hostqueue.sendgate import UsesSendGate, gate_of
+from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._sendgate import UsesSendGate, gate_of
+from scrapy_hostqueue.exceptions import HostQueueSettingsError
 from scrapy_hostqueue.stats import get_recorder
 
 if TYPE_CHECKING:

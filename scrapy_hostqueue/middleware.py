@@ -33,10 +33,11 @@ from twisted.web.client import ResponseFailed
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._aimd import Adjustment, AimdSettings, AimdTable
-from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._contracts import HostControl
 from scrapy_hostqueue._requests import MAX_REQUEUES
 from scrapy_hostqueue._retry_after import parse_retry_after
+from scrapy_hostqueue.exceptions import HostQueueSettingsError
 from scrapy_hostqueue.scheduler import (
     HostBlocked,
     HostGivenUp,

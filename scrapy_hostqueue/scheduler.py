@@ -12,25 +12,22 @@ from scrapy.utils.job import job_dir
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig, warn_unused_queue_settings
-from scrapy_hostqueue._frontier import RequestCodec, make_store, open_frontier
 from scrapy_hostqueue._hosts import Hosts
-from scrapy_hostqueue._job import Job, make_dupefilter, shared_fingerprint
-from scrapy_hostqueue._jobdir import STATE_FILE
-from scrapy_hostqueue._redis_glue import RedisFrontier
+from scrapy_hostqueue._job import Job
+from scrapy_hostqueue._recorder import stat_key
 from scrapy_hostqueue._requests import MAX_REQUEUES, AutoSlot, request_rank
 from scrapy_hostqueue.exceptions import HostBlocked, HostGivenUp
+from scrapy_hostqueue.frontier import open_frontier
+from scrapy_hostqueue.frontier._jobdir import STATE_FILE
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.dupefilters import BaseDupeFilter
     from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
-    from scrapy_hostqueue.store import RequestStore
-    from scrapy_hostqueue.store.sqlite import FrontierFile
+    from scrapy_hostqueue.frontier import Frontier, RequestStore
 
 logger = logging.getLogger(__name__)
 
@@ -58,22 +55,21 @@ class HostQueueScheduler(BaseScheduler):
     per-host limit at the server even where Scrapy's downloader does not.
 
     This class is the Scrapy glue: the dupefilter, the scheduler interface and
-    the signals. The queues and per-host state live in a request store
-    (``scrapy_hostqueue.store``) that ``self.hosts``
-    (``scrapy_hostqueue._hosts.Hosts``) owns, with the record of every counted
-    request and the send gate; the AIMD middleware and the stats extension
-    use ``scheduler.hosts`` only. The job on disk (or in Redis) is
-    ``scrapy_hostqueue._job``'s.
+    the signals. The queues and per-host state live in a request store, made
+    by the frontier ``HOSTQUEUE_FRONTIER`` picks (``scrapy_hostqueue.frontier``),
+    that ``self.hosts`` (``scrapy_hostqueue._hosts.Hosts``) owns, with the
+    record of every counted request and the send gate; the AIMD middleware
+    and the stats extension use ``scheduler.hosts`` only. The job on disk (or
+    in Redis) is the frontier's, through ``scrapy_hostqueue._job``.
     """
 
-    def __init__(  # noqa: PLR0917 - one optional store each
+    def __init__(
         self,
         crawler: Crawler,
         dupefilter: BaseDupeFilter,
         config: HostQueueConfig,
+        frontier: Frontier,
         jobdir: str | None = None,
-        frontier: FrontierFile | None = None,
-        redis: RedisFrontier | None = None,
     ) -> None:
         self.crawler = crawler
         self.df = dupefilter
@@ -82,41 +78,34 @@ class HostQueueScheduler(BaseScheduler):
         self.debug = crawler.settings.getbool("SCHEDULER_DEBUG")
         assert crawler.stats is not None
         self.stats = crawler.stats
-        # With a frontier file (JOBDIR, HOSTQUEUE_FRONTIER), the SQLite store.
-        # With a Redis URL (HOSTQUEUE_FRONTIER), the Redis store.
-        shared = frontier is not None or redis is not None
-        codec = RequestCodec(self.stats, self.debug) if shared else None
-        queue = "disk" if shared else "memory"
-        self._enqueued_stat = f"scheduler/enqueued/{queue}"
-        self._dequeued_stat = f"scheduler/dequeued/{queue}"
-        open_store: Callable[..., RequestStore[Request]]
-        if redis is None:
-            open_store = functools.partial(make_store, frontier, codec)
-        else:
-            assert codec is not None
-            fingerprint = shared_fingerprint(crawler, dupefilter)
-            open_store = functools.partial(redis.make_store, codec, fingerprint)
+        #: The frontier HOSTQUEUE_FRONTIER picked: it makes the store and
+        #: keeps the job (in memory, a SQLite file or Redis).
+        self.frontier = frontier
+        self._enqueued_stat = f"scheduler/enqueued/{frontier.queue}"
+        self._dequeued_stat = f"scheduler/dequeued/{frontier.queue}"
         #: The hosts: their store, the records of their requests, the send
         #: gate; what the other parts ask of and tell the scheduler.
-        self.hosts = Hosts(crawler, config, open_store, debug=self.debug)
+        self.hosts = Hosts(
+            crawler,
+            config,
+            functools.partial(frontier.make_store, dupefilter),
+            debug=self.debug,
+        )
         # The request path reads these directly, one attribute each.
         self._store: RequestStore[Request] = self.hosts.store
         self._records = self.hosts.records
         self._given_up = self.hosts.given_up_requests
         self._undo_hooks: list[Any] = []
-        self._job = Job(
-            crawler, self._store, codec, jobdir, frontier=frontier, redis=redis, debug=self.debug
-        )
+        self._job = Job(crawler, frontier, jobdir)
 
     @classmethod
     @internals.refuses_at_start_up
     def from_crawler(cls, crawler: Crawler) -> Self:
         config = HostQueueConfig.from_settings(crawler.settings)
         warn_unused_queue_settings(crawler.settings, logger)
-        frontier = open_frontier(config.frontier_path)
-        redis = RedisFrontier.open(crawler, config) if config.frontier_url else None
-        dupefilter = make_dupefilter(crawler, frontier, redis)
-        return cls(crawler, dupefilter, config, job_dir(crawler.settings), frontier, redis)
+        debug = crawler.settings.getbool("SCHEDULER_DEBUG")
+        frontier = open_frontier(crawler, config, debug=debug)
+        return cls(crawler, frontier.dupefilter(), config, frontier, job_dir(crawler.settings))
 
     # -- Scrapy scheduler interface ------------------------------------------
 
@@ -165,6 +154,8 @@ class HostQueueScheduler(BaseScheduler):
         return self.df.open()
 
     def close(self, reason: str) -> Deferred[None] | None:
+        if reason == "finished":
+            self._check_nothing_left()
         # Each duty runs whatever the others do: the dupefilter must close
         # (and write requests.seen) even if saving the queue failed.
         for duty in (
@@ -182,6 +173,24 @@ class HostQueueScheduler(BaseScheduler):
             except Exception:
                 logger.exception("HostQueueScheduler: error while closing (%s)", duty.__name__)
         return self._job.close(self.df, reason)
+
+    def _check_nothing_left(self) -> None:
+        """A crawl that finished has nothing left in any part: a request left
+        there was lost without a word (see ``scrapy_hostqueue._leftover``)."""
+        try:
+            left = self.hosts.left_over()
+        except Exception:
+            logger.exception("HostQueueScheduler: error while checking what is left at close")
+            return
+        if not left.parts:
+            return
+        self.stats.set_value(stat_key("lost_at_close_count"), left.lost)
+        logger.error(
+            "HostQueueScheduler: the crawl finished with %d request(s) left in the "
+            "scheduler, never downloaded: %s",
+            left.lost,
+            left.describe(),
+        )
 
     def _unhook(self) -> None:
         for undo in self._undo_hooks:

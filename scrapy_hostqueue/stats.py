@@ -20,7 +20,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.asyncio import create_looping_call
 
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._recorder import (
     HOSTS_PREFIX,
     LOG_BUSIEST,
@@ -34,7 +34,8 @@ from scrapy_hostqueue._recorder import (
     host_stat_key,
     stat_key,
 )
-from scrapy_hostqueue.timeline import HostSample, TimelineWriter
+from scrapy_hostqueue._timeline import HostSample, TimelineWriter
+from scrapy_hostqueue.exceptions import HostQueueSettingsError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

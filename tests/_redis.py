@@ -1,5 +1,5 @@
 """Redis for the tests: the package's launcher of a real ``redis-server``
-(:mod:`scrapy_hostqueue._redis_server`), and a proxy whose connections a test
+(:mod:`scrapy_hostqueue.testing._redis_server`), and a proxy whose connections a test
 cuts, which also ends TLS in front of a server; a Redis Cluster of real
 servers."""
 
@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scrapy_hostqueue._redis_server import RedisServer, redis_server
-from scrapy_hostqueue.store import HostState, MemoryStore
-from scrapy_hostqueue.store._redisdb import prefix, register
-from scrapy_hostqueue.store._redislink import RedisLink
-from scrapy_hostqueue.store.redis import RedisStore
+from scrapy_hostqueue.frontier import HostState, MemoryStore
+from scrapy_hostqueue.frontier.redis._db import prefix, register
+from scrapy_hostqueue.frontier.redis._link import RedisLink
+from scrapy_hostqueue.frontier.redis._store import RedisStore
+from scrapy_hostqueue.testing._redis_server import RedisServer, redis_server
 
 __all__ = [
     "CuttableProxy",

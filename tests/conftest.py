@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from scrapy_hostqueue._redis_server import RedisServer
 from scrapy_hostqueue.testing import PROXY_VARIABLES, HostSpec, LocalHosts
+from scrapy_hostqueue.testing._redis_server import RedisServer
 from tests._crawl_report import WATCHED
 
 

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
-from bench import hanging_hosts, micro, soak, standalone
+from bench import hanging_hosts, lost_pages, micro, soak, standalone
 from bench.report import gc_lines, probe_lines, reference_lines, table_lines, targets
 from bench.runner import (
     Run,
     Summary,
+    child_environment,
     crawl_order,
     rounds_of,
     run_child,
@@ -795,3 +797,58 @@ def test_the_soak_bench_reports_gaps_pages_and_sockets(bench_runs: BenchRuns) ->
     summary = result["summary"]
     assert summary["scrapy"]["connections_x_scrapy"] == pytest.approx(1.0)
     assert summary["hq-full"]["max_in_flight"] <= 4
+
+
+def test_the_lost_pages_cases_are_drawn_from_the_seed_and_number() -> None:
+    case = lost_pages.make_case(3, 17, "both")
+    assert case == lost_pages.make_case(3, 17, "both")
+    assert case.store == "sqlite"  # "both" alternates by number
+    assert lost_pages.make_case(3, 16, "both").store == "memory"
+    assert lost_pages.make_case(3, 18, "memory") != case
+    assert case.command() == "python -m bench.lost_pages --seed 3 --only 17 --store sqlite"
+    # Faults are transient: a page fails at most as often as it is retried.
+    for index in range(40):
+        drawn = lost_pages.make_case(1, index, "memory")
+        attempts = [int(n) for n in re.findall(r"fault-attempts=(\d+)", drawn.hosts)]
+        assert max(attempts, default=0) <= drawn.settings["RETRY_TIMES"]
+
+
+@pytest.mark.crawl
+@deferred_f_from_coro_f
+async def test_a_crawl_that_misses_pages_is_reported_with_what_repeats_it() -> None:
+    # Every page answers 404: page 0 never reaches the spider, nor its links.
+    case = lost_pages.Case(0, 0, "memory", "addon", "pages=3,links=2,latency=0,status=404", {})
+    result = await lost_pages.run_case(case)
+    assert (result["ok"], result["reason"], result["missing_count"]) == (False, "finished", 3)
+    [host] = result["hosts"]
+    assert (host["requests"], host["statuses"]) == (1, {"404": 1})
+    assert result["stats"]["finish_reason"] == "finished"
+    report = lost_pages.format_failure(result)
+    assert "repeat: python -m bench.lost_pages --seed 0 --only 0 --store memory" in report
+    assert "finish reason: finished; pages the spider got no 200 for: 3 of 3" in report
+    assert re.search(r"missing: http://127\.0\.0\.1:\d+/page/2", report)
+    # The crawl's report: what the host served, and the log tail.
+    assert "127.0.0.1: served 1 of 3 pages, missing 2 (/page/1 /page/2)" in report
+    assert "Spider closed (finished)" in report
+
+
+@pytest.mark.crawl
+def test_the_lost_pages_command_fetches_every_page_of_every_crawl() -> None:
+    command = [sys.executable, "-m", "bench.lost_pages", "--crawls", "4", "--parallel", "2"]
+    command += ["--seed", "7", "--store", "both"]
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        env=child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(
+        r"^4 of 4 crawls \(seed 7, store both\) fetched every page with a 200: [\d,]+ pages",
+        done.stdout,
+        re.MULTILINE,
+    ), done.stdout
+    assert "FAILED" not in done.stdout

@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from scrapy_hostqueue.store.memory import (
+from scrapy_hostqueue.frontier.memory import (
     BLOCKED,
     CAPPED,
     DRAINED,

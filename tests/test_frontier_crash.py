@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_hostqueue._frontier import COMMIT_INTERVAL
+from scrapy_hostqueue.frontier.sqlite._glue import COMMIT_INTERVAL
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests._crawl_report import watched_hosts
 from tests.crawling import start_demo_crawl

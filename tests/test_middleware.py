@@ -41,6 +41,8 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._hosts import Hosts
 from scrapy_hostqueue._requests import RequestTable
+from scrapy_hostqueue._sendgate import SendGate
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 from scrapy_hostqueue.middleware import (
     CONNECTION_ERRORS,
     CRAWL_DELAY_MARGIN,
@@ -48,9 +50,7 @@ from scrapy_hostqueue.middleware import (
     META_START,
     AIMDMiddleware,
 )
-from scrapy_hostqueue.sendgate import SendGate
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
-from scrapy_hostqueue.store.memory import HostState, MemoryStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import MIDDLEWARE, SCHEDULER, PageSpider, settings
 

@@ -25,10 +25,11 @@ from twisted.python.failure import Failure
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue import middleware as middleware_module
+from scrapy_hostqueue.frontier import FRONTIER_FILE
+from scrapy_hostqueue.frontier.sqlite._store import FrontierFile
 from scrapy_hostqueue.middleware import CONNECTION_ERRORS, META_START
 from scrapy_hostqueue.scheduler import HostBlocked, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
-from scrapy_hostqueue.store.sqlite import FRONTIER_FILE, FrontierFile
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.crawling import (
     MIDDLEWARE,

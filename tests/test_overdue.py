@@ -9,7 +9,7 @@ from scrapy import Request
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._overdue import OverdueWatch
 from scrapy_hostqueue._requests import RequestRecord, RequestTable
-from scrapy_hostqueue.store.memory import HostState, MemoryStore
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 
 
 class Clock:

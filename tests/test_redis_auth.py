@@ -20,7 +20,7 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue._redis_glue import async_client, connect
+from scrapy_hostqueue.frontier.redis._glue import async_client, connect
 from scrapy_hostqueue.testing import HostSpec
 from tests._crawl_report import watched_hosts
 from tests._redis import CuttableProxy, RedisClusterServers, RedisServer

@@ -21,8 +21,8 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
-from scrapy_hostqueue.store._redisdb import SCRIPTS, RedisFrontierError, prefix, register
+from scrapy_hostqueue.frontier.redis._db import SCRIPTS, RedisFrontierError, prefix, register
+from scrapy_hostqueue.frontier.redis._glue import async_client, connect, redis_errors
 from scrapy_hostqueue.testing import HostSpec
 from tests._crawl_report import watched_hosts
 from tests._redis import (

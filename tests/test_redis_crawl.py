@@ -22,7 +22,7 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from bench.runner import child_environment
-from scrapy_hostqueue.store._redisdb import prefix
+from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests._crawl_report import watched_hosts
 from tests._redis import CuttableProxy, RedisServer

@@ -26,11 +26,11 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._redis_glue import async_client, connect, redis_errors
-from scrapy_hostqueue._redis_server import RedisServer
-from scrapy_hostqueue.store._redisdb import prefix
-from scrapy_hostqueue.store.redis import RedisStore
+from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._glue import async_client, connect, redis_errors
+from scrapy_hostqueue.frontier.redis._store import RedisStore
 from scrapy_hostqueue.testing import HostSpec, HostStats
+from scrapy_hostqueue.testing._redis_server import RedisServer
 from tests._crawl_report import watched_hosts
 from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store, wait_pushed
 from tests.crawling import ended_at_exit, start_demo_crawls

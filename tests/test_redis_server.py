@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scrapy_hostqueue import _redis_server
-from scrapy_hostqueue._redis_server import (
+from scrapy_hostqueue.testing import _redis_server
+from scrapy_hostqueue.testing._redis_server import (
     CommandStat,
     RedisServer,
     RedisServerError,
@@ -205,7 +205,8 @@ def test_the_refusal_of_a_redis_frontier_is_the_settings_error() -> None:
     # Whichever this version does, the answer matches what the settings say.
     from scrapy.settings import Settings
 
-    from scrapy_hostqueue._config import HostQueueConfig, HostQueueSettingsError
+    from scrapy_hostqueue._config import HostQueueConfig
+    from scrapy_hostqueue.exceptions import HostQueueSettingsError
 
     url = "redis://127.0.0.1:6379/0"
     try:

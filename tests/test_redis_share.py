@@ -11,8 +11,8 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.store._redisdb import prefix
-from scrapy_hostqueue.store._redisshare import OFFER_WAIT, may_share
+from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._share import OFFER_WAIT, may_share
 from tests._redis import RedisServer, StoreProcess, new_store
 
 redis = pytest.importorskip("redis")

@@ -13,15 +13,15 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.store import redis as redis_store
-from scrapy_hostqueue.store._redisdb import (
+from scrapy_hostqueue.frontier.redis import _store as redis_store
+from scrapy_hostqueue.frontier.redis._db import (
     LAYOUT_VERSION,
     RedisFrontierError,
     prefix,
     register,
 )
-from scrapy_hostqueue.store._redislink import batched
-from scrapy_hostqueue.store.redis import RedisStore
+from scrapy_hostqueue.frontier.redis._link import batched
+from scrapy_hostqueue.frontier.redis._store import RedisStore
 from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
 
 redis = pytest.importorskip("redis")
@@ -394,7 +394,7 @@ def test_the_package_works_without_the_redis_client() -> None:
     code = (
         "import sys; sys.modules['redis'] = None\n"
         "import scrapy_hostqueue, scrapy_hostqueue.scheduler\n"
-        "from scrapy_hostqueue._redis_glue import redis_client_module\n"
+        "from scrapy_hostqueue.frontier.redis._glue import redis_client_module\n"
         "try:\n"
         "    redis_client_module()\n"
         "except Exception as error:\n"

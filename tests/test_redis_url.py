@@ -11,8 +11,8 @@ import pytest
 from scrapy.settings import Settings
 
 from scrapy_hostqueue._config import HostQueueConfig
-from scrapy_hostqueue._redis_glue import check_url, shown_url
-from scrapy_hostqueue.store._redisdb import RedisFrontierError
+from scrapy_hostqueue.frontier.redis._db import RedisFrontierError
+from scrapy_hostqueue.frontier.redis._glue import check_url, shown_url
 
 redis = pytest.importorskip("redis")
 

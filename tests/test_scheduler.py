@@ -24,16 +24,17 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler, HostQueueSettingsError
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue._frontier import FRONTIER_WRITE_FAILED
 from scrapy_hostqueue._job import (
     JOBDIR_OF_SCRAPY_SCHEDULER,
     JOBDIR_OF_SQLITE_FRONTIER,
     JOBDIR_STATE_UNREADABLE,
 )
 from scrapy_hostqueue._requests import request_rank
+from scrapy_hostqueue.frontier import FRONTIER_FILE
+from scrapy_hostqueue.frontier.memory import IDLE
+from scrapy_hostqueue.frontier.sqlite._glue import FRONTIER_WRITE_FAILED
+from scrapy_hostqueue.frontier.sqlite._store import SqliteStore
 from scrapy_hostqueue.scheduler import STATE_FILE
-from scrapy_hostqueue.store.memory import IDLE
-from scrapy_hostqueue.store.sqlite import FRONTIER_FILE, SqliteStore
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.crawling import (
     OUR_HANDLER,

@@ -23,18 +23,18 @@ from scrapy.utils.request import request_from_dict
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.__main__ import main
-from scrapy_hostqueue._frontier import FrontierDupeFilter, RequestCodec
-from scrapy_hostqueue.scheduler import HostQueueScheduler
-from scrapy_hostqueue.store import HostState, MemoryStore
-from scrapy_hostqueue.store import _sqlfile as sqlfile
-from scrapy_hostqueue.store._sqlfile import (
+from scrapy_hostqueue.frontier import FRONTIER_FILE, HostState, MemoryStore
+from scrapy_hostqueue.frontier._codec import RequestCodec
+from scrapy_hostqueue.frontier._dupefilter import FrontierDupeFilter
+from scrapy_hostqueue.frontier.sqlite import _file as sqlfile
+from scrapy_hostqueue.frontier.sqlite._file import (
     FORMAT_VERSION,
-    FRONTIER_FILE,
     FrontierFile,
     FrontierFileError,
     SeenFilter,
 )
-from scrapy_hostqueue.store.sqlite import SPARE, WINDOW, SqliteStore
+from scrapy_hostqueue.frontier.sqlite._store import SPARE, WINDOW, SqliteStore
+from scrapy_hostqueue.scheduler import HostQueueScheduler
 
 
 class Clock:

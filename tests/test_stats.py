@@ -13,6 +13,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._recorder import TRACKED_PER_NAMED
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 from scrapy_hostqueue.stats import (
     OTHER_HOSTS,
     HostQueueStats,
@@ -22,7 +23,6 @@ from scrapy_hostqueue.stats import (
     host_stat_key,
     stat_key,
 )
-from scrapy_hostqueue.store.memory import HostState, MemoryStore
 
 
 def make_recorder(**settings: Any) -> HostStatsRecorder:

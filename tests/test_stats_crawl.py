@@ -18,9 +18,9 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue.__main__ import main as cli
+from scrapy_hostqueue._timeline import OTHER_HOSTS, read_timeline
 from scrapy_hostqueue.stats import HostQueueStats, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from scrapy_hostqueue.timeline import OTHER_HOSTS, read_timeline
 from tests.crawling import (
     BASE_SETTINGS,
     OUR_HANDLER,

@@ -45,6 +45,7 @@ from scrapy_hostqueue.testing import (
     parse_specs,
 )
 from scrapy_hostqueue.testing.__main__ import main as cli_main
+from scrapy_hostqueue.testing._state import HostState
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_TIMEOUT = 30.0
@@ -407,6 +408,59 @@ async def test_fault_rate_picks_every_kth_request(local_hosts: Factory) -> None:
 
 
 @async_test
+async def test_fault_attempts_make_a_fault_transient_per_page(local_hosts: Factory) -> None:
+    # Every 2nd page gets the fault on its first 2 requests, then answers.
+    hosts = local_hosts("latency=0,fault=reset,fault-rate=50%,fault-attempts=2")
+    outcomes = []
+    for n in (0, 1, 1, 1, 1, 2, 3, 3, 3, 0):
+        try:
+            outcomes.append((await fetch(hosts.page_url(0, n))).status)
+        except (ConnectionResetError, asyncio.IncompleteReadError):
+            outcomes.append(0)
+    assert outcomes == [200, 0, 0, 200, 200, 200, 0, 0, 200, 200]
+    await settle(hosts)
+    stats = hosts.stats(0)
+    assert (stats.faults, stats.resets, stats.served) == (4, 4, 6)
+    assert stats.pages == {"/page/0": 2, "/page/1": 2, "/page/2": 1, "/page/3": 1}
+    hosts.reset()
+    # After a reset, pages are picked afresh: the 2nd page asked for now.
+    assert (await fetch(hosts.page_url(0, 3))).status == 200
+    with pytest.raises((ConnectionResetError, asyncio.IncompleteReadError)):
+        await fetch(hosts.page_url(0, 1))
+
+
+def test_an_answer_a_client_has_read_is_counted(local_hosts: Factory) -> None:
+    # Read right after the last byte of each answer, the count includes it:
+    # the host counts an answer before its last bytes go out. (Counted after
+    # them, the client read the counts first in most of these exchanges.)
+    hosts = local_hosts("latency=0")
+    lagging = 0
+    with socket.create_connection((hosts.hostnames[0], hosts.ports[0]), timeout=10) as client:
+        stream = client.makefile("rb")
+        for n in range(300):
+            client.sendall(f"GET /page/{n} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            length = 0
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            assert len(stream.read(length)) == length
+            lagging += hosts.stats(0, arrivals=False).served != n + 1
+    assert lagging == 0
+
+
+def test_an_answer_dropped_after_it_was_counted_counts_as_a_reset() -> None:
+    state = HostState(0, HostSpec())
+    state.arrive(0.0, "/page/1")
+    state.served(200, "/page/1")
+    assert (state.snapshot().served, state.snapshot().in_flight) == (1, 1)
+    state.finish(None, "/page/1", counted=200)
+    stats = state.snapshot()
+    assert (stats.served, stats.resets, stats.in_flight) == (0, 1, 0)
+    assert (stats.statuses, stats.pages) == ({}, {})
+
+
+@async_test
 async def test_throttle_fault_answers_the_throttle_status_with_retry_after(
     local_hosts: Factory,
 ) -> None:
@@ -654,6 +708,7 @@ _specs = st.builds(
     crawl_delay=st.none() | st.floats(0, 60, allow_nan=False),
     fault=st.none() | st.sampled_from(["reset", "hang", "truncate", "slow-body"]),
     fault_rate=st.floats(0.01, 1),
+    fault_attempts=st.none() | st.integers(1, 10),
     trickle=st.floats(0.001, 10),
     status=st.integers(200, 599),
     body_size=st.integers(0, 10**6),

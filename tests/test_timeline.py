@@ -13,8 +13,8 @@ from xml.etree import ElementTree
 import pytest
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.plot import load
-from scrapy_hostqueue.timeline import (
+from scrapy_hostqueue._plot import load
+from scrapy_hostqueue._timeline import (
     OTHER_HOSTS,
     HostSample,
     TimelineError,

@@ -50,6 +50,9 @@ with double quotes)::
                           colon; throttle: the throttle status at once)
     fault-rate=FRACTION   share of page requests that get the fault, spread
                           evenly: 0.25 or 25% faults every 4th (default 1)
+    fault-attempts=N      transient faults: fault-rate picks pages, not requests,
+                          and a picked page gets the fault on its first N
+                          requests only, then answers as usual (default none)
     trickle=DURATION      how long a slow-body body takes (default 1s)
     status=CODE           fixed status of the pages (default 200)
     body-size=SIZE        padding bytes in each page (default 512)

@@ -261,9 +261,11 @@ class LocalHosts:
     :meth:`stop`. ``specs`` is a list of :class:`HostSpec` or a spec string.
 
     Every method is synchronous and may block briefly (a lock in thread mode, a
-    loopback HTTP request in process mode). A client can read a response a moment
-    before the server has counted it as finished: call :meth:`wait_idle` before
-    asserting on counts right after the last response.
+    loopback HTTP request in process mode). An answer is counted as served
+    (``served``, ``statuses``, ``pages``) before its last bytes go out, so a client
+    that has read it finds it counted; it stays in flight until its bytes are all
+    written: call :meth:`wait_idle` before asserting on ``in_flight``,
+    ``requests`` or ``resets`` right after the last response.
     """
 
     def __init__(

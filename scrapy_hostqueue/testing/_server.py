@@ -119,6 +119,25 @@ def _head(
     return "\r\n".join(lines).encode("latin-1")
 
 
+class _Answer:
+    """Counts a page request as served (:meth:`HostState.served`) once, just
+    before the last bytes of its answer go out: the client may read them, end
+    its crawl and ask for the counts before this server's task runs again."""
+
+    __slots__ = ("counted", "path", "state")
+
+    def __init__(self, state: HostState, path: str) -> None:
+        self.state = state
+        self.path = path
+        #: The status counted, or None if not yet.
+        self.counted: int | None = None
+
+    def __call__(self, status: int) -> None:
+        if self.counted is None:
+            self.counted = status
+            self.state.served(status, self.path)
+
+
 class HostGroup:
     """Every host of one :class:`~scrapy_hostqueue.testing.LocalHosts`, on one loop.
 
@@ -329,12 +348,15 @@ class HostGroup:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> bool:
-        ticket = state.arrive(time.monotonic())
+        ticket = state.arrive(time.monotonic(), request.path)
+        answer = _Answer(state, request.path)
         status: int | None = None
         try:
-            keep_alive, status = await self._page_response(state, ticket, request, reader, writer)
+            keep_alive, status = await self._page_response(
+                state, ticket, request, reader, writer, answer=answer
+            )
         finally:
-            state.finish(status, request.path)
+            state.finish(status, request.path, counted=answer.counted)
         return keep_alive
 
     async def _page_response(
@@ -344,15 +366,19 @@ class HostGroup:
         request: Request,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        *,
+        answer: _Answer,
     ) -> tuple[bool, int | None]:
-        """Send the answer; returns (keep the connection, status or None if dropped)."""
+        """Send the answer, calling *answer* before its last bytes; returns
+        (keep the connection, status or None if dropped)."""
         spec = ticket.spec
         if ticket.throttled or (ticket.faulted and spec.fault == "throttle"):
             # A throttling server answers at once: the client learns nothing from
             # latency, only from the status and Retry-After.
             status = spec.throttle_status
             body = f"<html><body><h1>{status}</h1></body></html>".encode()
-            return await self._send(state, request, writer, status, body, spec=spec), status
+            sent = await self._send(state, request, writer, status, body, spec=spec, answer=answer)
+            return sent, status
         if ticket.faulted and spec.fault == "hang":
             # Never answer; the request leaves when the client (or shutdown) gives up.
             while await reader.read(65536):
@@ -377,11 +403,12 @@ class HostGroup:
             # A header line without a colon after the status line: lenient
             # HTTP parsers skip it, strict ones (aiohttp's) refuse the response.
             head = head.replace(b"\r\n", b"\r\nX-Malformed header line\r\n", 1)
+            answer(status)
             await self._write(writer, head + payload)
             return False, status
         trickle = spec.trickle if ticket.faulted and spec.fault == "slow-body" else 0.0
         keep_alive = await self._send(
-            state, request, writer, status, body, spec=spec, trickle=trickle
+            state, request, writer, status, body, spec=spec, trickle=trickle, answer=answer
         )
         return keep_alive, status
 
@@ -468,6 +495,7 @@ class HostGroup:
         *,
         spec: HostSpec,
         trickle: float = 0.0,
+        answer: _Answer | None = None,
     ) -> bool:
         retry_after = None
         window = None
@@ -492,8 +520,12 @@ class HostGroup:
             size = math.ceil(len(payload) / chunks)
             for start in range(0, len(payload), size):
                 await asyncio.sleep(trickle / chunks)
+                if answer is not None and start + size >= len(payload):
+                    answer(status)
                 await self._write(writer, payload[start : start + size])
         else:
+            if answer is not None:
+                answer(status)
             await self._write(writer, head + payload)
         return keep_alive
 

@@ -61,7 +61,12 @@ class HostSpec:
     ``latency`` and answers with a header line that has no colon (Scrapy's
     HTTP/1.1 handler skips the line, aiohttp refuses the response);
     ``throttle`` answers at once with ``throttle_status``, as a throttled
-    request (a host that throttles by rate rather than by concurrency). robots.txt (after
+    request (a host that throttles by rate rather than by concurrency). With
+    ``fault_attempts`` the fault is transient: ``fault_rate`` picks pages (the
+    1st, 2nd, ... distinct page requested) rather than requests, and a picked
+    page gets the fault on its first ``fault_attempts`` requests only, then is
+    answered as usual, so a client that retries often enough gets every page.
+    robots.txt (after
     ``latency``) is never throttled nor faulted and is not a page request.
     ``Retry-After`` is sent on every 429 and 503 answer when ``retry_after`` is set:
     ``"2"`` sends delta-seconds, ``"date:2"`` an HTTP-date 2 s ahead (rounded up to
@@ -78,6 +83,7 @@ class HostSpec:
     crawl_delay: float | None = None
     fault: str | None = None
     fault_rate: float = 1.0
+    fault_attempts: int | None = None
     trickle: float = 1.0  # seconds a "slow-body" body takes to arrive
     status: int = 200
     body_size: int = 512
@@ -110,6 +116,8 @@ class HostSpec:
             or not 0 < self.fault_rate <= 1
         ):
             raise SpecError(f"fault_rate must be in (0, 1], got {self.fault_rate!r}")
+        if self.fault_attempts is not None:
+            _check_int("fault_attempts", self.fault_attempts, 1)
         _check_seconds("trickle", self.trickle, positive=True)
         _check_int("status", self.status, 200)
         if self.status > 599:
@@ -201,6 +209,7 @@ _KEYS: dict[str, str | None] = {
     "crawl-delay": "crawl_delay",
     "fault": "fault",
     "fault-rate": "fault_rate",
+    "fault-attempts": "fault_attempts",
     "trickle": "trickle",
     "status": "status",
     "body-size": "body_size",
@@ -275,7 +284,7 @@ def _value(key: str, text: str, *, quoted: bool = False) -> dict[str, Any]:
         )
     elif key == "pages":
         converted = None if text.lower() in ("none", "inf") else _integer(key, text)
-    elif key == "throttle-above":
+    elif key in ("throttle-above", "fault-attempts"):
         converted = None if text.lower() in ("none", "off") else _integer(key, text)
     elif key in ("links", "cross-links", "throttle-status", "status"):
         converted = _integer(key, text)

@@ -38,10 +38,13 @@ class HostStats:
     """What one host has seen since start or the last reset (a snapshot).
 
     ``served`` counts page requests answered completely (every status; robots.txt
-    is counted apart in ``robots_served``), ``statuses`` splits them by status.
-    ``requests`` counts page request arrivals, so ``requests == served + resets +
-    in_flight`` at any time. ``in_flight`` runs from a request's arrival until its
-    response is completely written or its connection drops. ``faults`` counts
+    is counted apart in ``robots_served``), ``statuses`` splits them by status. An
+    answer is counted just before its last bytes go out, so a client that has read
+    a whole answer always finds it counted. ``requests`` counts page request
+    arrivals, so ``requests == served + resets + in_flight`` whenever no answer is
+    being written. ``in_flight`` runs from a request's arrival until its
+    response is completely written or its connection drops (:meth:`LocalHosts.wait_idle`
+    waits for none to be). ``faults`` counts
     requests that got the spec's fault; ``resets`` counts page requests whose
     connection closed before their response was complete (a reset or truncate
     fault, or a client giving up on a hanging host). ``arrivals`` holds monotonic
@@ -112,7 +115,9 @@ class HostState:
         self._spec = spec
         self._stats = HostStats(self.hostname, 0)
         self._last_arrival: float | None = None
-        self._eligible = 0  # page requests that could get the fault
+        self._eligible = 0  # page requests (pages, with fault_attempts) that could get the fault
+        # With fault_attempts: the faults each page requested so far has left.
+        self._faults_left: dict[str, int] = {}
         self._window_end = float("-inf")
 
     @property
@@ -150,6 +155,7 @@ class HostState:
             )
             self._last_arrival = None
             self._eligible = 0
+            self._faults_left.clear()
             self._window_end = float("-inf")
 
     def connection_opened(self) -> None:
@@ -163,8 +169,9 @@ class HostState:
         with self._lock:
             self._stats.open_connections = max(0, self._stats.open_connections - 1)
 
-    def arrive(self, now: float) -> Ticket:
-        """Count a page request arriving at monotonic time ``now``; decide its fate."""
+    def arrive(self, now: float, path: str = "/") -> Ticket:
+        """Count a page request (for ``path``) arriving at monotonic time
+        ``now``; decide its fate."""
         with self._lock:
             stats = self._stats
             spec = self._spec
@@ -183,25 +190,62 @@ class HostState:
             throttled = spec.throttle_above is not None and stats.in_flight > spec.throttle_above
             faulted = False
             if not throttled and spec.fault is not None:
-                self._eligible += 1
-                faulted = spec.faulted(self._eligible)
+                faulted = self._picked(spec, path)
                 if faulted:
                     stats.faults += 1
         return Ticket(spec, now, throttled, faulted)
 
-    def finish(self, status: int | None, path: str | None = None) -> None:
+    def _picked(self, spec: HostSpec, path: str) -> bool:
+        """Whether this page request gets the fault (see ``HostSpec.fault_attempts``)."""
+        if spec.fault_attempts is None:
+            self._eligible += 1
+            return spec.faulted(self._eligible)
+        left = self._faults_left.get(path)
+        if left is None:
+            if len(self._faults_left) >= MAX_PAGES:
+                return False
+            self._eligible += 1
+            left = spec.fault_attempts if spec.faulted(self._eligible) else 0
+        if left:
+            self._faults_left[path] = left - 1
+            return True
+        self._faults_left[path] = 0
+        return False
+
+    def served(self, status: int, path: str | None = None) -> None:
+        """A page request (for ``path``) is answered with ``status``: its last
+        bytes go out next. Counted before they leave, so that a client that
+        has read the whole answer finds it counted; it stays in flight until
+        :meth:`finish`."""
+        with self._lock:
+            self._count_served(status, path, 1)
+
+    def finish(
+        self, status: int | None, path: str | None = None, *, counted: int | None = None
+    ) -> None:
         """A page request (for ``path``) left: answered with ``status``, or
-        dropped when None."""
+        dropped when None. *counted*: the status :meth:`served` counted it
+        with already, taken back if the answer was dropped after all."""
         with self._lock:
             stats = self._stats
             stats.in_flight = max(0, stats.in_flight - 1)
             if status is None:
                 stats.resets += 1
-            else:
-                stats.served += 1
-                stats.statuses[status] = stats.statuses.get(status, 0) + 1
-                if path is not None and (path in stats.pages or len(stats.pages) < MAX_PAGES):
-                    stats.pages[path] = stats.pages.get(path, 0) + 1
+                if counted is not None:
+                    self._count_served(counted, path, -1)
+            elif counted is None:
+                self._count_served(status, path, 1)
+
+    def _count_served(self, status: int, path: str | None, change: int) -> None:
+        stats = self._stats
+        stats.served += change
+        stats.statuses[status] = stats.statuses.get(status, 0) + change
+        if not stats.statuses[status]:
+            del stats.statuses[status]
+        if path is not None and (path in stats.pages or len(stats.pages) < MAX_PAGES):
+            stats.pages[path] = stats.pages.get(path, 0) + change
+            if not stats.pages[path]:
+                del stats.pages[path]
 
     def robots_served(self) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
-"""``JOBDIR`` persistence of the in-memory store: at a graceful stop the queued
-requests, host blocks and spacing are written to one file, and read back when
-the job resumes.
+"""The in-memory frontier (``HOSTQUEUE_FRONTIER = "memory"``) and its
+``JOBDIR`` file: at a graceful stop the queued requests, host blocks and
+spacing are written to one file, and read back when the job resumes.
 
 This is not crash-safe: the file is written only at a graceful stop.
 """
@@ -14,16 +14,24 @@ import os
 import pickle
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.request import request_from_dict
 
+from scrapy_hostqueue.frontier import FRONTIER_FILE
+from scrapy_hostqueue.frontier._dupefilter import scrapy_dupefilter
+from scrapy_hostqueue.frontier.memory import MemoryStore
+
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.dupefilters import BaseDupeFilter
+    from twisted.internet.defer import Deferred
 
-    from scrapy_hostqueue.store import RequestStore
+    from scrapy_hostqueue.frontier import HostState, RequestStore
+    from scrapy_hostqueue.frontier._codec import RequestCodec
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +41,13 @@ STATE_FILE = "hostqueue.state"
 #: go, so one request that could not be pickled lost the whole state).
 _STATE_VERSION = 2
 _READABLE_STATE_VERSIONS = (1, 2)
+#: The ``finish_reason`` of a crawl whose ``JOBDIR/hostqueue.state`` cannot be
+#: read (damaged, from another version, or naming a callback the spider no
+#: longer has): it closes before any request, and the file is left as it was.
+JOBDIR_STATE_UNREADABLE = "hostqueue_jobdir_state_unreadable"
+#: The ``finish_reason`` of a crawl with the in-memory store on a JOBDIR that
+#: holds a frontier file: it closes before any request, the file as it was.
+JOBDIR_OF_SQLITE_FRONTIER = "hostqueue_jobdir_of_sqlite_frontier"
 
 
 def state_path(jobdir: str) -> str:
@@ -157,3 +172,111 @@ def load_state(path: str, spider: Spider) -> SavedState | None:
         (host, when + to_monotonic) for host, when in state.get("spacing", {}).items() if when > now
     ]
     return SavedState(requests, blocks, spacing)
+
+
+def memory_job_refusal(jobdir: str | None) -> str | None:
+    """Why the in-memory store refuses *jobdir*: it holds a frontier file,
+    whose requests the in-memory store would not see. None if it does not."""
+    if not jobdir:
+        return None
+    path = os.path.join(jobdir, FRONTIER_FILE)
+    if not os.path.exists(path):
+        return None
+    return (
+        f"JOBDIR {jobdir!r} holds the frontier file {path}, which the in-memory store "
+        "(HOSTQUEUE_FRONTIER = 'memory') does not read: resumed with it, the crawl "
+        "would lose the requests queued there. Finish this job with "
+        "HOSTQUEUE_FRONTIER = 'sqlite' (the default with JOBDIR), or start a new JOBDIR."
+    )
+
+
+class MemoryFrontier:
+    """The in-memory frontier: every request in this process, and with a
+    ``JOBDIR`` the job in ``hostqueue.state``, read at the start and
+    written at a graceful stop; Scrapy's own dupefilter (``requests.seen``)."""
+
+    queue = "memory"
+    codec: RequestCodec | None = None
+
+    def __init__(self, crawler: Crawler, jobdir: str | None, *, debug: bool) -> None:
+        self._crawler = crawler
+        self._jobdir = jobdir
+        self._debug = debug
+        self._store: MemoryStore[Request] | None = None
+        self._spider: Spider | None = None
+
+    def dupefilter(self) -> BaseDupeFilter:
+        return scrapy_dupefilter(self._crawler)
+
+    def make_store(
+        self,
+        dupefilter: BaseDupeFilter,
+        state_factory: Callable[[str], HostState],
+        **kwargs: Any,
+    ) -> RequestStore[Request]:
+        self._store = MemoryStore(state_factory, **kwargs)
+        return self._store
+
+    def refusal(self) -> tuple[str, str] | None:
+        message = memory_job_refusal(self._jobdir)
+        return None if message is None else (JOBDIR_OF_SQLITE_FRONTIER, message)
+
+    def resume(
+        self, spider: Spider, push: Callable[[Request], bool], refuse: Callable[[str], None]
+    ) -> tuple[int, int]:
+        assert self._store is not None
+        self._spider = spider
+        if not self._jobdir:
+            return 0, 0
+        path = state_path(self._jobdir)
+        try:
+            saved = load_state(path, spider)
+        except Exception as error:
+            # Closed before any request, without saving over the file: the
+            # job is left as it was, for the user to mend or drop.
+            logger.error(
+                "Cannot resume the job in JOBDIR %r: %s cannot be read (%s: %s). "
+                "The crawl closes before any request and leaves the file as it is. If "
+                "the spider lost a callback that queued requests name, give it "
+                "back; otherwise start a new JOBDIR, or delete %s to start "
+                "this job again from its start requests, losing the requests "
+                "queued in it (the dupefilter's requests.seen filters every "
+                "request it has seen before).",
+                self._jobdir,
+                path,
+                type(error).__name__,
+                error,
+                path,
+            )
+            refuse(JOBDIR_STATE_UNREADABLE)
+            return 0, 0
+        if saved is None:
+            return 0, 0
+        for request in saved.requests:
+            push(request)
+        for host, until, reason in saved.blocks:
+            self._store.block_until(host, until, reason)
+        for host, when in saved.spacing:
+            self._store.space_until(host, when)
+        return len(saved.requests), len(saved.blocks)
+
+    def stop(self) -> None:
+        """Nothing runs in the background."""
+
+    def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
+        if not (self._jobdir and self._spider is not None and self._store is not None):
+            return 0
+        path = state_path(self._jobdir)
+        try:
+            return save_state(path, self._store, given_up, self._spider, debug=self._debug)
+        except Exception:
+            logger.exception(
+                "Could not save the queued requests to %s: they are lost at this "
+                "stop (requests.seen keeps their links from being found again "
+                "when the job resumes)",
+                path,
+            )
+            return 0
+
+    def close(self, dupefilter: BaseDupeFilter, reason: str) -> Deferred[None] | None:
+        return dupefilter.close(reason)  # type: ignore[no-any-return]

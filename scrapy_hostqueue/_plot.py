@@ -15,7 +15,8 @@ import os
 import statistics
 from typing import Any
 
-from scrapy_hostqueue.timeline import (
+from scrapy_hostqueue._errors import PlotError
+from scrapy_hostqueue._timeline import (
     OTHER_HOSTS,
     Series,
     build_series,
@@ -39,10 +40,6 @@ OTHER_COLOR = "#9d9d9d"
 PANELS = (("in_flight", "requests in flight"), ("rate", "responses / s"))
 #: Drawn only when some download failed, so that a dead host shows.
 FAILED_PANEL = ("failed", "failed downloads / s (no response)")
-
-
-class PlotError(Exception):
-    """The plot cannot be made; the message is shown as is."""
 
 
 def _colors(names: list[str]) -> dict[str, str]:
@@ -267,7 +264,7 @@ li {{ margin: 0.2em 0; white-space: nowrap; }}
 
 def plot(source: str, out: str, *, max_lines: int = 10) -> None:
     """Draw the timeline *source* into *out* (``.html``: SVG page, else PNG).
-    Raises :class:`~scrapy_hostqueue.timeline.TimelineError` or :class:`PlotError`."""
+    Raises :class:`~scrapy_hostqueue._timeline.TimelineError` or :class:`PlotError`."""
     html = out.lower().endswith((".html", ".htm"))
     if not html and not out.lower().endswith(".png"):
         # matplotlib would pick the format from any other name, or add ".png"

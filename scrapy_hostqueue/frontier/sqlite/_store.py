@@ -2,7 +2,7 @@
 
 Pure logic: no Scrapy or Twisted import; items are encoded by the caller's
 codec. Every queued request is a row of the frontier file
-(:mod:`scrapy_hostqueue.store._sqlfile`). The ring of ready hosts and the
+(:mod:`scrapy_hostqueue.frontier.sqlite._file`). The ring of ready hosts and the
 per-host state are the in-memory store's (:class:`MemoryStore`), which holds,
 per host, only a *window*: the first few requests of its queue. A host's
 requests beyond its window wait in the file, its *backlog*, counted by a
@@ -45,11 +45,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from scrapy_hostqueue.store._layered import LayeredStore
-from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE, FrontierFile, FrontierFileError
-from scrapy_hostqueue.store.memory import HostState, MemoryStore
+from scrapy_hostqueue._errors import FrontierFileError
+from scrapy_hostqueue.frontier._layered import LayeredStore
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
+from scrapy_hostqueue.frontier.sqlite._file import FrontierFile
 
-__all__ = ["FRONTIER_FILE", "FrontierFile", "FrontierFileError", "SqliteStore"]
+__all__ = ["FrontierFile", "FrontierFileError", "SqliteStore"]
 
 T = TypeVar("T")
 
@@ -82,7 +83,7 @@ class _Entry(Generic[T]):
 
 
 class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
-    """A :class:`~scrapy_hostqueue.store.RequestStore` on a frontier file.
+    """A :class:`~scrapy_hostqueue.frontier.RequestStore` on a frontier file.
 
     *memory* is the in-memory store that keeps the ring and the host states
     (its items are this store's entries); *encode* turns an item into bytes,

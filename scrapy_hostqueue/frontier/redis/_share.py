@@ -1,9 +1,9 @@
 """The rules of a busy host shared by two processes, within its one limit.
 
 Pure: no Scrapy, Twisted or ``redis`` import. The Redis store
-(:mod:`scrapy_hostqueue.store.redis`) applies them; the scripts that keep the
+(:mod:`scrapy_hostqueue.frontier.redis._store`) applies them; the scripts that keep the
 share record are ``OFFER`` and ``SHARE`` in
-:mod:`scrapy_hostqueue.store._redisdb`.
+:mod:`scrapy_hostqueue.frontier.redis._db`.
 
 A host is leased whole to one process, its *holder*. When the holder's
 process has more of the host than it can work alone (a deep queue, a limit

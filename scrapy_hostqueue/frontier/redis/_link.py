@@ -18,12 +18,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from scrapy_hostqueue.store._redisdb import SCRIPTS
-from scrapy_hostqueue.store._redisshare import SHARE_TICK
-from scrapy_hostqueue.store.redis import BATCH
+from scrapy_hostqueue.frontier.redis._db import SCRIPTS
+from scrapy_hostqueue.frontier.redis._share import SHARE_TICK
+from scrapy_hostqueue.frontier.redis._store import BATCH
 
 if TYPE_CHECKING:
-    from scrapy_hostqueue.store.redis import RedisStore
+    from scrapy_hostqueue.frontier.redis._store import RedisStore
 
 __all__ = ["RedisLink", "batched"]
 

@@ -391,10 +391,8 @@ def shared_frontier_refusal(url: str) -> str | None:
     (its settings error), or None when it accepts the URL."""
     from scrapy.settings import Settings  # noqa: PLC0415 - the rest needs no Scrapy
 
-    from scrapy_hostqueue._config import (  # noqa: PLC0415
-        HostQueueConfig,
-        HostQueueSettingsError,
-    )
+    from scrapy_hostqueue._config import HostQueueConfig  # noqa: PLC0415
+    from scrapy_hostqueue.exceptions import HostQueueSettingsError  # noqa: PLC0415
 
     try:
         HostQueueConfig.from_settings(Settings({"HOSTQUEUE_FRONTIER": url}))

@@ -34,14 +34,12 @@ import re
 from dataclasses import dataclass
 from typing import IO, Any
 
+from scrapy_hostqueue._errors import TimelineError
+
 #: The host of the aggregate row of each interval.
 OTHER_HOSTS = "_other"
 
 _FIELDS = ("t", "dt", "host", "in_flight", "fetched", "queued", "limit", "blocked")
-
-
-class TimelineError(ValueError):
-    """A timeline file cannot be read; the message names the file and line."""
 
 
 @dataclass

@@ -10,8 +10,9 @@ import os
 import time
 from datetime import datetime, timezone
 
-from scrapy_hostqueue.store._sqlfile import FRONTIER_FILE, FrontierFile
-from scrapy_hostqueue.store.sqlite import parse_learned
+from scrapy_hostqueue.frontier import FRONTIER_FILE
+from scrapy_hostqueue.frontier.sqlite._file import FrontierFile
+from scrapy_hostqueue.frontier.sqlite._store import parse_learned
 
 
 def frontier_file(path: str) -> str:

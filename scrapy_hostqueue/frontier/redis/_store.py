@@ -1,10 +1,10 @@
 """The Redis store: one crawl shared by several processes, one budget per host.
 
 Pure logic plus an asyncio task: no Scrapy or Twisted import, and the
-``redis`` client is passed in (see :mod:`scrapy_hostqueue._redis_glue`).
+``redis`` client is passed in (see :mod:`scrapy_hostqueue.frontier.redis._glue`).
 
 **Exclusive host leases.** A process *claims* hosts that have queued
-requests (see :mod:`scrapy_hostqueue.store._redisdb` for the keys), works
+requests (see :mod:`scrapy_hostqueue.frontier.redis._db` for the keys), works
 them with the in-memory store's ring, the AIMD middleware and the send gate
 as a single process does, and gives a host back when it has been idle for
 :data:`HOLD_GRACE` seconds, must wait longer than :data:`RELEASE_BLOCKED`
@@ -21,11 +21,11 @@ processes (a deep queue, a limit of a few requests, no spacing) is lent in
 part to a process that finds no host to claim, when ``share_hosts`` is on:
 the holder keeps part of the host's limit and the co-holder gets the rest,
 the two never having more than the limit in flight between them (see
-:mod:`scrapy_hostqueue.store._redisshare`).
+:mod:`scrapy_hostqueue.frontier.redis._share`).
 
 **Synchronous methods, asynchronous Redis.** The store's methods act on local
 state and append to an ordered outbound log; an asyncio task (``RedisLink``,
-in :mod:`scrapy_hostqueue.store._redislink`) sends the log in batches (a
+in :mod:`scrapy_hostqueue.frontier.redis._link`) sends the log in batches (a
 pipeline of Lua scripts), claims hosts when this process holds fewer than it
 can work, reads the next
 requests of the hosts it holds, renews this process's heartbeat and reclaims
@@ -55,9 +55,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from scrapy_hostqueue.store._layered import LayeredStore
-from scrapy_hostqueue.store._redisdb import RANK_LIMIT, prefix, split_value
-from scrapy_hostqueue.store._redisshare import (
+from scrapy_hostqueue.frontier._layered import LayeredStore
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
+from scrapy_hostqueue.frontier.redis._db import RANK_LIMIT, prefix, split_value
+from scrapy_hostqueue.frontier.redis._share import (
     LOWERING,
     OFFER_WAIT,
     OFFERED,
@@ -68,7 +69,6 @@ from scrapy_hostqueue.store._redisshare import (
     Share,
     may_share,
 )
-from scrapy_hostqueue.store.memory import HostState, MemoryStore
 
 __all__ = ["HOLD_GRACE", "RELEASE_BLOCKED", "RedisStore"]
 
@@ -135,11 +135,11 @@ class _Held:
 
 
 class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
-    """A :class:`~scrapy_hostqueue.store.RequestStore` on a shared Redis.
+    """A :class:`~scrapy_hostqueue.frontier.RequestStore` on a shared Redis.
 
     *memory* keeps the ring and the state of the hosts this process holds;
     *proc* is this process's id in the crawl (see
-    :func:`~scrapy_hostqueue.store._redisdb.register`); *encode*, *decode*
+    :func:`~scrapy_hostqueue.frontier.redis._db.register`); *encode*, *decode*
     turn items into bytes and back (*encode* returns None for an item it
     cannot encode: it stays in memory only); *fingerprint* gives an item's
     fingerprint, or None for one the dupefilter must not filter.
@@ -657,7 +657,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
 
     def _may_offer(self, key: str, held: _Held, state: HostState | None, now: float) -> bool:
         """Whether to lend a part of *key*, held here, to a process that
-        found no host (see :mod:`scrapy_hostqueue.store._redisshare`)."""
+        found no host (see :mod:`scrapy_hostqueue.frontier.redis._share`)."""
         return (
             self.share_hosts
             and self.connected

@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scrapy_hostqueue._errors import RedisFrontierError
+
 #: The layout of the keys; a crawl id written with another is refused.
 LAYOUT_VERSION = "2"
 
@@ -57,12 +59,6 @@ RANK_LIMIT = 4_000_000
 def prefix(crawl_id: str) -> str:
     """The key prefix of *crawl_id* (with its hash tag)."""
     return f"hq:{{{crawl_id}}}:"
-
-
-class RedisFrontierError(Exception):
-    """The shared frontier cannot be used (Redis unreachable, a crawl id of
-    another layout, the client missing). The message is one line saying
-    what to do."""
 
 
 # What every script shares. A script's body runs in ``run``, which writes

@@ -18,18 +18,18 @@ from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.request import fingerprint
 
-from scrapy_hostqueue._redis_glue import (
-    connect,
-    connect_problem,
-    redis_client_module,
-    shown_url,
-)
-from scrapy_hostqueue.store._redisdb import (
+from scrapy_hostqueue.frontier.redis._db import (
     LAYOUT_VERSION,
     SCRIPTS,
     RedisFrontierError,
     prefix,
     split_value,
+)
+from scrapy_hostqueue.frontier.redis._glue import (
+    connect,
+    connect_problem,
+    redis_client_module,
+    shown_url,
 )
 
 #: Requests per push script call.
@@ -141,7 +141,7 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
             held_by = f"  held by {owner}" if owner else ""
             co, part = client.hmget(p + f"share:{host}", "co", "grant")
             if co is not None:
-                # A busy host lent in part (see store/_redisshare.py).
+                # A busy host lent in part (see _share.py).
                 held_by += f", {int(part)} of its limit lent to {co.decode()}"
             lines.append(
                 f"  {host:<{width}}  {queued.get(host, 0):>9,} queued  "

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from scrapy_hostqueue.store.memory import HostState, MemoryStore
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 
 E = TypeVar("E")
 
 
 class LayeredStore(Generic[E]):
-    """The part of a :class:`~scrapy_hostqueue.store.RequestStore` that is the
+    """The part of a :class:`~scrapy_hostqueue.frontier.RequestStore` that is the
     memory store's (*memory*, whose items are the subclass's entries). A host
     command that changes what must outlive the process (its limit, block or
     interval) calls :meth:`_changed`."""

@@ -21,7 +21,7 @@ import asyncio
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from scrapy.utils.asyncio import call_later
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from scrapy.utils.asyncio import CallLaterResult
 
     from scrapy_hostqueue._recorder import HostStatsRecorder
-    from scrapy_hostqueue.store import HostState, RequestStore
+    from scrapy_hostqueue.frontier import HostState, RequestStore
 
 
 class UsesSendGate:
@@ -63,7 +63,7 @@ class GateClient(Protocol):
 
 def handlers_gate_sends(crawler: Crawler) -> bool:
     """Whether the http and https handlers ask the send gate before sending
-    (:class:`~scrapy_hostqueue.sendgate.UsesSendGate`; this project's handler
+    (:class:`~scrapy_hostqueue._sendgate.UsesSendGate`; this project's handler
     does), which prefetch needs to hold the limit."""
     handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
     for scheme in ("http", "https"):
@@ -222,6 +222,15 @@ class SendGate:
 
     def on_wire(self, host: str) -> int:
         return self._sending.get(host, 0)
+
+    def holding(self) -> Iterator[tuple[str, int, int]]:
+        """``(host, waiting, on the wire)`` of every host with requests
+        waiting here or past the gate and not done (O(hosts): for a crawl's
+        close)."""
+        for host in self._waiters.keys() | self._sending.keys():
+            waiters = self._waiters.get(host, ())
+            waiting = sum(not future.done() for future, _ in waiters)
+            yield host, waiting, self._sending.get(host, 0)
 
     def may_send(self, host: str) -> bool:
         state = self.store.host_state(host)

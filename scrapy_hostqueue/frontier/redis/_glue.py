@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from scrapy_hostqueue._recorder import stat_key
-from scrapy_hostqueue.store._redisdb import RedisFrontierError, register
-from scrapy_hostqueue.store._redislink import RedisLink
-from scrapy_hostqueue.store.memory import MemoryStore
-from scrapy_hostqueue.store.redis import RedisStore
+from scrapy_hostqueue.frontier.memory import MemoryStore
+from scrapy_hostqueue.frontier.redis._db import RedisFrontierError, register
+from scrapy_hostqueue.frontier.redis._link import RedisLink
+from scrapy_hostqueue.frontier.redis._store import RedisStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from scrapy_hostqueue._config import HostQueueConfig
-    from scrapy_hostqueue._frontier import RequestCodec
-    from scrapy_hostqueue.store import HostState
+    from scrapy_hostqueue.frontier import HostState
+    from scrapy_hostqueue.frontier._codec import RequestCodec
 
 logger = logging.getLogger(__name__)
 

@@ -31,6 +31,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
+from scrapy_hostqueue._errors import FrontierFileError
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no lock
@@ -41,8 +43,6 @@ APPLICATION_ID = 0x48514652
 #: ``PRAGMA user_version``: the layout of the tables. A file of another
 #: version is refused, never converted silently.
 FORMAT_VERSION = 1
-#: File name of the frontier inside ``JOBDIR``.
-FRONTIER_FILE = "hostqueue.frontier.db"
 
 _SCHEMA = (
     # ``nrank`` is minus the rank, so that the serving order is ascending.
@@ -91,12 +91,6 @@ FILTER_LOAD_MAX = 1_000_000
 
 def _has_learned_column(conn: sqlite3.Connection) -> bool:
     return any(row[1] == "learned" for row in conn.execute("PRAGMA table_info(hosts)"))
-
-
-class FrontierFileError(Exception):
-    """A frontier file cannot be used (damaged, foreign, of another version,
-    locked by another crawl, not writable, a full disk). The message is one
-    line naming the file and what to do."""
 
 
 #: ``(host, limit, interval, blocked_until, block_reason, spaced_until,
