@@ -26,7 +26,9 @@ __all__ = [
     "crawl_stats",
     "new_store",
     "redis_server",
+    "replication",
     "wait_pushed",
+    "wait_replicated",
 ]
 
 
@@ -83,6 +85,32 @@ class StoreProcess:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def replication(server: RedisServer) -> dict[str, str]:
+    """*server*'s ``INFO replication``: ``role``, ``master_link_status``,
+    ``master_repl_offset``, ``slave_repl_offset``..."""
+    lines = str(server.command("INFO replication")).splitlines()
+    return dict(line.strip().split(":", 1) for line in lines if ":" in line)
+
+
+def wait_replicated(master: RedisServer, replica: RedisServer, timeout: float = 10.0) -> None:
+    """Wait until *replica* has applied every write *master* made so far: its
+    link up and its offset at the master's offset read now. (``WAIT`` cannot
+    tell: it waits for the writes of the connection that sends it, and a new
+    connection has written nothing, so it answers at once.)"""
+    written = int(replication(master)["master_repl_offset"])
+    deadline = time.monotonic() + timeout
+    while True:
+        info = replication(replica)
+        if (
+            info.get("master_link_status") == "up"
+            and int(info.get("slave_repl_offset", -1)) >= written
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"port {replica.port} did not reach offset {written}: {info}")
+        time.sleep(0.01)
 
 
 def crawl_stats(sync: Any, crawl: str) -> dict[str, int]:
@@ -390,7 +418,7 @@ class RedisClusterServers:
         first has every replica acknowledge what it wrote so far): the lag of
         asynchronous replication, made as long as a test needs. The replica
         fails to authenticate when it reconnects, and stays behind."""
-        assert master.command("WAIT 1 2000") == 1
+        wait_replicated(master, replica)
         replica.command("CONFIG SET masteruser nobody")
         replica.command("CONFIG SET masterauth wrong")
         assert master.command("CLIENT KILL TYPE replica") == 1

@@ -32,7 +32,14 @@ from scrapy_hostqueue.frontier.redis._store import RedisStore
 from scrapy_hostqueue.testing import HostSpec, HostStats
 from scrapy_hostqueue.testing._redis_server import RedisServer
 from tests._crawl_report import watched_hosts
-from tests._redis import RedisClusterServers, StoreProcess, crawl_stats, new_store, wait_pushed
+from tests._redis import (
+    RedisClusterServers,
+    StoreProcess,
+    crawl_stats,
+    new_store,
+    replication,
+    wait_pushed,
+)
 from tests.crawling import ended_at_exit, start_demo_crawls
 
 redis = pytest.importorskip("redis")
@@ -321,6 +328,31 @@ async def test_writes_a_failover_lost_are_taken_back_or_redone(
     sync.close()
 
 
+async def _fail_over(master: RedisServer, replica: RedisServer) -> None:
+    """``FAILOVER`` sent to *master* (no cluster): it stops taking writes,
+    waits until *replica* has every one, and the two swap roles. Returns once
+    *master* is a replica with its link to *replica* up: nothing written is
+    lost. (A replica promoted with ``REPLICAOF NO ONE`` while it lags drops
+    the writes it missed, and the old master, made its replica, drops them
+    too with a full resynchronisation.)"""
+    deadline = time.monotonic() + 10
+    while replication(replica).get("master_link_status") != "up":
+        assert time.monotonic() < deadline, replication(replica)
+        await asyncio.sleep(0.01)
+    assert master.command("FAILOVER") == "OK"
+    while True:
+        old, new = replication(master), replication(replica)
+        if (
+            old.get("role") == "slave"
+            and old.get("master_link_status") == "up"
+            and old.get("master_failover_state") == "no-failover"
+            and new.get("role") == "master"
+        ):
+            return
+        assert time.monotonic() < deadline, (old, new)
+        await asyncio.sleep(0.01)
+
+
 @deferred_f_from_coro_f
 async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
     caplog: pytest.LogCaptureFixture,
@@ -346,9 +378,7 @@ async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
 
         a.store.push("h1", 0, "h1/0")
         await wait_pushed(sync, "demoted", 1)
-        assert first.command("WAIT 1 2000") == 1
-        second.command("REPLICAOF NO ONE")
-        first.command(f"REPLICAOF 127.0.0.1 {second.port}")
+        await _fail_over(first, second)
         a.store.push("h1", 0, "h1/1")
         deadline = time.monotonic() + 10
         while not a.store.counts["outages"]:
@@ -356,8 +386,7 @@ async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
             await asyncio.sleep(0.01)
         assert a.store.connected is False
         # Back: the first server a master again, the second its replica.
-        first.command("REPLICAOF NO ONE")
-        second.command(f"REPLICAOF 127.0.0.1 {first.port}")
+        await _fail_over(second, first)
         await wait_pushed(sync, "demoted", 2)
         assert await a.link.close() is None
         messages = [record.getMessage() for record in caplog.records]
