@@ -29,7 +29,7 @@ class HostQueueSettingsError(HostQueueError, ValueError):
 
 
 class UnsupportedDependencyError(HostQueueError, ImportError):
-    """The installed Scrapy or aiohttp is not a version this package knows,
+    """The installed Scrapy or aiohttp is older than this package's floors,
     or lacks a private name it uses."""
 
 

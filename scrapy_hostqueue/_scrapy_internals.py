@@ -6,7 +6,8 @@ connection pool inside aiohttp's connector are not a stable public API (an
 open Scrapy proposal may replace download slots altogether), so nothing else
 in the package reaches into them or names anything private of Scrapy or
 aiohttp. :func:`check_compatible` refuses, at start-up, a Scrapy or aiohttp
-this module does not know, or one that lacks a name it uses.
+older than the package's floors or one that lacks a name it uses, and starts
+on a newer one that has them all with one WARNING.
 """
 
 from __future__ import annotations
@@ -51,37 +52,46 @@ _R = TypeVar("_R")
 
 # -- versions ------------------------------------------------------------------
 
-#: The Scrapy releases whose internals this module was written against, as
-#: ``(first, end)``: 2.19.x.
-SCRAPY_KNOWN = ((2, 19), (2, 20))
-#: aiohttp: 3.10 reads the session's retry switch at each request; 4.0 may
-#: change the connector (this module was tested up to 3.14).
-AIOHTTP_KNOWN = ((3, 10), (4,))
+#: The Scrapy releases the tests run against, as ``(floor, end)``: 2.19.x.
+#: The floor is ``install_requires``'s; a newer release that has every private
+#: name used here starts with a WARNING.
+SCRAPY_TESTED = ((2, 19), (2, 20))
+#: aiohttp: the floor is Scrapy 2.19's own (``install_requires`` repeats it);
+#: the tests run up to 3.14.
+AIOHTTP_TESTED = ((3, 13, 3), (3, 15))
 
 
-def _known_range(known: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
-    first, end = (".".join(map(str, version)) for version in known)
-    if len(known[1]) == 2 and known[1] == (known[0][0], known[0][1] + 1):
-        return f"{first}.x"
-    return f">= {first}, < {end}"
+def _dotted(release: tuple[int, ...]) -> str:
+    return ".".join(map(str, release))
 
 
-def _known_versions() -> str:
-    return (
-        f"Scrapy {_known_range(SCRAPY_KNOWN)} and aiohttp {_known_range(AIOHTTP_KNOWN)}; "
-        f"installed: Scrapy {scrapy.__version__}, aiohttp {aiohttp.__version__}"
-    )
+def _tested_range(tested: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
+    first, end = tested
+    if len(first) == 2 and end == (first[0], first[1] + 1):
+        return f"{_dotted(first)}.x"
+    return f"{_dotted(first)} to {end[0]}.{end[1] - 1}"
 
 
-def _in_range(installed: str, known: tuple[tuple[int, ...], tuple[int, ...]]) -> bool:
-    # The release numbers only: a pre-release of a known version (2.19.1rc1)
+#: The libraries checked, by the name their users know.
+_LIBRARIES = (("Scrapy", scrapy, SCRAPY_TESTED), ("aiohttp", aiohttp, AIOHTTP_TESTED))
+
+
+def _tested() -> str:
+    return " and ".join(f"{name} {_tested_range(tested)}" for name, _, tested in _LIBRARIES)
+
+
+def _tested_versions() -> str:
+    installed = ", ".join(f"{name} {module.__version__}" for name, module, _ in _LIBRARIES)
+    return f"{_tested()}; installed: {installed}"
+
+
+def _release(installed: str) -> tuple[int, ...] | None:
+    # The release numbers only: a pre-release of a version (2.19.1rc1)
     # counts as that version.
     match = re.match(r"\d+(?:\.\d+)*", installed)
     if match is None:
-        return False
-    release = tuple(int(part) for part in match.group().split("."))
-    first, end = known
-    return first <= release < end
+        return None
+    return tuple(int(part) for part in match.group().split("."))
 
 
 def _assigned_in_init(cls: type, name: str) -> bool:
@@ -126,26 +136,45 @@ def _missing_names(*, handler: bool) -> list[str]:
     return missing
 
 
+#: The versions already warned about as untested, so that a process logs
+#: the WARNING once, not once per component.
+_warned_untested: set[str] = set()
+
+
 def check_compatible(*, handler: bool = False) -> None:
-    """Refuse to start with a Scrapy or aiohttp this module does not know,
-    or one without a private name it uses (*handler*: also those of the
-    download handler): better one clear line at start-up than an
-    AttributeError in the middle of a crawl."""
-    if not _in_range(scrapy.__version__, SCRAPY_KNOWN) or not _in_range(
-        aiohttp.__version__, AIOHTTP_KNOWN
-    ):
+    """Refuse to start with a Scrapy or aiohttp older than this package's
+    floors, or one without a private name it uses (*handler*: also those of
+    the download handler): better one clear line at start-up than an
+    AttributeError in the middle of a crawl. A release newer than those the
+    tests run against, with every name in place, starts with one WARNING."""
+    releases = [(name, module.__version__, tested) for name, module, tested in _LIBRARIES]
+    if any((_release(version) or ()) < tested[0] for _, version, tested in releases):
+        floors = " and ".join(f"{name} >= {_dotted(tested[0])}" for name, _, tested in releases)
         raise UnsupportedDependencyError(
-            f"scrapy-hostqueue works with {_known_versions()}. Install a known "
-            "version (pip install 'scrapy~=2.19.0' 'aiohttp>=3.10,<4')."
+            f"scrapy-hostqueue needs {floors}, and is tested with {_tested_versions()}. "
+            "Upgrade them (pip install -U scrapy aiohttp)."
         )
     missing = _missing_names(handler=handler)
     if missing:
         raise UnsupportedDependencyError(
-            f"scrapy-hostqueue works with {_known_versions()}, which lack "
+            f"scrapy-hostqueue is tested with {_tested_versions()}, which lack "
             f"{', '.join(missing)}. Install Scrapy 2.19 (pip install 'scrapy~=2.19.0'), "
             "or remove scrapy_hostqueue.AiohttpDownloadHandler from DOWNLOAD_HANDLERS to "
             "use Scrapy's default HTTP/1.1 handler "
             "(scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler)."
+        )
+    untested = ", ".join(
+        f"{name} {version}"
+        for name, version, tested in releases
+        if (_release(version) or ()) >= tested[1]
+    )
+    if untested and untested not in _warned_untested:
+        _warned_untested.add(untested)
+        logger.warning(
+            "scrapy-hostqueue is not tested with %s (tested with %s); it has every "
+            "private name the package uses, so the crawl starts",
+            untested,
+            _tested(),
         )
 
 

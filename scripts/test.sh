@@ -15,5 +15,7 @@ trap 'rm -rf "$html"' EXIT
 "$PY" -m sphinx -q -W -n -b html docs "$html"
 echo "== pytest"
 # Two worker processes: most crawl tests wait on their local hosts, so two
-# keep both cores busy. Arguments after the script go to pytest.
-"$PY" -m pytest -n 2 --dist worksteal "$@"
+# keep both cores busy; -rfEs lists each failed, erroring and skipped test
+# (with its reason).
+# Arguments after the script go to pytest.
+"$PY" -m pytest -n 2 --dist worksteal -rfEs "$@"

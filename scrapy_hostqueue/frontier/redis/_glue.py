@@ -213,6 +213,20 @@ def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
     )
 
 
+def _cluster_node(redis: Any, url: str, options: dict[str, Any]) -> bool:
+    """Whether the server at *url* is a node of a Redis Cluster, asked in
+    database 0 whatever database *url* names."""
+    pool = redis.ConnectionPool.from_url(url, **options)
+    pool.connection_kwargs["db"] = 0
+    try:
+        info = redis.Redis(connection_pool=pool).info("cluster")
+        return int(info.get("cluster_enabled", 0)) == 1
+    except redis.RedisError:
+        return False
+    finally:
+        pool.disconnect()
+
+
 def connect(redis: Any, url: str, *, timeout: float = CONNECT_TIMEOUT) -> tuple[Any, bool]:
     """A synchronous client of the Redis at *url*, and whether it talks to a
     Redis Cluster: when the server at *url* is a node of one (``INFO
@@ -227,10 +241,13 @@ def connect(redis: Any, url: str, *, timeout: float = CONNECT_TIMEOUT) -> tuple[
     try:
         try:
             enabled = int(plain.info("cluster").get("cluster_enabled", 0))
-        except redis.ResponseError as error:
+        except redis.ResponseError:
             # A node of a cluster refuses SELECT, which a database in the
-            # URL sends first.
-            if plain.connection_pool.connection_kwargs.get("db") and "cluster" in str(error):
+            # URL sends first (Redis: "not allowed in cluster mode", Valkey:
+            # "DB index is out of range").
+            if plain.connection_pool.connection_kwargs.get("db") and _cluster_node(
+                redis, url, options
+            ):
                 raise RedisFrontierError(
                     f"{shown_url(url)} is a node of a Redis Cluster, which has only "
                     "database 0: leave the database out of HOSTQUEUE_FRONTIER (or write /0)"

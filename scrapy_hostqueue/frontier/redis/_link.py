@@ -299,12 +299,14 @@ class RedisLink:
                 args = [proc, group[0][1]]
             else:  # give_up
                 args = [group[0][1]]
-            pipe.evalsha(shas[kind], 1, p, token, *args)
+            # EVALSHA by name: redis-py's cluster pipelines block their
+            # evalsha method in some releases (8.1), not the command.
+            pipe.execute_command("EVALSHA", shas[kind], 1, p, token, *args)
             plan.append((kind, group))
             i = j
         if beat:
             expiry = wall_ms + int(store.lease_timeout * 1000)
-            pipe.evalsha(shas["heartbeat"], 1, p, token, proc, wall_ms, expiry)
+            pipe.execute_command("EVALSHA", shas["heartbeat"], 1, p, token, proc, wall_ms, expiry)
         if totals:
             pipe.hmget(p + "stats", "queued", "leased")
             pipe.zrangebyscore(p + "hungry", wall_ms - HUNGRY_MS, "+inf")
