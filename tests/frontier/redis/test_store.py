@@ -1,5 +1,7 @@
-"""The Redis store against a real ``redis-server``: two stores on one crawl
-stand for two processes; the task's steps are run one at a time."""
+"""The Redis store against a real ``redis-server``.
+
+Two stores on one crawl stand for two processes; the task's steps are run one at a time.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def _store(redis_client: Any, **options: Any) -> RedisStore[str]:
 
 
 def _process(url: str, store: RedisStore[str]) -> StoreProcess:
-    """A store and an asyncio client, stepped by hand."""
+    """Make a store and an asyncio client, stepped by hand."""
     client = redis.asyncio.Redis.from_url(url)
     return StoreProcess(store, client, (redis.exceptions.ConnectionError,))
 
