@@ -215,10 +215,11 @@ def crawl_command(
     worker: int | None = None,
     frontier: str | None = None,
 ) -> list[str]:
-    """The ``scrapy crawl`` command line (run with cwd :data:`PROJECT_DIR`).
-    *worker* numbers one of several processes (its files get ``-K``, its
-    budget is its share of ``--pages``); *frontier* is the shared frontier's
-    URL."""
+    """Return the ``scrapy crawl`` command line (run with cwd :data:`PROJECT_DIR`).
+
+    *worker* numbers one of several processes (its files get ``-K``, its budget is its share of
+    ``--pages``); *frontier* is the shared frontier's URL.
+    """
     suffix = "" if worker is None else f"-{worker}"
     pages = args.pages if worker is None else math.ceil(args.pages / args.workers)
     command = [
@@ -257,8 +258,7 @@ def crawl_command(
 
 
 def kill_when(process: subprocess.Popen[bytes], condition: Callable[[], bool]) -> bool:
-    """Kill *process* with SIGKILL once *condition* holds; False if it ended
-    first."""
+    """Kill *process* with SIGKILL once *condition* holds; False if it ended first."""
     while process.poll() is None:
         if condition():
             process.kill()
@@ -275,7 +275,9 @@ def run_crawl(
     kill: Callable[[subprocess.Popen[bytes]], object] | None = None,
 ) -> CrawlResult:
     """Run the crawl with its output in ``log_path``; stop it after ``timeout``.
-    *kill*, if given, is called with the process once it runs (and may kill it)."""
+
+    *kill*, if given, is called with the process once it runs (and may kill it).
+    """
     started = time.monotonic()
     timed_out = False
     with log_path.open("wb") as log:
@@ -305,8 +307,10 @@ def _start(command: list[str], log: Any) -> subprocess.Popen[bytes]:
 def run_crawls(
     commands: list[list[str]], log_paths: list[Path], timeout: float
 ) -> list[CrawlResult]:
-    """Run the crawls at once, each with its output in its log; stop those
-    still running ``timeout`` seconds after the start."""
+    """Run the crawls at once, each with its output in its log.
+
+    Stop those still running ``timeout`` seconds after the start.
+    """
     started = time.monotonic()
     results: list[CrawlResult] = []
     with contextlib.ExitStack() as stack:
@@ -355,15 +359,20 @@ def _statuses(stats: HostStats) -> str:
 
 
 def fetched_again(stats: HostStats) -> int:
-    """Page fetches beyond each page's first, a fetch after a 429 or 503
-    answer not counted (the host asked for it)."""
+    """Count page fetches beyond each page's first, those after a 429 or 503 aside.
+
+    Page fetches beyond each page's first, a fetch after a 429 or 503
+    answer not counted (the host asked for it).
+    """
     throttled = sum(stats.statuses.get(code, 0) for code in THROTTLE_STATUSES)
     return max(0, stats.served - len(stats.pages) - throttled)
 
 
 def host_table(labels: list[str], all_stats: list[HostStats], limit: int | None = None) -> str:
-    """The per-host summary, one row per host, as aligned text; *limit* is
-    the per-host limit the crawl was given (CONCURRENT_REQUESTS_PER_DOMAIN)."""
+    """Return the per-host summary, one row per host, as aligned text.
+
+    *limit* is the per-host limit the crawl was given (CONCURRENT_REQUESTS_PER_DOMAIN).
+    """
     header = (
         "host",
         "behaviour",
@@ -430,7 +439,7 @@ _STATS_COLUMNS = (
 
 
 def hostqueue_stats_table(scrapy_stats: dict[str, Any]) -> str:
-    """The per-host ``hostqueue/hosts/{host}/...`` stats of the crawl, as a table."""
+    """Return the per-host ``hostqueue/hosts/{host}/...`` stats of the crawl, as a table."""
     prefix = "hostqueue/hosts/"
     hosts: dict[str, dict[str, Any]] = {}
     for key, value in scrapy_stats.items():
@@ -487,8 +496,10 @@ def _draw_timeline(timeline: Path, output_dir: Path) -> None:
 
 
 def per_host_limit(args: argparse.Namespace) -> int | None:
-    """The crawl's per-host limit: ``CONCURRENT_REQUESTS_PER_DOMAIN`` from
-    ``-s``, else from the example project's settings."""
+    """Return the crawl's per-host limit.
+
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` from ``-s``, else from the example project's settings.
+    """
     for setting in reversed(args.settings):
         name, _, value = setting.partition("=")
         if name.strip() == "CONCURRENT_REQUESTS_PER_DOMAIN":
@@ -516,8 +527,11 @@ def _crawl_failed(result: CrawlResult, log_path: Path, timeout: float) -> None:
 def run_workers(
     args: argparse.Namespace, host_set: list[tuple[str, HostSpec]], output_dir: Path
 ) -> int:
-    """``--workers N``: N crawl processes on one shared frontier (or each on
-    its own with ``--independent`` or ``--stock``), then the hosts' table."""
+    """Run N crawl processes on one shared frontier (``--workers N``).
+
+    N crawl processes on one shared frontier (or each on its own with ``--independent`` or
+    ``--stock``), then the hosts' table.
+    """
     workers = args.workers
     labels = [label for label, _ in host_set]
     limit = per_host_limit(args)
