@@ -1115,9 +1115,6 @@ class MemoryStore(Generic[T]):
     def _compact(self) -> None:
         """Drop stale entries from the ring, the timer heap, the capped FIFO and the prefetch heap.
 
-        Drop stale entries from the ring, the timer heap, the capped FIFO and
-        the prefetch heap.
-
         In place, because callers may hold references to these containers.
         """
         for heap in (self._timers, self._prefetchable):
