@@ -6,7 +6,7 @@ until their host may take one more (:meth:`DirectDownloads.delay`,
 :meth:`~DirectDownloads.has_room`, :meth:`~DirectDownloads.wait_for_room`);
 then they count for the host like a handed-out request
 (:meth:`~DirectDownloads.adopt`) until they leave the downloader. The
-scheduler's hosts (``_hosts``) offer these as part of ``HostControl``.
+scheduler's hosts (``_hosts``) offer it as ``HostControl.direct``.
 """
 
 from __future__ import annotations

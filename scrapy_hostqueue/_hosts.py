@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.utils.asyncio import CallLaterResult
 
+    from scrapy_hostqueue._aimd import Adjustment
     from scrapy_hostqueue._config import HostQueueConfig
-    from scrapy_hostqueue._contracts import HostControl, PolicyHook
+    from scrapy_hostqueue._contracts import HostControl, HostView, PolicyHook
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,9 @@ class Hosts:
             may_send_back=self._may_send_back,
             room_changed=self._room_changed,
         )
-        self._direct = DirectDownloads(
+        #: Room for the requests that reach the downloader without the
+        #: scheduler (the AIMD middleware holds them there).
+        self.direct = DirectDownloads(
             self.store, self.records, self.gate, gated=bool(self.prefetch)
         )
         self._overdue = OverdueRequests(
@@ -227,6 +230,11 @@ class Hosts:
         self.store.export_learned = hook.learned
         self.store.import_learned = hook.relearn
         self._overdue.start(hook)
+        # The scheduler opens before the spider does; with JOBDIR it may
+        # already know hosts (resumed requests) with their configured limits.
+        for host, _queued, _in_flight, _state in list(self.store.hosts()):
+            configured = internals.configured_slot(self.crawler.settings, host)[0]
+            self.set_limit(host, hook.initial_limit(host, configured))
 
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
@@ -234,22 +242,26 @@ class Hosts:
     def host_state(self, host: str) -> HostState:
         return self.store.host_state(host)
 
-    def inflight(self, host: str) -> int:
-        return self.store.inflight(host)
-
-    def handed_out(self, request: Request) -> bool:
-        """Whether *request* was handed out by ``next_request`` and has not
-        left the downloader yet."""
-        return self.records.handed_out(request) is not None
-
     def handed_out_for(self, request: Request) -> str | None:
-        """The host *request* was handed out for (and counts for), or None if
-        it was not handed out or has left the downloader."""
+        """The host *request* was handed out by ``next_request`` for (and
+        counts for), or None if it was not handed out or has left the
+        downloader."""
         record = self.records.handed_out(request)
         return None if record is None else record.host
 
-    def is_full(self, host: str) -> bool:
-        return self.store.is_full(host)
+    def held_back_since(self, host: str, started: float) -> bool:
+        """Whether *host* had its whole limit in flight at some moment since
+        *started*, or has now."""
+        return self.store.host_state(host).full_at >= started or self.store.is_full(host)
+
+    def held_by_silence(self, host: str) -> bool:
+        """Whether *host*, silent, has its one request at a time on the wire
+        while its limit has room (with prefetch, against the send gate's
+        count; without, against every request handed out and not back)."""
+        state = self.store.host_state(host)
+        if self.store.in_flight_cap(state) >= state.limit:
+            return False
+        return bool(self.prefetch) or self.store.inflight(host) < state.limit
 
     def note_full(self, host: str, now: float) -> None:
         self.store.note_full(host, now)
@@ -264,6 +276,18 @@ class Hosts:
         """*host*'s last request failed to connect or timed out: until it
         answers again, hosts that answer go before it (see the store)."""
         self.store.set_answering(host, False)
+
+    def adjust(self, adjustment: Adjustment, now: float) -> int:
+        """Apply what the AIMD rule decided for a host at *now*: its new
+        limit, a block, giving it up. Returns the number of its queued
+        requests given up (see :meth:`give_up`)."""
+        host = adjustment.host
+        if adjustment.limit_changed:
+            self.set_limit(host, adjustment.new_limit)
+        block, reason = adjustment.block, adjustment.block_reason
+        if block is not None and block > 0 and reason is not None:
+            self.block_until(host, now + block, reason)
+        return self.give_up(host) if adjustment.give_up else 0
 
     def set_limit(self, host: str, limit: int) -> None:
         self.store.set_limit(host, limit)
@@ -302,11 +326,6 @@ class Hosts:
         self.records.leave(request)
         return record.host
 
-    def host_given_up(self, host: str) -> bool:
-        """Whether *host* was given up (see :meth:`give_up`)."""
-        state = self.store.known_state(host)
-        return state is not None and state.given_up
-
     def answered(self, request: Request) -> str | None:
         """*request* was answered: its host may now have its whole limit in
         flight. The host it was handed out (or adopted) for, which a
@@ -319,20 +338,6 @@ class Hosts:
             return None
         self.store.set_answering(host, True)
         return host
-
-    # -- requests the scheduler did not hand out (see _direct) ---------------
-
-    def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float:
-        return self._direct.delay(host, now, spacing=spacing)
-
-    def has_room(self, host: str) -> bool:
-        return self._direct.has_room(host)
-
-    async def wait_for_room(self, host: str, timeout: float) -> bool:
-        return await self._direct.wait_for_room(host, timeout)
-
-    def adopt(self, request: Request, host: str, now: float) -> None:
-        self._direct.adopt(request, host, now)
 
     # -- Scrapy's signals, as the scheduler connects them -----------------------
 
@@ -368,7 +373,7 @@ class Hosts:
         self.records.leave(request)
         self.store.finish(host, record.overdue)
         self._overdue.left(record)
-        self._direct.wake(host)
+        self.direct.wake(host)
 
     def on_reached_downloader(self, request: Request, spider: Spider) -> None:
         key = internals.host_key(self.crawler, request)
@@ -483,7 +488,7 @@ class Hosts:
         """*host* may have more on the wire now (a send slot freed, a higher
         limit, its first answer): let through what waits for that."""
         self.gate.open(host)
-        self._direct.wake(host)
+        self.direct.wake(host)
 
     def _may_send_back(self, request: Request) -> bool:
         """Whether a request held at the send gate by a block may go back to
@@ -494,9 +499,9 @@ class Hosts:
 
 if TYPE_CHECKING:
 
-    def _keeps_the_contract(hosts: Hosts) -> HostControl:
+    def _keeps_the_contracts(hosts: Hosts) -> tuple[HostControl, HostView]:
         # For mypy: Hosts is what the middleware and the stats expect.
-        return hosts
+        return hosts, hosts
 
 
 __all__ = ["Hosts"]

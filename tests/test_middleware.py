@@ -92,7 +92,7 @@ class StandInHosts(Hosts):
             may_send_back=lambda request: False,
             room_changed=lambda host: None,
         )
-        self._direct = DirectDownloads(self.frontier, self.records, self.gate, gated=False)
+        self.direct = DirectDownloads(self.frontier, self.records, self.gate, gated=False)
         self._overdue = Unwatched()  # type: ignore[assignment]
 
     @property
