@@ -69,7 +69,7 @@ class DirectDownloads:
         store = self._store
         state = store.host_state(host)
         reached = self._records.reached_per_host.get(host, 0)
-        return store.inflight(host) < state.limit and reached < store.in_flight_cap(state)
+        return store.in_flight(host) < state.limit and reached < store.in_flight_cap(state)
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
         """Wait until a request of *host* leaves the downloader or its limit

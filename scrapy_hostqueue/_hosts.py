@@ -90,7 +90,7 @@ class Hosts:
             ring_granularity=2,
         )
         self.records = RequestTable()
-        self._budget = max(0, config.global_concurrency)
+        self._global_limit = max(0, config.global_concurrency)
         self.gate = SendGate(
             self.store,
             self.records,
@@ -144,12 +144,12 @@ class Hosts:
         crawl's close)."""
         return left_over(self.store, self.records, self.gate, self.given_up_requests)
 
-    def refuse(self, host: str, request: Request) -> None:
-        """*request* came in for *host*, which was given up: it goes to its
-        errback (see :meth:`give_up`)."""
+    def give_up_request(self, host: str, request: Request) -> None:
+        """*request* came in for *host*, which was given up: it is given up
+        too, and goes to its errback (see :meth:`give_up`)."""
         self.recorder.requests_dropped(host)
         if self.debug:
-            logger.debug("Refusing %s: host %s was given up", request, host)
+            logger.debug("Giving up %s: host %s was given up", request, host)
         self.given_up_requests.append((host, request))
 
     def next_given_up(self) -> Request:
@@ -187,10 +187,10 @@ class Hosts:
         prefetch in the downloader slot, at most the limit of them)."""
         if self.prefetch:
             return self.gate.on_wire(host)
-        inflight = self.store.inflight(host)
+        in_flight = self.store.in_flight(host)
         if self.slot_prefetch:
-            return min(inflight, self.store.host_state(host).limit)
-        return inflight
+            return min(in_flight, self.store.host_state(host).limit)
+        return in_flight
 
     def sent_back_from_gate(self, request: Request) -> bool:
         """Whether *request* left the download handler because the send gate
@@ -213,8 +213,8 @@ class Hosts:
         at a time they would keep the crawl going long after the rest."""
         self._policy_hook = hook
         self.store.silent_limit = 1
-        # A host's share of the budget among the active hosts caps it too.
-        self.store.budget = self._budget
+        # A host's share of the global limit among the active hosts caps it too.
+        self.store.global_limit = self._global_limit
         # A request waiting in Scrapy's downloader slot is past the
         # middleware that holds a blocked host's requests back (a Retry-After
         # that comes in meanwhile): only the send gate can send it back.
@@ -261,7 +261,7 @@ class Hosts:
         state = self.store.host_state(host)
         if self.store.in_flight_cap(state) >= state.limit:
             return False
-        return bool(self.prefetch) or self.store.inflight(host) < state.limit
+        return bool(self.prefetch) or self.store.in_flight(host) < state.limit
 
     def note_full(self, host: str, now: float) -> None:
         self.store.note_full(host, now)
@@ -307,7 +307,7 @@ class Hosts:
         self.store.set_interval(host, interval, jitter=0.0)
 
     def give_up(self, host: str) -> int:
-        """Refuse the requests of *host*: those queued, returned (their
+        """Give up *host* and its requests: those queued, returned (their
         number), and any that come later. Each is handed out once more, for
         the AIMD middleware to fail it with ``HostGivenUp``, so that its
         errback hears of it."""
@@ -351,21 +351,21 @@ class Hosts:
         if self.debug:
             logger.debug("%s left the downloader (host %s, %s)", request, host, record.stage.value)
         if record.given_up:
-            # Answered or refused by a downloader middleware before the AIMD
+            # Answered or dropped by a downloader middleware before the AIMD
             # one: never counted.
             self.records.leave(request)
             return
         if record.unsent_at is not None:
-            # Answered or refused by a downloader middleware (a cache hit,
+            # Answered or dropped by a downloader middleware (a cache hit,
             # robots.txt): it never went to the host.
             self.store.unstart(host, record.unsent_at)
         # The per-host request stats are taken here, off the engine's
         # next_request path: every request handed out leaves exactly once,
         # and the in-flight counts just before a leave reach every
         # high-water mark the hand-outs set.
-        self.recorder.request_done(host, self.store.inflight(host), self.store.active)
+        self.recorder.request_done(host, self.store.in_flight(host), self.store.active)
         if record.on_wire:
-            self.gate.release(request)
+            self.gate.off_the_wire(request)
         elif not self.prefetch:
             # A request stops being on the wire when it gives back its send
             # slot, or, without the send gate, when it leaves.
@@ -385,7 +385,7 @@ class Hosts:
             # request only, with Scrapy's delay. Left there, that delay would
             # make the downloader hold the host's first handed-out request
             # (a page waiting for robots.txt) a whole delay in the downloader,
-            # holding the global budget, while the scheduler counts the delay
+            # holding part of the global limit, while the scheduler counts the delay
             # from handing it out: the next page would follow at once.
             if not self.autothrottle:
                 internals.apply_to_slot(self.crawler, key, delay=0.0)
@@ -406,7 +406,7 @@ class Hosts:
             self.schedule_wakeup()
         # Scrapy recreates garbage-collected slots from the settings: re-apply
         # the host's current limit, and keep delays out of the downloader,
-        # where a waiting request would hold the global budget.
+        # where a waiting request would hold part of the global limit.
         internals.apply_to_slot(
             self.crawler,
             host,
@@ -485,7 +485,7 @@ class Hosts:
         return HostState(limit, delay, jitter)
 
     def _room_changed(self, host: str) -> None:
-        """*host* may have more on the wire now (a send slot freed, a higher
+        """*host* may have more on the wire now (a request off the wire, a higher
         limit, its first answer): let through what waits for that."""
         self.gate.open(host)
         self.direct.wake(host)

@@ -93,13 +93,13 @@ def gate_opens_at(state: HostState) -> float:
     its block ends, nor before the shortest gap its interval allows
     (``DOWNLOAD_DELAY``, Crawl-delay; the jitter's low end) since the last
     request it let through. A request handed out on time may have had to wait
-    for a send slot, so the gap between hand-outs is not enough."""
+    for room on the wire, so the gap between hand-outs is not enough."""
     gap = state.interval * max(0.0, 1.0 - state.jitter) if state.interval else 0.0
     return max(state.blocked_until, state.last_sent + gap)
 
 
 class SendGate:
-    """Per-host send slots, for the requests :class:`HostQueueScheduler`
+    """Per-host room on the wire, for the requests :class:`HostQueueScheduler`
     handed out (or counted, see ``adopt``), when prefetch is on.
 
     *may_send_back* says whether a request held at the gate by a block may go
@@ -189,7 +189,7 @@ class SendGate:
             self._hold_back(request)
 
     def body_read(self, request: Request, status: int) -> None:
-        """Free the request's send slot now, before the response crosses the
+        """Take the request off the wire now, before the response crosses the
         downloader middlewares, unless its status asks the host to back off:
         then the host sends nothing until that request leaves the downloader."""
         record = self.records.get(request)
@@ -198,10 +198,10 @@ class SendGate:
         if status in self.backoff_codes:
             self._hold_back(request)
         else:
-            self.release(request)
+            self.off_the_wire(request)
 
     def host_busy(self, host: str) -> bool:
-        return self.store.inflight(host) > 0
+        return self.store.in_flight(host) > 0
 
     # -- the scheduler's side --------------------------------------------
 
@@ -246,7 +246,9 @@ class SendGate:
         self.records.put_on_wire(request, now)
         self.store.host_state(host).last_sent = now
 
-    def release(self, request: Request) -> None:
+    def off_the_wire(self, request: Request) -> None:
+        """*request* is no longer on the wire (answered, or gone): its host
+        has room for another."""
         record = self.records.get(request)
         if record is None or not record.on_wire:
             return
@@ -278,7 +280,7 @@ class SendGate:
     def blocked(self, host: str, when: float, reason: str) -> None:
         """*host* got blocked until *when*: its requests waiting here go back
         to the scheduler (see :class:`HostBlocked`) rather than wait for the
-        block's end, holding download budget and keeping the crawl open."""
+        block's end, holding part of the global limit and keeping the crawl open."""
         waiters = self._waiters.get(host)
         if not waiters or when <= time.monotonic():
             return

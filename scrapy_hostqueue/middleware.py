@@ -4,7 +4,7 @@ and an error budget, applied through :class:`~scrapy_hostqueue.HostQueueSchedule
 The rule itself is pure and lives in :mod:`scrapy_hostqueue._aimd`; this
 module turns Scrapy events into its inputs and its adjustments into scheduler
 calls. Nothing here sleeps: a host that must wait is blocked in the scheduler,
-so its requests hold no global download budget meanwhile.
+so its requests hold no part of the global limit meanwhile.
 """
 
 from __future__ import annotations
@@ -341,9 +341,9 @@ class AIMDMiddleware:
         self, request: Request
     ) -> Request | Coroutine[Any, Any, Request | None] | None:
         hosts = self._hosts()
-        refused = hosts.given_up_host(request)
-        if refused is not None:
-            raise HostGivenUp(refused, self._last_errors.get(refused))
+        given_up = hosts.given_up_host(request)
+        if given_up is not None:
+            raise HostGivenUp(given_up, self._last_errors.get(given_up))
         host = hosts.host_of(request)
         now = self.clock()
         handed_out_for = hosts.handed_out_for(request)
@@ -390,7 +390,7 @@ class AIMDMiddleware:
         if self._crawl_delays:
             self._crawl_delays.sent(host, now)
         request.meta[META_START] = now
-        # The frontier noted when a hand-out filled the host's limit; requests
+        # The store noted when a hand-out filled the host's limit; requests
         # handed out together pass here a moment later, each one after that
         # note: noted again, each counts as sent while the limit was filled
         # (see HostControl.held_back_since).

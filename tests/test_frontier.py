@@ -226,11 +226,11 @@ def test_limit_respected_until_finish(limit: int) -> None:
     for i in range(limit + 3):
         frontier.push("a", 0, str(i))
     assert [item for _, item in drain_pops(frontier)] == [str(i) for i in range(limit)]
-    assert frontier.inflight("a") == limit
-    assert frontier.placement("a") == FULL
+    assert frontier.in_flight("a") == limit
+    assert frontier.standing("a") == FULL
     assert frontier.pop() is None
     frontier.finish("a")
-    assert frontier.placement("a") == READY
+    assert frontier.standing("a") == READY
     assert frontier.pop() == ("a", str(limit))
     assert frontier.pop() is None
 
@@ -248,7 +248,7 @@ def test_full_host_does_not_hold_back_others() -> None:
         served.append(got)
         frontier.finish("fast")
     assert served == [("fast", "f0"), ("fast", "f1"), ("fast", "f2")]
-    assert frontier.inflight("slow") == 1
+    assert frontier.in_flight("slow") == 1
 
 
 @pytest.mark.parametrize(("old", "new"), [(1, 3), (2, 5)])
@@ -259,7 +259,7 @@ def test_raising_the_limit_frees_a_full_host_at_once(old: int, new: int) -> None
     assert len(drain_pops(frontier)) == old
     frontier.set_limit("a", new)
     assert len(drain_pops(frontier)) == new - old
-    assert frontier.inflight("a") == new
+    assert frontier.in_flight("a") == new
 
 
 def test_lowering_the_limit_below_inflight_waits_for_enough_finishes() -> None:
@@ -270,7 +270,7 @@ def test_lowering_the_limit_below_inflight_waits_for_enough_finishes() -> None:
     frontier.set_limit("a", 2)
     for expected_inflight in (3, 2):
         frontier.finish("a")
-        assert frontier.inflight("a") == expected_inflight
+        assert frontier.in_flight("a") == expected_inflight
         assert frontier.pop() is None
     frontier.finish("a")
     assert frontier.pop() is not None
@@ -306,14 +306,14 @@ def test_a_silent_host_has_silent_limit_in_flight_until_it_answers() -> None:
     for i in range(10):
         frontier.push("a", 0, str(i))
     assert len(drain_pops(frontier)) == 1  # not heard from: no prefetch either
-    assert frontier.placement("a") == FULL
+    assert frontier.standing("a") == FULL
     frontier.set_answering("a", True)  # its first answer, still in flight
     assert len(drain_pops(frontier)) == 3  # its limit and one prefetched
-    assert frontier.inflight("a") == 4
+    assert frontier.in_flight("a") == 4
     frontier.set_answering("a", False)  # a request timed out
     for left in (3, 2, 1):
         frontier.finish("a")
-        assert frontier.inflight("a") == left
+        assert frontier.in_flight("a") == left
         assert frontier.pop() is None
     frontier.finish("a")
     assert frontier.pop() == ("a", "4")
@@ -343,10 +343,10 @@ def test_prefetch_goes_only_when_no_host_can_send() -> None:
     # "a" is at its limit: its prefetch waits while "b" can send.
     assert frontier.pop() == ("b", "b0")
     assert frontier.pop() == ("a", "a1")
-    assert frontier.placement("a") == FULL
+    assert frontier.standing("a") == FULL
     assert frontier.pop() is None
     frontier.finish("a")
-    assert frontier.placement("a") == PREFETCH
+    assert frontier.standing("a") == PREFETCH
 
 
 def test_prefetch_goes_to_the_highest_head_rank_first() -> None:
@@ -379,7 +379,7 @@ def test_prefetch_hands_out_beyond_the_limit(limit: int, prefetch: int) -> None:
     for i in range(limit + prefetch + 2):
         frontier.push("a", 0, str(i))
     assert len(drain_pops(frontier)) == limit + prefetch
-    assert frontier.placement("a") == FULL
+    assert frontier.standing("a") == FULL
     frontier.finish("a")
     assert len(drain_pops(frontier)) == 1
 
@@ -394,7 +394,7 @@ def test_a_host_with_an_interval_gets_no_prefetch() -> None:
     assert frontier.pop() == ("a", "0")
     clock.now += 5  # long past the interval: only the limit holds it now
     assert frontier.pop() is None
-    assert frontier.placement("a") == FULL
+    assert frontier.standing("a") == FULL
     frontier.finish("a")
     assert frontier.pop() == ("a", "1")
 
@@ -417,7 +417,7 @@ def test_block_until_delays_a_host(delay: float) -> None:
     frontier.push("a", 0, "a0")
     frontier.push("b", 0, "b0")
     frontier.block_until("a", clock.now + delay, reason="retry-after")
-    assert frontier.placement("a") == BLOCKED
+    assert frontier.standing("a") == BLOCKED
     assert frontier.known_state("a") is not None
     assert frontier.host_state("a").block_reason == "retry-after"
     assert frontier.pop() == ("b", "b0")
@@ -454,7 +454,7 @@ def test_block_in_the_past_changes_nothing() -> None:
     frontier, clock = make()
     frontier.push("a", 0, "a0")
     frontier.block_until("a", clock.now - 5)
-    assert frontier.placement("a") == READY
+    assert frontier.standing("a") == READY
     assert frontier.pop() == ("a", "a0")
 
 
@@ -476,7 +476,7 @@ def test_block_of_an_unseen_host_applies_when_it_arrives() -> None:
     frontier.block_until("new", clock.now + 2)
     assert frontier.live_hosts == 0
     frontier.push("new", 0, "x")
-    assert frontier.placement("new") == BLOCKED
+    assert frontier.standing("new") == BLOCKED
     assert frontier.pop() is None
     clock.advance(2)
     assert frontier.pop() == ("new", "x")
@@ -534,7 +534,7 @@ def test_await_start_hands_an_interval_host_nothing_until_its_last_hand_out_star
     # host would be handed now would start together with it.
     clock.advance(1.5)
     assert frontier.pop() is None
-    assert frontier.placement("a") == FULL
+    assert frontier.standing("a") == FULL
     assert frontier.next_wakeup() is None  # started() is what it waits for
     frontier.started("a", first, clock.now)
     # The interval counts from that start.
@@ -583,14 +583,14 @@ def test_an_adopted_request_counts_against_the_limit_until_finish() -> None:
     for i in range(3):
         frontier.push("a", 0, str(i))
     frontier.adopt("a", 100.0)
-    assert frontier.inflight("a") == 1
+    assert frontier.in_flight("a") == 1
     assert frontier.pop() == ("a", "0")
     assert frontier.pop() is None  # 2 in flight: the adopted one and "0"
     frontier.finish("a")  # the adopted one left
     assert frontier.pop() == ("a", "1")
     # It takes no active place: "a" holds the only one, "b" still counts one.
     frontier.adopt("b", 100.0)
-    assert frontier.inflight("b") == 1
+    assert frontier.in_flight("b") == 1
     assert frontier.active == 1
     frontier.finish("b")
     assert frontier.live_hosts == 1  # "b", with nothing left, retired
@@ -624,7 +624,7 @@ def test_set_interval_with_jitter_keeps_gaps_in_range(
         wake = frontier.next_wakeup()
         if wake is None:
             # Jitter may draw a zero gap (jitter == 1): the host is ready at once.
-            assert frontier.placement("a") in (READY, DRAINED)
+            assert frontier.standing("a") in (READY, DRAINED)
             continue
         clock.now = wake
     gaps = [b - a for a, b in itertools.pairwise(starts)]
@@ -692,7 +692,7 @@ def test_next_wakeup_ignores_a_host_that_is_ready_again() -> None:
     assert frontier.next_wakeup() == clock.now + 2.0
     frontier.finish("a")
     frontier.set_interval("a", 0.0)
-    assert frontier.placement("a") == READY
+    assert frontier.standing("a") == READY
     assert frontier.next_wakeup() is None
 
 
@@ -708,7 +708,7 @@ def test_active_cap_serves_capped_hosts_in_arrival_order(max_active: int) -> Non
     first = [key for key, _ in drain_pops(frontier)]
     assert first == hosts[:max_active]
     assert frontier.active == max_active
-    assert [frontier.placement(h) for h in hosts[max_active:]] == [CAPPED] * (6 - max_active)
+    assert [frontier.standing(h) for h in hosts[max_active:]] == [CAPPED] * (6 - max_active)
     served = list(first)
     for _ in range(6):
         if not served:
@@ -717,7 +717,7 @@ def test_active_cap_serves_capped_hosts_in_arrival_order(max_active: int) -> Non
         nxt = [key for key, _ in drain_pops(frontier)]
         assert len(nxt) <= 1
         served.extend(nxt)
-        assert sum(frontier.inflight(h) > 0 for h in hosts) <= max_active
+        assert sum(frontier.in_flight(h) > 0 for h in hosts) <= max_active
     assert frontier.max_active_seen == max_active
     assert frontier.live_hosts == 0
 
@@ -730,15 +730,15 @@ def test_active_host_keeps_its_slot_while_it_has_work(max_active: int) -> None:
         for i in range(20):
             frontier.push(host, 0, f"{host}{i}")
     drain_pops(frontier)
-    active = {h for h in "abc" if frontier.inflight(h)}
+    active = {h for h in "abc" if frontier.in_flight(h)}
     assert len(active) == max_active
     # Work keeps flowing to the active hosts; the capped one waits.
     for _ in range(4):
         for host in sorted(active):
-            if frontier.inflight(host):
+            if frontier.in_flight(host):
                 frontier.finish(host)
         drain_pops(frontier)
-        assert {h for h in "abc" if frontier.inflight(h)} <= active
+        assert {h for h in "abc" if frontier.in_flight(h)} <= active
         assert frontier.active <= max_active
 
 
@@ -791,12 +791,12 @@ def serve_keeping_requests_in_flight(frontier: MemoryStore[str], rounds: int) ->
     hosts served, in order. A busy host's requests overlap, so it has nothing
     in flight only when the frontier stops handing it requests."""
     order = []
-    inflight: list[str] = []
+    in_flight: list[str] = []
     for _ in range(rounds):
         while (got := frontier.pop()) is not None:
             order.append(got[0])
-            inflight.append(got[0])
-        frontier.finish(inflight.pop(0))
+            in_flight.append(got[0])
+        frontier.finish(in_flight.pop(0))
     return "".join(order)
 
 
@@ -820,14 +820,14 @@ def test_a_busy_host_keeps_its_place_past_its_turn_while_nobody_waits() -> None:
     assert serve_keeping_requests_in_flight(frontier, 5) == "aaaaaa"
     # Nothing left it: every request after the turn was handed out with
     # others in flight, without waiting for the host to drain.
-    assert frontier.inflight("a") == 1
+    assert frontier.in_flight("a") == 1
     frontier.push("b", 0, "b0")  # b waits now: a ends its turn
-    assert frontier.placement("b") == CAPPED
+    assert frontier.standing("b") == CAPPED
     assert frontier.pop() is None
-    assert frontier.placement("a") == ENDING
+    assert frontier.standing("a") == ENDING
     frontier.finish("a")
     assert frontier.pop() == ("b", "b0")
-    assert frontier.placement("a") == CAPPED
+    assert frontier.standing("a") == CAPPED
 
 
 def test_a_waiting_host_that_gets_blocked_no_longer_ends_a_busy_hosts_turn() -> None:
@@ -837,9 +837,9 @@ def test_a_waiting_host_that_gets_blocked_no_longer_ends_a_busy_hosts_turn() -> 
     frontier.push("b", 0, "b0")
     assert [frontier.pop(), frontier.pop()] == [("a", "a0"), ("a", "a1")]
     frontier.finish("a")
-    assert frontier.placement("b") == CAPPED
+    assert frontier.standing("b") == CAPPED
     frontier.block_until("b", clock.now + 10.0)  # a Retry-After, say
-    assert frontier.placement("b") == BLOCKED
+    assert frontier.standing("b") == BLOCKED
     # Nobody can use the place: a goes on past its turn of 3 without
     # draining, one request in flight while the next is handed out.
     for i in range(2, 6):
@@ -848,8 +848,8 @@ def test_a_waiting_host_that_gets_blocked_no_longer_ends_a_busy_hosts_turn() -> 
         frontier.finish("a")
     clock.advance(10.0)
     assert frontier.pop() is None  # b waits again: a ends its turn
-    assert frontier.placement("b") == CAPPED
-    assert frontier.placement("a") == ENDING
+    assert frontier.standing("b") == CAPPED
+    assert frontier.standing("a") == ENDING
 
 
 def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None:
@@ -861,7 +861,7 @@ def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None
     frontier.push("b", 0, "b0")
     assert frontier.pop() == ("a", "a0")
     frontier.finish("a")
-    assert frontier.placement("a") == IDLE
+    assert frontier.standing("a") == IDLE
     assert frontier.active == 1
     assert frontier.pop() is None
     assert frontier.next_wakeup() == start + 0.5  # b is woken when the grace ends
@@ -874,7 +874,7 @@ def test_a_host_keeps_its_place_for_the_grace_when_it_runs_out_of_work() -> None
     assert frontier.next_wakeup() == pytest.approx(start + 0.8)
     clock.advance(0.1)
     assert frontier.pop() == ("b", "b0")
-    assert frontier.placement("a") is None  # retired
+    assert frontier.standing("a") is None  # retired
     frontier.finish("b")
     assert frontier.active == 1  # b, idle in its grace
     clock.advance(0.5)
@@ -913,17 +913,17 @@ def test_freed_slot_is_not_lost_when_the_released_host_stops_being_ready(
         frontier.push(host, 0, f"{host}0")
     assert frontier.pop() == ("a", "a0")
     assert frontier.pop() is None  # b and c meet the cap and wait, in order
-    assert frontier.placement("b") == frontier.placement("c") == CAPPED
+    assert frontier.standing("b") == frontier.standing("c") == CAPPED
     frontier.finish("a")
-    assert frontier.placement("b") == READY
-    assert frontier.placement("c") == CAPPED
+    assert frontier.standing("b") == READY
+    assert frontier.standing("c") == CAPPED
     if how == "block":
         frontier.block_until("b", clock.now + 100)
     elif how == "remove_queued":
         assert frontier.remove_queued("b") == ["b0"]
     else:
         assert frontier.give_up("b") == ["b0"]
-    assert frontier.placement("b") != READY
+    assert frontier.standing("b") != READY
     assert frontier.pop() == ("c", "c0")
     assert frontier.active == 1
 
@@ -962,11 +962,11 @@ def test_give_up_drops_queued_items_and_refuses_new_ones() -> None:
     assert frontier.give_up("a") == ["a3", "a2", "a0"]
     assert len(frontier) == 1
     assert frontier.queued("a") == 0
-    assert frontier.placement("a") == DRAINED
+    assert frontier.standing("a") == DRAINED
     assert not frontier.push("a", 5, "late")
     assert len(frontier) == 1
     frontier.finish("a")  # the request already in flight still completes
-    assert frontier.placement("a") is None
+    assert frontier.standing("a") is None
     assert not frontier.push("a", 0, "later")  # remembered while retired
     assert drain_pops(frontier) == [("b", "b0")]
 
@@ -1012,7 +1012,7 @@ def test_blocked_idle_host_outlives_the_memory_of_idle_hosts_until_its_block_end
     assert frontier.pop() == ("a", "a0")
     frontier.block_until("a", clock.now + 60, "retry-after")  # a 429 with Retry-After: 60
     frontier.finish("a")
-    assert frontier.placement("a") is None  # idle: retired, blocked
+    assert frontier.standing("a") is None  # idle: retired, blocked
     for i in range(5):
         frontier.host_state(f"h{i}")
     assert "a" not in forgotten
@@ -1042,23 +1042,23 @@ def test_on_forget_reports_each_forgotten_host_once_and_never_a_live_one() -> No
         assert frontier.pop() == (host, host)
         frontier.finish(host)
     assert forgotten == hosts[:-3]
-    assert frontier.placement("live") is not None
+    assert frontier.standing("live") is not None
 
 
-@pytest.mark.parametrize("inflight", [0, 1])
-def test_remove_queued(inflight: int) -> None:
+@pytest.mark.parametrize("in_flight", [0, 1])
+def test_remove_queued(in_flight: int) -> None:
     frontier, _ = make(limit=5)
     for i, rank in enumerate([1, 0, 1]):
         frontier.push("a", rank, f"a{i}")
     frontier.push("b", 0, "b0")
     frontier.push("b", 0, "b1")
-    for _ in range(inflight):
+    for _ in range(in_flight):
         assert frontier.pop() == ("a", "a0")
-    expected = ["a2", "a1"] if inflight else ["a0", "a2", "a1"]
+    expected = ["a2", "a1"] if in_flight else ["a0", "a2", "a1"]
     assert frontier.remove_queued("a") == expected
     assert len(frontier) == 2
     assert frontier.queued("a") == 0
-    assert frontier.placement("a") == (DRAINED if inflight else None)
+    assert frontier.standing("a") == (DRAINED if in_flight else None)
     assert frontier.remove_queued("a") == []
     assert frontier.remove_queued("never-seen") == []
     assert frontier.push("a", 0, "again")  # not given up: accepted
@@ -1095,7 +1095,7 @@ def test_items_and_hosts_report_serving_order() -> None:
     frontier.push("b", 0, "b0")
     assert frontier.pop() == ("a", "a1")
     assert list(frontier.items()) == [("a", 0, "a0"), ("b", 0, "b0")]
-    report = {key: (queued, inflight) for key, queued, inflight, _ in frontier.hosts()}
+    report = {key: (queued, in_flight) for key, queued, in_flight, _ in frontier.hosts()}
     assert report == {"a": (1, 1), "b": (1, 0)}
 
 
@@ -1116,7 +1116,7 @@ def test_finish_more_often_than_popped_raises() -> None:
     frontier.finish("a")
     with pytest.raises(KeyError):
         frontier.finish("a")  # a1 is queued, not in flight
-    assert frontier.inflight("a") == 0
+    assert frontier.in_flight("a") == 0
     assert frontier.active == 0
 
 
@@ -1131,7 +1131,7 @@ def test_retired_host_states_are_bounded(remember: int) -> None:
         frontier.push(host, 0, host)
         assert frontier.pop() == (host, host)
         frontier.finish(host)
-        assert frontier.placement(host) is None
+        assert frontier.standing(host) is None
         assert len(frontier._retired) <= remember
     assert frontier.live_hosts == 0
     known = [h for h in hosts if frontier.known_state(h) is not None]
@@ -1144,7 +1144,7 @@ def test_learned_limit_survives_retirement_while_remembered() -> None:
     assert frontier.pop() == ("a", "a0")
     frontier.set_limit("a", 4)
     frontier.finish("a")
-    assert frontier.placement("a") is None
+    assert frontier.standing("a") is None
     assert frontier.known_state("a") is not None
     for i in range(6):
         frontier.push("a", 0, f"a{i + 1}")
@@ -1154,7 +1154,7 @@ def test_learned_limit_survives_retirement_while_remembered() -> None:
     assert len(drain_pops(frontier)) == 2
     for _ in range(2):
         frontier.finish("a")
-    assert frontier.placement("a") is None
+    assert frontier.standing("a") is None
     # Three other hosts retire after it: it falls out of memory.
     for host in ("x", "y", "z"):
         frontier.push(host, 0, host)
@@ -1200,7 +1200,7 @@ class ModelHost:
     #: Answered its last request: goes before silent hosts of the same rank.
     answering: bool = False
     queue: list[tuple[int, int]] = field(default_factory=list)  # (rank, item)
-    inflight: list[int] = field(default_factory=list)
+    in_flight: list[int] = field(default_factory=list)
     #: Holds an active-host place, and requests handed out since it took it.
     active: bool = False
     served: int = 0
@@ -1213,7 +1213,7 @@ class ModelHost:
         return max(self.blocked_until, self.last_start + self.gap)
 
     def live(self) -> bool:
-        return bool(self.queue or self.inflight or self.idle_until is not None)
+        return bool(self.queue or self.in_flight or self.idle_until is not None)
 
     def head(self) -> tuple[int, int]:
         # max() keeps the first of equal ranks: FIFO among equals.
@@ -1352,7 +1352,7 @@ class FrontierMachine(RuleBasedStateMachine):
         what the frontier does as each step happens."""
         now = self.clock.now
         for h in self.hosts.values():
-            if not h.active or h.inflight:
+            if not h.active or h.in_flight:
                 continue
             if not h.queue:
                 if self.grace and self.cap:
@@ -1395,7 +1395,7 @@ class FrontierMachine(RuleBasedStateMachine):
     def _may_end(self, h: ModelHost) -> bool:
         """Whether *h* has had its turn and may be withheld while other hosts
         wait for a place (it still holds its place: it has work in flight)."""
-        return bool(self.cap and h.active and h.served >= self.turn and h.inflight)
+        return bool(self.cap and h.active and h.served >= self.turn and h.in_flight)
 
     def _full_at(self, h: ModelHost) -> int:
         """In flight from which *h* is handed nothing: a host with an
@@ -1412,7 +1412,7 @@ class FrontierMachine(RuleBasedStateMachine):
             key: h
             for key, h in self.hosts.items()
             if h.queue
-            and len(h.inflight) < self._full_at(h)
+            and len(h.in_flight) < self._full_at(h)
             and h.pending is None
             and now >= h.ready_at()
             and (h.active or self.cap == 0 or active < self.cap)
@@ -1468,7 +1468,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 h.ready_at()
                 for h in self.hosts.values()
                 if h.queue
-                and len(h.inflight) < self._full_at(h)
+                and len(h.in_flight) < self._full_at(h)
                 and h.pending is None
                 and (h.active or self.cap == 0 or self._active_at_pop() < self.cap)
                 and h.ready_at() > self.clock.now
@@ -1489,15 +1489,15 @@ class FrontierMachine(RuleBasedStateMachine):
         assert item == expected_item, "rank order or FIFO violated within a host"
         # A request beyond a host's limit (prefetch) goes only when no host
         # can send at once.
-        sendable = {k: h for k, h in ready.items() if len(h.inflight) < h.limit}
-        if len(host.inflight) >= host.limit:
+        sendable = {k: h for k, h in ready.items() if len(h.in_flight) < h.limit}
+        if len(host.in_flight) >= host.limit:
             assert not sendable, f"prefetch for {key} went before {sorted(sendable)}"
         if self.cap == 0:
             # The highest rank first; at the same rank, answering hosts first.
             best = max((h.head()[0], h.answering) for h in (sendable or ready).values())
             assert (rank, host.answering) == best
         assert self.popped[item] == 0, f"item {item} popped twice"
-        assert len(host.inflight) + 1 <= self._full_at(host)
+        assert len(host.in_flight) + 1 <= self._full_at(host)
         if self.cap:
             assert self._active_at_pop() + (0 if host.active else 1) <= self.cap
         return key, rank, item
@@ -1511,7 +1511,7 @@ class FrontierMachine(RuleBasedStateMachine):
         host = self.hosts[key]
         self.popped[item] += 1
         host.queue.remove((rank, item))
-        host.inflight.append(item)
+        host.in_flight.append(item)
         host.last_start = self.clock.now
         host.gap = host.interval
         if self.await_start and host.interval:
@@ -1531,15 +1531,15 @@ class FrontierMachine(RuleBasedStateMachine):
         self._pop()
         self._pop()
 
-    @precondition(lambda self: any(h.inflight for h in self.hosts.values()))
+    @precondition(lambda self: any(h.in_flight for h in self.hosts.values()))
     @rule(pick=st.integers(0, 1_000))
     def finish(self, pick: int) -> None:
-        busy = [(key, item) for key, h in self.hosts.items() for item in h.inflight]
+        busy = [(key, item) for key, h in self.hosts.items() for item in h.in_flight]
         key, item = busy[pick % len(busy)]
         self.frontier.finish(key)
         host = self.hosts[key]
-        host.inflight.remove(item)
-        if not host.inflight:
+        host.in_flight.remove(item)
+        if not host.in_flight:
             host.pending = None
         self._maybe_retire(key)
 
@@ -1567,7 +1567,7 @@ class FrontierMachine(RuleBasedStateMachine):
         """A request that pop() did not hand out starts (the scheduler adopts
         one only while the host has room)."""
         host = self.hosts.get(key)
-        if host is not None and len(host.inflight) >= host.limit:
+        if host is not None and len(host.in_flight) >= host.limit:
             return
         if host is None or not host.live():
             if self._recall(key):
@@ -1576,7 +1576,7 @@ class FrontierMachine(RuleBasedStateMachine):
                 host = self.hosts[key] = ModelHost(limit=self.default_limit)
         host.idle_until = None
         self.frontier.adopt(key, self.clock.now)
-        host.inflight.append(-1 - self.next_item)
+        host.in_flight.append(-1 - self.next_item)
         self.next_item += 1
         if host.interval:
             host.last_start = self.clock.now
@@ -1585,7 +1585,7 @@ class FrontierMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(HOST_KEYS))
     def finish_without_inflight_raises(self, key: str) -> None:
         host = self.hosts.get(key)
-        if host is None or not host.inflight:
+        if host is None or not host.in_flight:
             with pytest.raises(KeyError):
                 self.frontier.finish(key)
 
@@ -1655,8 +1655,8 @@ class FrontierMachine(RuleBasedStateMachine):
         for key in HOST_KEYS:
             host = live.get(key)
             assert frontier.queued(key) == (len(host.queue) if host else 0)
-            assert frontier.inflight(key) == (len(host.inflight) if host else 0)
-            assert (frontier.placement(key) is None) == (host is None)
+            assert frontier.in_flight(key) == (len(host.in_flight) if host else 0)
+            assert (frontier.standing(key) is None) == (host is None)
 
     @invariant()
     def pop_now_would_agree_with_model(self) -> None:
@@ -1667,47 +1667,47 @@ class FrontierMachine(RuleBasedStateMachine):
         self._check_pop(probe)
 
     @invariant()
-    def placements_agree_with_model(self) -> None:
+    def standings_agree_with_model(self) -> None:
         now = self.clock.now
         for key in HOST_KEYS:
-            placement = self.frontier.placement(key)
-            if placement is None:
+            standing = self.frontier.standing(key)
+            if standing is None:
                 continue
             host = self.hosts[key]
             full_at = self._full_at(host)
-            if placement == READY:
+            if standing == READY:
                 assert host.queue
                 assert host.pending is None
-                assert len(host.inflight) < full_at
+                assert len(host.in_flight) < full_at
                 assert host.ready_at() <= now
-            elif placement == FULL:
+            elif standing == FULL:
                 assert host.queue
-                assert len(host.inflight) >= full_at or host.pending is not None
-            elif placement == PREFETCH:
+                assert len(host.in_flight) >= full_at or host.pending is not None
+            elif standing == PREFETCH:
                 assert host.queue
                 assert host.pending is None
-                assert host.limit <= len(host.inflight) < full_at
+                assert host.limit <= len(host.in_flight) < full_at
                 assert host.ready_at() <= now
-            elif placement == CAPPED:
+            elif standing == CAPPED:
                 assert host.queue
                 # Waiting for a place: in flight only requests it was not
                 # handed (adopted ones).
                 assert not host.active
-                assert all(item < 0 for item in host.inflight)
-            elif placement == DRAINED:
+                assert all(item < 0 for item in host.in_flight)
+            elif standing == DRAINED:
                 assert not host.queue
-                assert host.inflight
-            elif placement == IDLE:
+                assert host.in_flight
+            elif standing == IDLE:
                 assert not host.queue
-                assert not host.inflight
+                assert not host.in_flight
                 assert host.active
                 assert host.idle_until is not None
-            elif placement == ENDING:
+            elif standing == ENDING:
                 assert host.queue
-                assert host.inflight
+                assert host.in_flight
                 assert self._may_end(host)
             else:
-                assert placement == BLOCKED
+                assert standing == BLOCKED
                 assert host.queue
 
     @invariant()
@@ -1735,12 +1735,12 @@ class FrontierMachine(RuleBasedStateMachine):
         for _ in range(4 * len(self.accepted) + 20):
             if self._pop() is not None:
                 continue
-            busy = [(k, i) for k, h in self.hosts.items() for i in h.inflight]
+            busy = [(k, i) for k, h in self.hosts.items() for i in h.in_flight]
             if busy:
                 for key, item in busy:
                     self.frontier.finish(key)
-                    self.hosts[key].inflight.remove(item)
-                    if not self.hosts[key].inflight:
+                    self.hosts[key].in_flight.remove(item)
+                    if not self.hosts[key].in_flight:
                         self.hosts[key].pending = None
                     self._maybe_retire(key)
             elif len(self.frontier):
@@ -1866,7 +1866,7 @@ def test_state_changes_on_starved_hosts_keep_the_ring_bounded() -> None:
         assert got[0] == "hot"
         frontier.finish("hot")
         watch.check()
-    assert frontier.placement("cold0") == READY
+    assert frontier.standing("cold0") == READY
 
 
 def test_capped_churn_keeps_the_capped_queue_bounded() -> None:
@@ -1880,7 +1880,7 @@ def test_capped_churn_keeps_the_capped_queue_bounded() -> None:
             frontier.push(host, 0, host)
         watch.check()
         assert frontier.pop() is None
-        assert frontier.placement(hosts[0]) == CAPPED
+        assert frontier.standing(hosts[0]) == CAPPED
         for host in hosts:
             assert frontier.remove_queued(host) == [host]
         watch.check()
@@ -1908,7 +1908,7 @@ def test_many_short_lived_hosts_keep_memory_bounded() -> None:
         clock.advance(0.5)
         assert frontier.pop() == (host, f"{host}a")
         frontier.finish(host)
-        assert frontier.placement(host) is None
+        assert frontier.standing(host) is None
     assert frontier.live_hosts == 0
     assert len(frontier._retired) == 500
     watch.check()
@@ -1954,18 +1954,18 @@ def test_request_path_never_scans_the_hosts() -> None:
             frontier.set_interval(host, 1.0)
             frontier.set_limit(host, 1)
     assert frontier.next_wakeup() is not None
-    inflight: list[str] = []
+    in_flight: list[str] = []
     served = 0
     for _ in range(20_000):
         got = frontier.pop()
         if got is not None:
             served += 1
-            inflight.append(got[0])
+            in_flight.append(got[0])
             continue
-        if inflight:
-            for key in inflight:
+        if in_flight:
+            for key in in_flight:
                 frontier.finish(key)
-            inflight.clear()
+            in_flight.clear()
             continue
         wake = frontier.next_wakeup()
         if wake is None:
@@ -2021,7 +2021,7 @@ def test_silent_hosts_holding_their_share_of_places_leave_answering_hosts_theirs
     served = []
     for _ in range(16):  # the hanging requests never finish meanwhile
         for host in "ab":
-            if frontier.inflight(host):
+            if frontier.in_flight(host):
                 frontier.finish(host)
         served += [host for host, _ in drain_pops(frontier)]
         assert frontier.active <= 4
@@ -2091,13 +2091,13 @@ def test_a_host_with_only_overdue_requests_in_flight_gives_its_place_up() -> Non
     frontier.set_overdue("hangs")
     # Both hang: the place goes to the host that waited for it.
     assert frontier.pop() == ("waits", "waits0")
-    assert frontier.inflight("hangs") == 2
+    assert frontier.in_flight("hangs") == 2
     assert frontier.overdue("hangs") == 2
     assert frontier.active == 1
     # An overdue request that ends frees its host's room, not a place.
     frontier.finish("hangs", overdue=True)
     assert frontier.overdue("hangs") == 1
-    assert frontier.inflight("hangs") == 1
+    assert frontier.in_flight("hangs") == 1
 
 
 def test_overdue_requests_still_count_against_their_hosts_limit() -> None:
@@ -2122,25 +2122,25 @@ def test_marking_more_overdue_than_in_flight_is_refused() -> None:
         frontier.set_overdue("h")
 
 
-# -- a host's share of the budget --------------------------------------------
+# -- a host's share of the global limit ----------------------------------------
 
 
-def test_with_a_budget_each_active_host_gets_its_share() -> None:
+def test_with_a_global_limit_each_active_host_gets_its_share() -> None:
     frontier, _clock = make(limit=4)
-    frontier.budget = 4
+    frontier.global_limit = 4
     for key in ("a", "b"):
         for page in range(8):
             frontier.push(key, 0, f"{key}{page}")
     handed = [frontier.pop() for _ in range(8)]
     served = [popped for popped in handed if popped is not None]
-    # Two active hosts share a budget of 4: two each, not their limit of 4.
+    # Two active hosts share a global limit of 4: two each, not their limit of 4.
     assert sorted(key for key, _ in served) == ["a", "a", "b", "b"]
     assert frontier.in_flight_cap(frontier.host_state("a")) == 2
 
 
-def test_a_host_alone_gets_its_whole_limit_within_the_budget() -> None:
+def test_a_host_alone_gets_its_whole_limit_within_the_global_limit() -> None:
     frontier, _clock = make(limit=4)
-    frontier.budget = 16
+    frontier.global_limit = 16
     for page in range(8):
         frontier.push("a", 0, f"a{page}")
     served = [frontier.pop() for _ in range(6)]
@@ -2149,13 +2149,13 @@ def test_a_host_alone_gets_its_whole_limit_within_the_budget() -> None:
     ]
 
 
-def test_while_hosts_wait_for_a_place_each_place_gets_an_equal_part_of_the_budget() -> None:
-    # Two places, a budget of 2. "a" leaves its place with two hosts waiting:
+def test_while_hosts_wait_for_a_place_each_place_gets_an_equal_part_of_the_global_limit() -> None:
+    # Two places, a global limit of 2. "a" leaves its place with two hosts waiting:
     # "c" is let in (not served yet) and "d" still waits. Counted among the
     # active hosts, "b" alone would have its whole limit; with hosts waiting
-    # for a place it has its place's part of the budget: one request.
+    # for a place it has its place's part of the global limit: one request.
     frontier, _clock = make(limit=4, max_active=2, turn=100)
-    frontier.budget = 2
+    frontier.global_limit = 2
     frontier.push("a", 0, "a0")
     for key in ("b", "c", "d"):
         for page in range(8):
@@ -2167,29 +2167,29 @@ def test_while_hosts_wait_for_a_place_each_place_gets_an_equal_part_of_the_budge
     assert frontier.pop() is None  # c and d wait for a place; b has its share
     frontier.finish("a")
     assert frontier.active == 1
-    assert frontier.placement("c") == READY
-    assert frontier.placement("d") == CAPPED
+    assert frontier.standing("c") == READY
+    assert frontier.standing("d") == CAPPED
     assert frontier.in_flight_cap(frontier.host_state("b")) == 1
     assert frontier.pop() == ("c", "c0")
     assert frontier.pop() is None
-    assert (frontier.inflight("b"), frontier.inflight("c")) == (1, 1)
+    assert (frontier.in_flight("b"), frontier.in_flight("c")) == (1, 1)
 
 
-def test_the_part_of_each_place_is_rounded_up_so_the_budget_is_used() -> None:
+def test_the_part_of_each_place_is_rounded_up_so_the_global_limit_is_used() -> None:
     frontier, _clock = make(limit=4, max_active=2, turn=100)
-    frontier.budget = 3
+    frontier.global_limit = 3
     for key in ("a", "b", "c"):
         for page in range(8):
             frontier.push(key, 0, f"{key}{page}")
     served = [frontier.pop() for _ in range(6)]
     # "c" waits for a place; the two places share 3 requests, 2 each at most.
-    assert frontier.placement("c") == CAPPED
+    assert frontier.standing("c") == CAPPED
     assert Counter(key for key, _ in filter(None, served)) == {"a": 2, "b": 2}
 
 
 def test_a_host_at_its_share_gets_its_prefetch_only_when_no_host_can_send() -> None:
     frontier, _clock = make(limit=4)
-    frontier.budget = 2
+    frontier.global_limit = 2
     frontier.prefetch = 1
     for key in ("a", "b"):
         for page in range(4):
@@ -2199,7 +2199,7 @@ def test_a_host_at_its_share_gets_its_prefetch_only_when_no_host_can_send() -> N
     # would wait downstream, so a host that can send at once goes first.
     frontier.push("c", 0, "c0")
     assert frontier.pop() == ("c", "c0")
-    assert (frontier.placement("a"), frontier.placement("b")) == (PREFETCH, PREFETCH)
+    assert (frontier.standing("a"), frontier.standing("b")) == (PREFETCH, PREFETCH)
     assert frontier.pop() in {("a", "a1"), ("b", "b1")}
 
 

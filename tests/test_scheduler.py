@@ -396,8 +396,8 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
     assert scheduler, "no response reached the spider"
     frontier = scheduler[-1].hosts.store
     # Nothing is left in flight; a host may still hold its place in its grace.
-    assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
-    assert all(frontier.placement(key) == IDLE for key, *_ in frontier.hosts())
+    assert all(in_flight == 0 for _, _, in_flight, _ in frontier.hosts())
+    assert all(frontier.standing(key) == IDLE for key, *_ in frontier.hosts())
     assert frontier.active == frontier.live_hosts
     assert len(frontier) == 0
     hosts.wait_idle()  # the last answers counted at the hosts

@@ -90,7 +90,7 @@ class _StoreView:
         return self.store.in_flight_cap(state)
 
     def on_wire(self, host: str) -> int:
-        return self.store.inflight(host)
+        return self.store.in_flight(host)
 
     def overdue(self, host: str) -> int:
         return self.store.overdue(host)
@@ -127,9 +127,9 @@ def test_events_become_per_host_keys() -> None:
     recorder = make_recorder()
     recorder.host_seen("a.test")
     recorder.host_seen("b.test")
-    for inflight in (1, 2, 3, 2):
-        recorder.request_done("a.test", inflight, active_hosts=2)
-        recorder.in_flight_seen("a.test", inflight)
+    for in_flight in (1, 2, 3, 2):
+        recorder.request_done("a.test", in_flight, active_hosts=2)
+        recorder.in_flight_seen("a.test", in_flight)
     recorder.request_done("b.test", 1, active_hosts=1)
     recorder.response("a.test", 200, 0.1)
     recorder.response("a.test", 200, 0.3)
