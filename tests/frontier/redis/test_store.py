@@ -22,8 +22,8 @@ from scrapy_hostqueue.frontier.redis._db import (
 )
 from scrapy_hostqueue.frontier.redis._link import batched
 from scrapy_hostqueue.frontier.redis._store import RedisStore
-from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
-from tests._requires_redis import import_redis
+from tests.helpers.redis import RedisServer, StoreProcess, crawl_stats, new_store
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 
