@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 PACKAGE = ROOT / "scrapy_hostqueue"
 
 #: ``(retired spelling, the word to use instead)``. A space in a pattern
