@@ -114,9 +114,9 @@ class HostControl(Protocol):
     def held_back_since(self, host: str, started: float) -> bool:
         """Whether *host* had its whole limit in flight since *started*."""
 
-    def held_by_silence(self, host: str) -> bool:
-        """Whether *host*, silent, is held at one request at a time below its
-        limit."""
+    def held_below_limit(self, host: str) -> bool:
+        """Whether *host* is held by its in-flight cap (silent, or its share)
+        below a limit that has room."""
 
     def answered(self, request: Request) -> str | None: ...
 

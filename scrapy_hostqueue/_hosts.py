@@ -254,10 +254,11 @@ class Hosts:
         *started*, or has now."""
         return self.store.host_state(host).full_at >= started or self.store.is_full(host)
 
-    def held_by_silence(self, host: str) -> bool:
-        """Whether *host*, silent, has its one request at a time on the wire
-        while its limit has room (with prefetch, against the send gate's
-        count; without, against every request handed out and not back)."""
+    def held_below_limit(self, host: str) -> bool:
+        """Whether *host*'s in-flight cap (one request at a time while it is
+        silent, or its share) is below its limit, and the limit has room:
+        with prefetch, the send gate holds the cap; without, fewer requests
+        than the limit are handed out and not back."""
         state = self.store.host_state(host)
         if self.store.in_flight_cap(state) >= state.limit:
             return False

@@ -448,7 +448,7 @@ class AIMDMiddleware:
         if host in self._warned_no_room:
             return
         self._warned_no_room.add(host)
-        if hosts.held_by_silence(host):
+        if hosts.held_below_limit(host):
             # Without the send gate the host's limit may also be filled by
             # requests still in downloader middlewares (see
             # DirectDownloads.has_room): the other message then.
