@@ -45,7 +45,7 @@ The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
   given up as one that refuses connections is, instead of being waited for
   ever longer. A response that is not a back-off status resets the count of
   failures in a row and the cool-downs. Failures of requests that started
-  before the host was parked do not count toward the next budget.
+  before the host was parked do not count toward the next error budget.
 
 What the rule learned about a host outlives the process with a frontier file:
 :meth:`AimdTable.export` gives it as a small dict of numbers (the limit, the

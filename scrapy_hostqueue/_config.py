@@ -343,7 +343,7 @@ class HostQueueConfig:
     # may carry a password.
     frontier_url: str | None = dataclasses.field(repr=False)
     crawl_id: str | None  # None: the spider's name
-    lease_timeout: float  # seconds a dead process's hosts and requests stay leased
+    lease_timeout: float  # seconds a dead process's hosts stay held, its requests leased
     redis_finish_grace: float  # seconds the shared crawl must be empty before closing
     redis_wait_for_urls: bool  # never close when the shared crawl is empty
     redis_share_hosts: bool  # lend a part of a busy host to a process with no host

@@ -6,7 +6,7 @@ until their host may take one more (:meth:`DirectDownloads.delay`,
 :meth:`~DirectDownloads.has_room`, :meth:`~DirectDownloads.wait_for_room`);
 then they count for the host like a handed-out request
 (:meth:`~DirectDownloads.adopt`) until they leave the downloader. The
-scheduler's hosts (``_hosts``) offer these as part of ``HostControl``.
+scheduler's hosts (``_hosts``) offer it as ``HostControl.direct``.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class DirectDownloads:
         store = self._store
         state = store.host_state(host)
         reached = self._records.reached_per_host.get(host, 0)
-        return store.inflight(host) < state.limit and reached < store.in_flight_cap(state)
+        return store.in_flight(host) < state.limit and reached < store.in_flight_cap(state)
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
         """Wait until *host* may have room, or *timeout* seconds.

@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.utils.asyncio import CallLaterResult
 
+    from scrapy_hostqueue._aimd import Adjustment
     from scrapy_hostqueue._config import HostQueueConfig
-    from scrapy_hostqueue._contracts import HostControl, PolicyHook
+    from scrapy_hostqueue._contracts import HostControl, HostView, PolicyHook
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Hosts:
             ring_granularity=2,
         )
         self.records = RequestTable()
-        self._budget = max(0, config.global_concurrency)
+        self._global_limit = max(0, config.global_concurrency)
         self.gate = SendGate(
             self.store,
             self.records,
@@ -102,7 +103,9 @@ class Hosts:
             may_send_back=self._may_send_back,
             room_changed=self._room_changed,
         )
-        self._direct = DirectDownloads(
+        #: Room for the requests that reach the downloader without the
+        #: scheduler (the AIMD middleware holds them there).
+        self.direct = DirectDownloads(
             self.store, self.records, self.gate, gated=bool(self.prefetch)
         )
         self._overdue = OverdueRequests(
@@ -143,14 +146,14 @@ class Hosts:
         """Count what the parts still hold (O(hosts + requests left): for a crawl's close)."""
         return left_over(self.store, self.records, self.gate, self.given_up_requests)
 
-    def refuse(self, host: str, request: Request) -> None:
-        """*request* came in for *host*, which was given up.
+    def give_up_request(self, host: str, request: Request) -> None:
+        """Give up *request*, which came in for *host*, a host given up.
 
         It goes to its errback (see :meth:`give_up`).
         """
         self.recorder.requests_dropped(host)
         if self.debug:
-            logger.debug("Refusing %s: host %s was given up", request, host)
+            logger.debug("Giving up %s: host %s was given up", request, host)
         self.given_up_requests.append((host, request))
 
     def next_given_up(self) -> Request:
@@ -190,10 +193,10 @@ class Hosts:
         """
         if self.prefetch:
             return self.gate.on_wire(host)
-        inflight = self.store.inflight(host)
+        in_flight = self.store.in_flight(host)
         if self.slot_prefetch:
-            return min(inflight, self.store.host_state(host).limit)
-        return inflight
+            return min(in_flight, self.store.host_state(host).limit)
+        return in_flight
 
     def sent_back_from_gate(self, request: Request) -> bool:
         """Whether the send gate sent *request* back to the scheduler.
@@ -221,8 +224,8 @@ class Hosts:
         """
         self._policy_hook = hook
         self.store.silent_limit = 1
-        # A host's share of the budget among the active hosts caps it too.
-        self.store.budget = self._budget
+        # A host's share of the global limit among the active hosts caps it too.
+        self.store.global_limit = self._global_limit
         # A request waiting in Scrapy's downloader slot is past the
         # middleware that holds a blocked host's requests back (a Retry-After
         # that comes in meanwhile): only the send gate can send it back.
@@ -238,6 +241,11 @@ class Hosts:
         self.store.export_learned = hook.learned
         self.store.import_learned = hook.relearn
         self._overdue.start(hook)
+        # The scheduler opens before the spider does; with JOBDIR it may
+        # already know hosts (resumed requests) with their configured limits.
+        for host, _queued, _in_flight, _state in list(self.store.hosts()):
+            configured = internals.configured_slot(self.crawler.settings, host)[0]
+            self.set_limit(host, hook.initial_limit(host, configured))
 
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
@@ -245,28 +253,30 @@ class Hosts:
     def host_state(self, host: str) -> HostState:
         return self.store.host_state(host)
 
-    def inflight(self, host: str) -> int:
-        return self.store.inflight(host)
-
-    def handed_out(self, request: Request) -> bool:
-        """Whether *request* was handed out and has not left the downloader yet.
-
-        Whether *request* was handed out by ``next_request`` and has not
-        left the downloader yet.
-        """
-        return self.records.handed_out(request) is not None
-
     def handed_out_for(self, request: Request) -> str | None:
         """Return the host *request* was handed out for, if it is still out.
 
-        The host *request* was handed out for (and counts for), or None if
-        it was not handed out or has left the downloader.
+        The host ``next_request`` handed it out for (and that it counts for), or
+        None if it was not handed out or has left the downloader.
         """
         record = self.records.handed_out(request)
         return None if record is None else record.host
 
-    def is_full(self, host: str) -> bool:
-        return self.store.is_full(host)
+    def held_back_since(self, host: str, started: float) -> bool:
+        """Whether *host* had its whole limit in flight since *started*, or has now."""
+        return self.store.host_state(host).full_at >= started or self.store.is_full(host)
+
+    def held_below_limit(self, host: str) -> bool:
+        """Whether *host*'s in-flight cap is below its limit, and the limit has room.
+
+        The cap is one request at a time while the host is silent, or its share.
+        With prefetch, the send gate holds the cap; without, fewer requests than
+        the limit are handed out and not back.
+        """
+        state = self.store.host_state(host)
+        if self.store.in_flight_cap(state) >= state.limit:
+            return False
+        return bool(self.prefetch) or self.store.in_flight(host) < state.limit
 
     def note_full(self, host: str, now: float) -> None:
         self.store.note_full(host, now)
@@ -283,6 +293,20 @@ class Hosts:
         Until it answers again, hosts that answer go before it (see the store).
         """
         self.store.set_answering(host, False)
+
+    def adjust(self, adjustment: Adjustment, now: float) -> int:
+        """Apply what the AIMD rule decided for a host at *now*.
+
+        Its new limit, a block, giving it up. Returns the number of its queued
+        requests given up (see :meth:`give_up`).
+        """
+        host = adjustment.host
+        if adjustment.limit_changed:
+            self.set_limit(host, adjustment.new_limit)
+        block, reason = adjustment.block, adjustment.block_reason
+        if block is not None and block > 0 and reason is not None:
+            self.block_until(host, now + block, reason)
+        return self.give_up(host) if adjustment.give_up else 0
 
     def set_limit(self, host: str, limit: int) -> None:
         self.store.set_limit(host, limit)
@@ -307,11 +331,11 @@ class Hosts:
         self.store.set_interval(host, interval, jitter=0.0)
 
     def give_up(self, host: str) -> int:
-        """Refuse the requests of *host*.
+        """Give up *host* and its requests.
 
-        Those queued, returned (their number), and any that come later. Each is handed out once
-        more, for the AIMD middleware to fail it with ``HostGivenUp``, so that its errback hears of
-        it.
+        Those queued, returned (their number), and any that come later. Each is
+        handed out once more, for the AIMD middleware to fail it with
+        ``HostGivenUp``, so that its errback hears of it.
         """
         dropped = self.store.give_up(host)
         self.given_up_requests.extend((host, request) for request in dropped)
@@ -331,11 +355,6 @@ class Hosts:
         self.records.leave(request)
         return record.host
 
-    def host_given_up(self, host: str) -> bool:
-        """Whether *host* was given up (see :meth:`give_up`)."""
-        state = self.store.known_state(host)
-        return state is not None and state.given_up
-
     def answered(self, request: Request) -> str | None:
         """*request* was answered: its host may now have its whole limit in flight.
 
@@ -350,20 +369,6 @@ class Hosts:
         self.store.set_answering(host, True)
         return host
 
-    # -- requests the scheduler did not hand out (see _direct) ---------------
-
-    def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float:
-        return self._direct.delay(host, now, spacing=spacing)
-
-    def has_room(self, host: str) -> bool:
-        return self._direct.has_room(host)
-
-    async def wait_for_room(self, host: str, timeout: float) -> bool:
-        return await self._direct.wait_for_room(host, timeout)
-
-    def adopt(self, request: Request, host: str, now: float) -> None:
-        self._direct.adopt(request, host, now)
-
     # -- Scrapy's signals, as the scheduler connects them -----------------------
 
     def on_request_left(self, request: Request) -> None:
@@ -376,21 +381,21 @@ class Hosts:
         if self.debug:
             logger.debug("%s left the downloader (host %s, %s)", request, host, record.stage.value)
         if record.given_up:
-            # Answered or refused by a downloader middleware before the AIMD
+            # Answered or dropped by a downloader middleware before the AIMD
             # one: never counted.
             self.records.leave(request)
             return
         if record.unsent_at is not None:
-            # Answered or refused by a downloader middleware (a cache hit,
+            # Answered or dropped by a downloader middleware (a cache hit,
             # robots.txt): it never went to the host.
             self.store.unstart(host, record.unsent_at)
         # The per-host request stats are taken here, off the engine's
         # next_request path: every request handed out leaves exactly once,
         # and the in-flight counts just before a leave reach every
         # high-water mark the hand-outs set.
-        self.recorder.request_done(host, self.store.inflight(host), self.store.active)
+        self.recorder.request_done(host, self.store.in_flight(host), self.store.active)
         if record.on_wire:
-            self.gate.release(request)
+            self.gate.off_the_wire(request)
         elif not self.prefetch:
             # A request stops being on the wire when it gives back its send
             # slot, or, without the send gate, when it leaves.
@@ -398,7 +403,7 @@ class Hosts:
         self.records.leave(request)
         self.store.finish(host, record.overdue)
         self._overdue.left(record)
-        self._direct.wake(host)
+        self.direct.wake(host)
 
     def on_reached_downloader(self, request: Request, spider: Spider) -> None:
         key = internals.host_key(self.crawler, request)
@@ -410,7 +415,7 @@ class Hosts:
             # request only, with Scrapy's delay. Left there, that delay would
             # make the downloader hold the host's first handed-out request
             # (a page waiting for robots.txt) a whole delay in the downloader,
-            # holding the global budget, while the scheduler counts the delay
+            # holding part of the global limit, while the scheduler counts the delay
             # from handing it out: the next page would follow at once.
             if not self.autothrottle:
                 internals.apply_to_slot(self.crawler, key, delay=0.0)
@@ -431,7 +436,7 @@ class Hosts:
             self.schedule_wakeup()
         # Scrapy recreates garbage-collected slots from the settings: re-apply
         # the host's current limit, and keep delays out of the downloader,
-        # where a waiting request would hold the global budget.
+        # where a waiting request would hold part of the global limit.
         internals.apply_to_slot(
             self.crawler,
             host,
@@ -514,11 +519,10 @@ class Hosts:
     def _room_changed(self, host: str) -> None:
         """Let through what waits for *host*, which may have more on the wire now.
 
-        *host* may have more on the wire now (a send slot freed, a higher
-        limit, its first answer): let through what waits for that.
+        A request went off the wire, its limit rose, or its first answer came.
         """
         self.gate.open(host)
-        self._direct.wake(host)
+        self.direct.wake(host)
 
     def _may_send_back(self, request: Request) -> bool:
         """Whether a request held at the send gate by a block may go back to the scheduler.
@@ -530,9 +534,9 @@ class Hosts:
 
 if TYPE_CHECKING:
 
-    def _keeps_the_contract(hosts: Hosts) -> HostControl:
+    def _keeps_the_contracts(hosts: Hosts) -> tuple[HostControl, HostView]:
         # For mypy: Hosts is what the middleware and the stats expect.
-        return hosts
+        return hosts, hosts
 
 
 __all__ = ["Hosts"]

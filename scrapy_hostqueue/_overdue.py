@@ -6,7 +6,7 @@ them the crawl's ``CONCURRENT_REQUESTS`` and active-host places. A request in
 flight past its host's overdue time (from the host's own latency history,
 see ``AimdTable.overdue_after``) is marked overdue at once: the AIMD rule
 backs its host off, the host gives its active place up when it has nothing
-else in flight, and the request stops counting against the budget the other
+else in flight, and the request stops counting against the global limit the other
 hosts share (up to ``HOSTQUEUE_MAX_OVERDUE`` such requests at once). It
 still counts against its own host's limit until it leaves.
 
@@ -103,11 +103,12 @@ class OverdueWatch:
 class OverdueRequests:
     """The overdue watch in a crawl.
 
-    It runs with the AIMD middleware only (:meth:`start`), whose hosts' latency gives the overdue
-    times; an answer stops counting as overdue at its headers. Each request marked backs its host
-    off (the policy hook hears of it), sends the requests waiting at a full send gate back to the
-    queue, and wakes the engine: the host's place and a share of the budget are free for other
-    hosts.
+    It runs with the AIMD middleware only (:meth:`start`), whose hosts'
+    latency gives the overdue times; an answer stops counting as overdue at
+    its headers. Each request marked backs its host off (the policy hook
+    hears of it), sends the requests waiting at a full send gate back to the
+    queue, and wakes the engine: the host's place and a share of the global
+    limit are free for other hosts.
     """
 
     def __init__(
@@ -162,7 +163,7 @@ class OverdueRequests:
         self._hook.overdue(request, host, seconds)
         if self._gated and not self._gate.may_send(host):
             # Requests waiting at the gate behind overdue ones would wait for
-            # them to time out, holding download budget: back to the queue.
+            # them to time out, holding part of the global limit: back to the queue.
             self._gate.blocked(host, math.inf, "overdue")
-        # Its place and a share of the budget are free for other hosts.
+        # Its place and a share of the global limit are free for other hosts.
         internals.wake_engine(self._crawler)

@@ -472,7 +472,7 @@ def on_request_leaving_downloader(
     *excused* says how many of the requests in the downloader do not count
     against ``CONCURRENT_REQUESTS`` (the downloader's ``needs_backout`` is
     ``len(active) >= CONCURRENT_REQUESTS``): overdue requests, which must not
-    hold the budget of the hosts that answer.
+    hold the global limit the hosts that answer need.
     """
     engine = _engine(crawler)
     assert engine is not None

@@ -97,19 +97,20 @@ def gate_of(crawler: Crawler) -> GateClient | None:
 def gate_opens_at(state: HostState) -> float:
     """When the gate may let the host's next request onto the wire.
 
-    Not before its block ends, nor before the shortest gap its interval allows (``DOWNLOAD_DELAY``,
-    Crawl-delay; the jitter's low end) since the last request it let through. A request handed out
-    on time may have had to wait for a send slot, so the gap between hand-outs is not enough.
+    Not before its block ends, nor before the shortest gap its interval allows
+    (``DOWNLOAD_DELAY``, Crawl-delay; the jitter's low end) since the last
+    request it let through. A request handed out on time may have had to wait
+    for room on the wire, so the gap between hand-outs is not enough.
     """
     gap = state.interval * max(0.0, 1.0 - state.jitter) if state.interval else 0.0
     return max(state.blocked_until, state.last_sent + gap)
 
 
 class SendGate:
-    """Per-host send slots, for the requests the scheduler handed out.
+    """Per-host room on the wire, when prefetch is on.
 
-    Per-host send slots, for the requests :class:`HostQueueScheduler`
-    handed out (or counted, see ``adopt``), when prefetch is on.
+    For the requests :class:`HostQueueScheduler` handed out (or counted, see
+    ``adopt``).
 
     *may_send_back* says whether a request held at the gate by a block may go
     back to the scheduler (:class:`HostBlocked`) instead of waiting there;
@@ -199,11 +200,11 @@ class SendGate:
             self._hold_back(request)
 
     def body_read(self, request: Request, status: int) -> None:
-        """Free the request's send slot now, unless its status asks the host to back off.
+        """Take the request off the wire now, unless its status asks the host to back off.
 
-        Free the request's send slot now, before the response crosses the
-        downloader middlewares, unless its status asks the host to back off:
-        then the host sends nothing until that request leaves the downloader.
+        This happens before the response crosses the downloader middlewares. A
+        host asked to back off sends nothing until that request leaves the
+        downloader.
         """
         record = self.records.get(request)
         if record is None or not record.on_wire or record.backing_off:
@@ -211,10 +212,10 @@ class SendGate:
         if status in self.backoff_codes:
             self._hold_back(request)
         else:
-            self.release(request)
+            self.off_the_wire(request)
 
     def host_busy(self, host: str) -> bool:
-        return self.store.inflight(host) > 0
+        return self.store.in_flight(host) > 0
 
     # -- the scheduler's side --------------------------------------------
 
@@ -263,7 +264,8 @@ class SendGate:
         self.records.put_on_wire(request, now)
         self.store.host_state(host).last_sent = now
 
-    def release(self, request: Request) -> None:
+    def off_the_wire(self, request: Request) -> None:
+        """Take *request* off the wire (answered, or gone): its host has room for another."""
         record = self.records.get(request)
         if record is None or not record.on_wire:
             return
@@ -295,10 +297,11 @@ class SendGate:
             self._timers[host] = call_later(opens_at - time.monotonic(), self._timer, host)
 
     def blocked(self, host: str, when: float, reason: str) -> None:
-        """*host* got blocked until *when*.
+        """Send *host*'s waiting requests back: it got blocked until *when*.
 
-        Its requests waiting here go back to the scheduler (see :class:`HostBlocked`) rather than
-        wait for the block's end, holding download budget and keeping the crawl open.
+        They go back to the scheduler (see :class:`HostBlocked`) rather than wait
+        for the block's end, holding part of the global limit and keeping the
+        crawl open.
         """
         waiters = self._waiters.get(host)
         if not waiters or when <= time.monotonic():

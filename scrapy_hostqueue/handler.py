@@ -137,8 +137,8 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
     # Room for the requests in flight plus the overdue ones kept out of
     # CONCURRENT_REQUESTS (HOSTQUEUE_MAX_OVERDUE), which hold their
     # connections until they time out.
-    budget = config.global_concurrency
-    in_flight = (min(budget, active) if budget > 0 else active) + config.max_overdue
+    global_limit = config.global_concurrency
+    in_flight = (min(global_limit, active) if global_limit > 0 else active) + config.max_overdue
     return max(active, per_host, in_flight), per_host
 
 
@@ -679,7 +679,7 @@ class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
         self.use_session(self._pool.get_session(self))
         # With HOSTQUEUE_PREFETCH, the scheduler hands a host one more
         # request than its limit; it waits here, before Scrapy's handler starts
-        # its clock, for the host to have a free send slot.
+        # its clock, for the host to have room on the wire.
         gate = gate_of(self.crawler)
         if gate is not None:
             await gate.acquire(request)

@@ -6,7 +6,7 @@ Adaptive per-host concurrency, Retry-After, Crawl-delay and an error budget, app
 The rule itself is pure and lives in :mod:`scrapy_hostqueue._aimd`; this
 module turns Scrapy events into its inputs and its adjustments into scheduler
 calls. Nothing here sleeps: a host that must wait is blocked in the scheduler,
-so its requests hold no global download budget meanwhile.
+so its requests hold no part of the global limit meanwhile.
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._aimd import Adjustment, AimdSettings, AimdTable
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._contracts import HostControl
+from scrapy_hostqueue._crawl_delay import (
+    CRAWL_DELAY_MARGIN,
+    CRAWL_DELAY_REASON,
+    CrawlDelays,
+    asked_delay,
+    interval_for,
+)
 from scrapy_hostqueue._requests import MAX_REQUEUES
 from scrapy_hostqueue._retry_after import parse_retry_after
 from scrapy_hostqueue.exceptions import HostQueueSettingsError
@@ -53,10 +60,11 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from scrapy.robotstxt import RobotParser
     from typing_extensions import Self
 
-__all__ = ["CONNECTION_ERRORS", "AIMDMiddleware"]
+    from scrapy_hostqueue._crawl_delay import RobotRules
+
+__all__ = ["CONNECTION_ERRORS", "CRAWL_DELAY_MARGIN", "AIMDMiddleware"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +113,7 @@ def _malformed_answer(exception: BaseException) -> bool:
 #: ``request.meta`` key: ``time.monotonic()`` when the request passed this
 #: middleware on its way to the download handler.
 META_START = "hostqueue_start"
-#: Seconds added to a Crawl-delay: the time from the scheduler's hand-out to
-#: the wire varies by a few tens of milliseconds on a busy event loop, and a
-#: Crawl-delay is a minimum at the server.
-CRAWL_DELAY_MARGIN = 0.05
 
-_CRAWL_DELAY = "crawl-delay"
 _DOWNLOAD_SLOT = "download_slot"
 
 
@@ -118,14 +121,6 @@ def _is_hostqueue_scheduler(cls: object) -> bool:
     # Not issubclass(): Scrapy's BaseSchedulerMeta makes it duck-typed, so any
     # scheduler class would pass.
     return isinstance(cls, type) and HostQueueScheduler in cls.__mro__
-
-
-class _CrawlDelay:
-    __slots__ = ("delay", "last_sent")
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.last_sent = float("-inf")
 
 
 def _longest_retry_after(response: Response) -> float | None:
@@ -217,10 +212,7 @@ class AIMDMiddleware:
         self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
         self._robots_user_agent: str | None = settings.get("ROBOTSTXT_USER_AGENT") or None
         self._default_user_agent: str = settings.get("USER_AGENT") or ""
-        #: robots.txt Crawl-delays, for the whole crawl: Scrapy parses a site's
-        #: robots.txt once per crawl (and keeps every parser), so a delay
-        #: forgotten here would never come back.
-        self._crawl_delays: dict[str, _CrawlDelay] = {}
+        self._crawl_delays = CrawlDelays()
         #: The last failure of each given-up host, for HostGivenUp.
         self._last_errors: dict[str, str] = {}
         self._warned_no_room: set[str] = set()
@@ -268,11 +260,6 @@ class AIMDMiddleware:
         hosts: HostControl = scheduler.hosts
         self.hosts = hosts
         hosts.attach_policy(self)
-        # The scheduler opens before spider_opened is sent; with JOBDIR it may
-        # already know hosts (resumed requests) with their configured limits.
-        for host, _queued, _inflight, _state in hosts.hosts():
-            configured = internals.configured_slot(self.crawler.settings, host)[0]
-            hosts.set_limit(host, self.initial_limit(host, configured))
         cfg = self.config
         logger.info(
             "AIMDMiddleware: per-host limit %d..%d starting at %d; fast below %gs, "
@@ -372,30 +359,30 @@ class AIMDMiddleware:
         self, request: Request
     ) -> Request | Coroutine[Any, Any, Request | None] | None:
         hosts = self._hosts()
-        refused = hosts.given_up_host(request)
-        if refused is not None:
-            raise HostGivenUp(refused, self._last_errors.get(refused))
+        given_up = hosts.given_up_host(request)
+        if given_up is not None:
+            raise HostGivenUp(given_up, self._last_errors.get(given_up))
         host = hosts.host_of(request)
         now = self.clock()
-        crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
-        if not hosts.handed_out(request):
+        handed_out_for = hosts.handed_out_for(request)
+        if handed_out_for is None:
             # Not from the scheduler (engine.download_async: media pipelines,
             # robots.txt, a spider's own downloads): it waits here for the
             # host's block, delay and a free place under its limit instead,
             # then counts for the host until it leaves. Not robots.txt, which
             # the host's first requests wait for, beyond the block.
-            if hosts.host_given_up(host):
+            if hosts.host_state(host).given_up:
                 raise HostGivenUp(host, self._last_errors.get(host))
             counted = urlparse_cached(request).path != "/robots.txt"
-            if self._direct_delay(hosts, host, crawl_delay, now, counted) > 0 or (
-                counted and not hosts.has_room(host)
+            if self._direct_delay(hosts, host, now, counted) > 0 or (
+                counted and not hosts.direct.has_room(host)
             ):
                 # A coroutine: Scrapy awaits what process_request returns.
-                return self._wait_for_host(hosts, request, host, crawl_delay, counted)
+                return self._wait_for_host(hosts, request, host, counted)
             if counted:
-                hosts.adopt(request, host, now)
+                hosts.direct.adopt(request, host, now)
         elif hosts.requeues(request) < MAX_REQUEUES:
-            if _DOWNLOAD_SLOT in request.meta and host != hosts.handed_out_for(request):
+            if _DOWNLOAD_SLOT in request.meta and host != handed_out_for:
                 # A downloader middleware before this one set the slot after
                 # the request was queued under another host: it goes back, to
                 # be queued, limited and blocked under its slot.
@@ -407,37 +394,31 @@ class AIMDMiddleware:
             state = hosts.host_state(host)
             if state.blocked_until > now:
                 return self._requeue(request, host, state.block_reason)
-            if crawl_delay is not None:
-                if state.interval < crawl_delay.delay:
+            delay = self._crawl_delays.delay(host) if self._crawl_delays else None
+            if delay is not None:
+                if state.interval < delay:
                     # The scheduler forgot the host (idle, beyond its memory).
-                    self._apply_crawl_delay(hosts, host, crawl_delay.delay)
-                if now < crawl_delay.last_sent + crawl_delay.delay:
+                    self._apply_crawl_delay(hosts, host, delay)
+                if self._crawl_delays.wait(host, now) > 0:
                     # Too soon after the last one. No block: that would also
                     # hold, at the scheduler's send gate, a request that passed
                     # here earlier and is not on the wire yet. The scheduler
                     # spaces its hand-outs by the interval.
-                    return self._requeue(request, host, _CRAWL_DELAY)
-        if crawl_delay is not None:
-            crawl_delay.last_sent = now
+                    return self._requeue(request, host, CRAWL_DELAY_REASON)
+        if self._crawl_delays:
+            self._crawl_delays.sent(host, now)
         request.meta[META_START] = now
-        # The frontier noted when a hand-out filled the host's limit; requests
+        # The store noted when a hand-out filled the host's limit; requests
         # handed out together pass here a moment later, each one after that
         # note: noted again, each counts as sent while the limit was filled
-        # (see _limit_held_back).
+        # (see HostControl.held_back_since).
         hosts.note_full(host, now)
         return None
 
-    @staticmethod
-    def _direct_delay(
-        hosts: HostControl,
-        host: str,
-        crawl_delay: _CrawlDelay | None,
-        now: float,
-        spacing: bool,
-    ) -> float:
-        wait = hosts.direct_delay(host, now, spacing=spacing)
-        if spacing and crawl_delay is not None:
-            wait = max(wait, crawl_delay.last_sent + crawl_delay.delay - now)
+    def _direct_delay(self, hosts: HostControl, host: str, now: float, spacing: bool) -> float:
+        wait = hosts.direct.delay(host, now, spacing=spacing)
+        if spacing and self._crawl_delays:
+            wait = max(wait, self._crawl_delays.wait(host, now))
         return wait
 
     async def _wait_for_host(
@@ -445,7 +426,6 @@ class AIMDMiddleware:
         hosts: HostControl,
         request: Request,
         host: str,
-        crawl_delay: _CrawlDelay | None,
         counted: bool,
     ) -> None:
         """Hold a request that did not come from the scheduler until its host may take it.
@@ -457,11 +437,11 @@ class AIMDMiddleware:
         """
         waited_for_room = 0.0
         while True:
-            if hosts.host_given_up(host):
+            if hosts.host_state(host).given_up:
                 raise HostGivenUp(host, self._last_errors.get(host))
             now = self.clock()
-            wait = self._direct_delay(hosts, host, crawl_delay, now, counted)
-            if wait <= 0 and (not counted or hosts.has_room(host)):
+            wait = self._direct_delay(hosts, host, now, counted)
+            if wait <= 0 and (not counted or hosts.direct.has_room(host)):
                 break
             if internals.engine_closing(self.crawler):
                 raise IgnoreRequest(f"the crawl closed while host {host} was held back")
@@ -472,24 +452,22 @@ class AIMDMiddleware:
                 self._warn_no_room(hosts, host)
                 break
             began = self.clock()
-            if await hosts.wait_for_room(host, _DIRECT_WAIT_SLICE):
+            if await hosts.direct.wait_for_room(host, _DIRECT_WAIT_SLICE):
                 # A request of the host left: the patience starts anew.
                 waited_for_room = 0.0
             else:
                 waited_for_room += self.clock() - began
         if counted:
-            hosts.adopt(request, host, now)
-        if crawl_delay is not None:
-            crawl_delay.last_sent = now
+            hosts.direct.adopt(request, host, now)
+        if self._crawl_delays:
+            self._crawl_delays.sent(host, now)
         request.meta[META_START] = now
 
     def _warn_no_room(self, hosts: HostControl, host: str) -> None:
         if host in self._warned_no_room:
             return
         self._warned_no_room.add(host)
-        state = hosts.host_state(host)
-        silent = hosts.in_flight_cap(state) < state.limit
-        if silent and (hosts.prefetch or hosts.inflight(host) < state.limit):
+        if hosts.held_below_limit(host):
             # Without the send gate the host's limit may also be filled by
             # requests still in downloader middlewares (see
             # DirectDownloads.has_room): the other message then.
@@ -500,7 +478,7 @@ class AIMDMiddleware:
                 "time on the wire, and goes as one more, within the limit of %d.",
                 host,
                 _DIRECT_PATIENCE,
-                state.limit,
+                hosts.host_state(host).limit,
             )
             return
         logger.warning(
@@ -570,23 +548,17 @@ class AIMDMiddleware:
                 # wait as long as its header seemed to ask.
                 detail += f", Retry-After {_header_text(response)!r} unreadable"
         else:
+            # Only a host whose limit held it back while the request was in
+            # flight may have its limit raised by a run of fast answers: one
+            # held back by its delay, or with too few URLs queued, would climb
+            # to the ceiling on answers to one request at a time, and meet the
+            # next burst of its URLs with the whole ceiling at once.
             adjustment = self.table.on_success(
-                host, started, latency, self._limit_held_back(hosts, host, started)
+                host, started, latency, hosts.held_back_since(host, started)
             )
         if adjustment is not None:
             self._apply(hosts, adjustment, now, latency, detail)
         self._keep_only_known(hosts, host)
-
-    @staticmethod
-    def _limit_held_back(hosts: HostControl, host: str, started: float) -> bool:
-        """Whether *host* had its limit in flight while a request that started at *started* was.
-
-        Now (the request still counts until it leaves the downloader), or when a later request
-        filled the limit. Only then may a run of fast answers raise the limit. A host held back by
-        its delay, or with too few URLs queued, would otherwise climb to the ceiling on answers to
-        one request at a time, and meet the next burst of its URLs with the whole ceiling at once.
-        """
-        return hosts.host_state(host).full_at >= started or hosts.is_full(host)
 
     def overdue_after(self, host: str) -> float:
         """Return the seconds after which a request of *host* in flight is overdue.
@@ -658,8 +630,7 @@ class AIMDMiddleware:
     ) -> None:
         host = adj.host
         debug = self.config.aimd_debug
-        if adj.limit_changed:
-            hosts.set_limit(host, adj.new_limit)
+        dropped = hosts.adjust(adj, now)
         if adj.decreased:
             self.recorder.backoff(host, adj.reason)
         if debug and (adj.limit_changed or adj.decreased):
@@ -683,7 +654,6 @@ class AIMDMiddleware:
                 f", paused {adj.block:.1f}s" if adj.block else "",
             )
         if adj.block is not None and adj.block > 0 and adj.block_reason is not None:
-            hosts.block_until(host, now + adj.block, adj.block_reason)
             self.recorder.blocked(host, adj.block, adj.block_reason)
             if debug:
                 logger.info("AIMD %s: blocked for %.2fs (%s)", host, adj.block, adj.block_reason)
@@ -698,7 +668,6 @@ class AIMDMiddleware:
             )
         if adj.give_up:
             self._last_errors[host] = detail
-            dropped = hosts.give_up(host)
             self.recorder.host_given_up(host, dropped)
             # ERROR, as Scrapy's RetryMiddleware logs each request it gives up:
             # the host's pages are lost.
@@ -740,50 +709,38 @@ class AIMDMiddleware:
 
     # -- signals -------------------------------------------------------------
 
-    def _robots_parsed(self, robotparser: RobotParser, request: Request) -> None:
+    def _robots_parsed(self, robotparser: RobotRules, request: Request) -> None:
         user_agent: str | bytes | None = self._robots_user_agent
         if not user_agent:
             user_agent = request.headers.get(b"User-Agent") or self._default_user_agent
-        delay = robotparser.crawl_delay(user_agent)
-        if delay is None:
-            return
-        try:
-            asked = float(delay)
-        except (TypeError, ValueError):
+        asked = asked_delay(robotparser, user_agent)
+        if asked is None:
             return
         seconds = min(asked, self.config.crawl_delay_max)
         if not seconds > 0:
             return
         hosts = self._hosts()
-        # robots.txt is per netloc (with port), hosts are per hostname: the
-        # strictest Crawl-delay among a host's ports wins.
         host = hosts.host_of(request)
-        entry = self._crawl_delays.get(host)
-        if entry is None:
-            entry = self._crawl_delays[host] = _CrawlDelay(seconds)
-            if self.crawler.stats is not None:
-                self.crawler.stats.inc_value(stat_key("crawl_delay_host_count"))
-        else:
-            entry.delay = max(entry.delay, seconds)
-        self._apply_crawl_delay(hosts, host, entry.delay)
-        # The robots.txt fetch that just ended counts as the previous request.
+        now = self.clock()
+        delay, new = self._crawl_delays.learn(host, seconds, now)
+        if new and self.crawler.stats is not None:
+            self.crawler.stats.inc_value(stat_key("crawl_delay_host_count"))
+        self._apply_crawl_delay(hosts, host, delay)
         # Page requests handed out before the delay was known are waiting for
         # robots.txt right now, past the scheduler: blocking the host sends
         # them all back to it (process_request), to be handed out spaced.
-        now = self.clock()
-        entry.last_sent = max(entry.last_sent, now)
-        hosts.block_until(host, now + entry.delay + CRAWL_DELAY_MARGIN, _CRAWL_DELAY)
+        hosts.block_until(host, now + delay + CRAWL_DELAY_MARGIN, CRAWL_DELAY_REASON)
         capped = f" (it asks {asked:g}s; HOSTQUEUE_CRAWL_DELAY_MAX)" if asked > seconds else ""
-        logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, entry.delay, capped)
+        logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, delay, capped)
 
-    def _apply_crawl_delay(self, hosts: HostControl, host: str, delay: float) -> None:
+    @staticmethod
+    def _apply_crawl_delay(hosts: HostControl, host: str, delay: float) -> None:
         state = hosts.host_state(host)
-        interval = delay + CRAWL_DELAY_MARGIN
-        if interval <= state.interval * (1 - state.jitter):
-            return  # DOWNLOAD_DELAY already spaces requests at least as much
-        # A Crawl-delay is a minimum: set_interval drops the DOWNLOAD_DELAY_JITTER
-        # (default 0.5) that would start some requests at half the delay.
-        hosts.set_interval(host, max(interval, state.interval))
+        interval = interval_for(delay, state.interval, state.jitter)
+        if interval is not None:
+            # Without the DOWNLOAD_DELAY_JITTER (default 0.5) that would start
+            # some requests at half the delay.
+            hosts.set_interval(host, interval)
 
     def __repr__(self) -> str:
         return f"<AIMDMiddleware hosts={len(self.table)}>"

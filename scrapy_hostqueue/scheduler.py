@@ -226,7 +226,7 @@ class HostQueueScheduler(BaseScheduler):
             del meta[_DOWNLOAD_SLOT]
         host = internals.host_key(self.crawler, request)
         if not self._store.push(host, request_rank(request), request):
-            self.hosts.refuse(host, request)
+            self.hosts.give_up_request(host, request)
         self.stats.inc_value(self._enqueued_stat)
         self.stats.inc_value("scheduler/enqueued")
         return True
@@ -259,6 +259,6 @@ class HostQueueScheduler(BaseScheduler):
         self.stats.inc_value("scheduler/dequeued")
         if self.debug:
             logger.debug(
-                "Handing out %s (host %s, %d in flight)", request, host, store.inflight(host)
+                "Handing out %s (host %s, %d in flight)", request, host, store.in_flight(host)
             )
         return request

@@ -291,7 +291,7 @@ class HostQueueStats:
         blocked = sum(1 for *_, state in hosts if state.blocked_until > now)
         busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
         shown = []
-        for key, _queued, _inflight, state in busiest:
+        for key, _queued, _in_flight, state in busiest:
             cap = view.in_flight_cap(state)
             text = f"{key or NO_HOST} {view.on_wire(key)}/{cap}"
             overdue = view.overdue(key)
@@ -322,7 +322,7 @@ class HostQueueStats:
         samples: dict[str, HostSample] = {}
         view = self.hosts
         if view is not None:
-            for key, queued, _inflight, state in view.hosts():
+            for key, queued, _in_flight, state in view.hosts():
                 host = key or NO_HOST
                 samples[host] = HostSample(
                     host,
@@ -336,7 +336,7 @@ class HostQueueStats:
                     state.block_reason,
                     view.overdue(key),
                 )
-        # Hosts that left the frontier (or, under another scheduler, any host)
+        # Hosts that left the store (or, under another scheduler, any host)
         # but had requests in the downloader, responses or failures in the
         # interval.
         for host in [*in_downloader, *fetched, *self._failed]:

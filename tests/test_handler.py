@@ -590,7 +590,7 @@ async def test_download_latency_leaves_out_the_wait_for_a_pooled_connection() ->
     async with serving(["127.0.0.2"], slow) as hosts, _handler(settings) as handler:
         first, second = (Request(hosts.url("127.0.0.2", f"/{n}")) for n in (1, 2))
         await asyncio.gather(_download(handler, first), _download(handler, second))
-    assert hosts.max_inflight["127.0.0.2"] == 1
+    assert hosts.max_in_flight["127.0.0.2"] == 1
     served, waited = sorted((first, second), key=lambda r: r.meta["hostqueue_pool_wait"])
     assert served.meta["hostqueue_pool_wait"] < 0.2
     # The second one waited for the first (0.4 s) in the pool, then 0.4 s for
@@ -806,7 +806,7 @@ async def test_pool_holds_per_host_limit_for_direct_downloads() -> None:
         url = hosts.url("127.0.0.2")
         await asyncio.gather(*(_download(handler, Request(url)) for _ in range(12)))
     assert len(hosts.received) == 12
-    assert hosts.max_inflight["127.0.0.2"] == 3
+    assert hosts.max_in_flight["127.0.0.2"] == 3
     assert hosts.accepted["127.0.0.2"] == 3
 
 
@@ -826,8 +826,8 @@ async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
     # With Scrapy's HTTP11 handler this crawl has 12-17 requests in flight per
     # host (Scrapy's downloader lets every request queued in a slot in one loop
     # turn through); the pool alone holds every host to 4.
-    assert all(hosts.max_inflight[a] <= 4 for a in addresses)
-    assert max(hosts.max_inflight.values()) == 4
+    assert all(hosts.max_in_flight[a] <= 4 for a in addresses)
+    assert max(hosts.max_in_flight.values()) == 4
     assert _connection_stats(crawler)["127.0.0.2"]["connections_opened_count"] <= 4
 
 
@@ -886,7 +886,7 @@ async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None
     assert len(spider.responses) == 60
     # At most 2 connections per host (its limit), each reused.
     assert all(hosts.accepted[a] <= 2 for a in addresses), hosts.accepted
-    assert all(hosts.max_inflight[a] <= 2 for a in addresses)
+    assert all(hosts.max_in_flight[a] <= 2 for a in addresses)
 
 
 @pytest.mark.crawl
@@ -910,7 +910,7 @@ async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections()
         urls = [hosts.url("127.0.0.2", f"/{n}") for n in range(48)]
         _crawler, spider = await _crawl(settings, urls)
     assert len(spider.responses) == 48
-    assert hosts.max_inflight["127.0.0.2"] == 12
+    assert hosts.max_in_flight["127.0.0.2"] == 12
 
 
 # -- crawls ----------------------------------------------------------------------

@@ -50,7 +50,7 @@ def test_a_finished_crawl_with_requests_left_says_so_per_part(
     handed_out = scheduler.next_request()
     assert handed_out is not None
     # A request of a given-up host, on its way to its errback.
-    scheduler.hosts.refuse("c.example", Request("http://c.example/1"))
+    scheduler.hosts.give_up_request("c.example", Request("http://c.example/1"))
     with caplog.at_level(logging.ERROR):
         scheduler.close("finished")
     [error] = _errors(caplog)

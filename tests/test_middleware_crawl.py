@@ -1298,7 +1298,7 @@ async def test_with_the_own_handler_a_200_with_retry_after_gives_a_new_host_its_
         crawler = make_crawler(OUR_HANDLER, HOSTQUEUE_AIMD_START=2)
         await crawler.crawl_async(start_urls=[site.url("127.0.0.3", f"/p/{n}") for n in range(4)])
     assert len(spider_of(crawler).seen) == 4
-    assert site.max_inflight["127.0.0.3"] == 2
+    assert site.max_in_flight["127.0.0.3"] == 2
     # The second arrived while the first body was still coming.
     assert arrivals[1] - arrivals[0] < 0.7 * chunks * chunk_delay, arrivals
 
@@ -1429,7 +1429,7 @@ async def test_redirects_move_the_limit_of_the_host_that_answers_them(
         )
     assert sorted(spider_of(crawler).seen) == sorted(pages.start_urls(0, 8))
     assert stat(crawler, host_stat_key("127.0.0.3", "min_limit")) < 4
-    assert redirecting.max_inflight["127.0.0.3"] <= 4
+    assert redirecting.max_in_flight["127.0.0.3"] <= 4
     assert stat(crawler, host_stat_key(pages.hostnames[0], "min_limit")) >= 2
 
 

@@ -402,12 +402,12 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
         DOWNLOADER_MIDDLEWARES={f"{__name__}._ShortCircuit": 999},
     )
     assert scheduler, "no response reached the spider"
-    frontier = scheduler[-1].hosts.store
+    store = scheduler[-1].hosts.store
     # Nothing is left in flight; a host may still hold its place in its grace.
-    assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
-    assert all(frontier.placement(key) == IDLE for key, *_ in frontier.hosts())
-    assert frontier.active == frontier.live_hosts
-    assert len(frontier) == 0
+    assert all(in_flight == 0 for _, _, in_flight, _ in store.hosts())
+    assert all(store.standing(key) == IDLE for key, *_ in store.hosts())
+    assert store.active == store.live_hosts
+    assert len(store) == 0
     hosts.wait_idle()  # the last answers counted at the hosts
     assert hosts.stats(0).served == 8
     assert hosts.stats(0).max_in_flight == 1

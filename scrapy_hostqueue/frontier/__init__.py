@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from scrapy_hostqueue.frontier.memory import HostState, MemoryStore, Placement
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore, Standing
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -47,8 +47,8 @@ __all__ = [
     "Frontier",
     "HostState",
     "MemoryStore",
-    "Placement",
     "RequestStore",
+    "Standing",
     "open_frontier",
     "push",
     "report",
@@ -77,9 +77,9 @@ class RequestStore(Protocol[T]):
     prefetch: int
     #: At most this many requests in flight for a silent host (0: its limit).
     silent_limit: int
-    #: The crawl's global budget; a host gets at most its share of it among
-    #: the active hosts (0: no share).
-    budget: int
+    #: The crawl's global limit (``CONCURRENT_REQUESTS``); a host gets at
+    #: most its share of it among the active hosts (0: no share).
+    global_limit: int
     #: Called with a host's key when the store forgets the host for good.
     on_forget: Callable[[str], None] | None
     #: What the AIMD middleware learned about a host (a small dict a JSON
@@ -138,11 +138,10 @@ class RequestStore(Protocol[T]):
         lease.
         """
 
-    def release(self, key: str, rank: int, item: T) -> None:
-        """Put *item* back in its host's queue, its lease ended.
+    def give_back(self, key: str, rank: int, item: T) -> None:
+        """Put *item*, handed out earlier and not done, back in its host's queue.
 
-        *item*, handed out earlier and not done, goes back to its host's
-        queue, its lease ended (after :meth:`finish`, if it was in flight).
+        Its lease ends (after :meth:`finish`, if it was in flight).
         """
 
     def adopt(self, key: str, now: float) -> None:
@@ -153,7 +152,7 @@ class RequestStore(Protocol[T]):
         """
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse *key* from now on; returns its queued requests."""
+        """Give up *key* and any request pushed for it from now on; return its queued requests."""
 
     def items(self) -> Iterator[tuple[str, int, T]]:
         """``(key, rank, item)`` of every queued request (O(requests))."""
@@ -168,7 +167,7 @@ class RequestStore(Protocol[T]):
 
     def queued(self, key: str) -> int: ...
 
-    def inflight(self, key: str) -> int: ...
+    def in_flight(self, key: str) -> int: ...
 
     def in_flight_cap(self, state: HostState) -> int:
         """How many requests a host in *state* may have in flight now."""
@@ -178,7 +177,7 @@ class RequestStore(Protocol[T]):
     def note_full(self, key: str, now: float) -> None: ...
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        """``(key, queued, inflight, state)`` of every live host (O(hosts))."""
+        """``(key, queued, in_flight, state)`` of every live host (O(hosts))."""
 
     def blocked(self, now: float) -> Iterator[tuple[str, HostState]]: ...
 
@@ -207,7 +206,7 @@ class RequestStore(Protocol[T]):
         """Note that the hand-out of *key* made at *started_at* never went to the host."""
 
     def close(self) -> None:
-        """Release what the store holds (files, connections)."""
+        """Close what the store holds open (files, connections)."""
 
 
 class Frontier(Protocol):

@@ -42,12 +42,12 @@ class LayeredStore(Generic[E]):
         self._mem.prefetch = value
 
     @property
-    def budget(self) -> int:
-        return self._mem.budget
+    def global_limit(self) -> int:
+        return self._mem.global_limit
 
-    @budget.setter
-    def budget(self, value: int) -> None:
-        self._mem.budget = value
+    @global_limit.setter
+    def global_limit(self, value: int) -> None:
+        self._mem.global_limit = value
 
     @property
     def silent_limit(self) -> int:
@@ -88,8 +88,8 @@ class LayeredStore(Generic[E]):
     def known_state(self, key: str) -> HostState | None:
         return self._mem.known_state(key)
 
-    def inflight(self, key: str) -> int:
-        return self._mem.inflight(key)
+    def in_flight(self, key: str) -> int:
+        return self._mem.in_flight(key)
 
     def in_flight_cap(self, state: HostState) -> int:
         return self._mem.in_flight_cap(state)

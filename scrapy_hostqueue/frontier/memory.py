@@ -5,7 +5,7 @@ Pure logic: no Scrapy or Twisted import, an injectable clock, opaque items.
 slot key).
 
 Every live host (queued work, work in flight, or an IDLE place) is in
-exactly one placement:
+exactly one standing (:class:`Standing`):
 
 * READY: queued work, in flight below its limit, not blocked, and either
   holding an active place or the active-host cap has room. It sits in the
@@ -14,7 +14,7 @@ exactly one placement:
 * PREFETCH: queued work, in flight at its limit but below the limit plus
   ``prefetch``, and no interval between starts. Sits in a heap by head rank
   (FIFO among equals), served only when no host is READY, so an extra
-  request waiting downstream never takes a global slot from a host that
+  request waiting downstream never takes part of the global limit from a host that
   could send at once.
 * FULL: in flight at or above its limit (plus ``prefetch`` if it has no
   interval; ``silent_limit``, without prefetch, for a silent host), or, with
@@ -46,10 +46,10 @@ its place for ever, and a slow host, whose turn lasts long, lets the hosts
 waiting behind it take their turns. Kept places let the hosts being crawled
 keep their keep-alive connections.
 
-With a ``budget`` (the crawl's global concurrency), a host has at most its
+With a ``global_limit`` (``CONCURRENT_REQUESTS``), a host has at most its
 share of it in flight (:meth:`MemoryStore.in_flight_cap`): while hosts wait
 for a place, an equal part per place (one request at the defaults), so the
-budget goes to more hosts, each on one connection, rather than to more
+global limit goes to more hosts, each on one connection, rather than to more
 connections on fewer hosts.
 
 Hosts that answered their last request (``HostState.answering``) go before
@@ -57,12 +57,12 @@ silent ones (not heard from yet, or whose last request failed to connect or
 timed out): in the ring, at the same priority, and for a free place. Silent
 hosts that wait for a place end an answering host's turn, and get the next
 free place, only while they hold fewer than half of the places. Many hosts
-that hang until a timeout then take neither the whole download budget nor
+that hang until a timeout then take neither the whole global limit nor
 every place from the hosts that answer, and hosts never heard from still get
 their share of places.
 
 Structures hold ``(token, host)`` entries and skip stale ones lazily: every
-placement bumps the host's token, so moving a host is O(1) and no structure is
+change of standing bumps the host's token, so moving a host is O(1) and no structure is
 ever scanned. Each operation is O(1) amortised in the number of hosts, plus a
 heap operation on the timer heap (log of the number of blocked hosts) and on a
 host's own ranks (few distinct priorities in practice).
@@ -81,7 +81,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-class Placement(Enum):
+class Standing(Enum):
     """Where a live host sits in the store (see the module docstring)."""
 
     READY = "ready"
@@ -94,21 +94,21 @@ class Placement(Enum):
     IDLE = "idle"
 
 
-READY = Placement.READY
-FULL = Placement.FULL
-PREFETCH = Placement.PREFETCH
-BLOCKED = Placement.BLOCKED
-CAPPED = Placement.CAPPED
-DRAINED = Placement.DRAINED
-ENDING = Placement.ENDING
-IDLE = Placement.IDLE
+READY = Standing.READY
+FULL = Standing.FULL
+PREFETCH = Standing.PREFETCH
+BLOCKED = Standing.BLOCKED
+CAPPED = Standing.CAPPED
+DRAINED = Standing.DRAINED
+ENDING = Standing.ENDING
+IDLE = Standing.IDLE
 
 
 class HostState:
     """What the scheduler needs to know to decide whether a host is ready.
 
     The AIMD middleware changes it only through :class:`MemoryStore` methods, so
-    the host's place in the frontier is updated at once.
+    the host's standing in the store is updated at once.
     """
 
     __slots__ = (
@@ -147,7 +147,7 @@ class HostState:
         #: No request starts before this time (Retry-After, back-off).
         self.blocked_until = 0.0
         self.block_reason: str | None = None
-        #: Queued requests were dropped; new ones are refused.
+        #: Queued requests were given up; new ones are given up too.
         self.given_up = False
         #: The host answered its last request (an HTTP response), as opposed to
         #: a host not heard from yet or whose last request failed to connect
@@ -213,15 +213,15 @@ class _Host(Generic[T]):
     __slots__ = (
         "active",
         "active_since",
-        "inflight",
+        "in_flight",
         "key",
         "overdue",
         "pending_start",
-        "placement",
         "queued",
         "queues",
         "ranks",
         "served",
+        "standing",
         "state",
         "token",
     )
@@ -232,8 +232,8 @@ class _Host(Generic[T]):
         self.queues: dict[int, _Fifo[T]] = {}
         self.ranks: list[int] = []  # heap of -rank, stale ranks skipped lazily
         self.queued = 0
-        self.inflight = 0
-        #: Of ``inflight``, the requests in flight far longer than the host
+        self.in_flight = 0
+        #: Of ``in_flight``, the requests in flight far longer than the host
         #: usually takes (see :meth:`MemoryStore.set_overdue`).
         self.overdue = 0
         #: Whether the host holds one of the active-host places, since when,
@@ -244,7 +244,7 @@ class _Host(Generic[T]):
         #: With ``await_start``: when the hand-out whose start the host waits
         #: for was handed out (its ``last_start`` then), else None.
         self.pending_start: float | None = None
-        self.placement = DRAINED
+        self.standing = DRAINED
         self.token = 0
 
     def head_rank(self) -> int:
@@ -321,12 +321,12 @@ class MemoryStore(Generic[T]):
         self._state_factory = state_factory
         self.max_active = max_active
         #: Requests a host may have handed out beyond its limit; they wait
-        #: for a send slot downstream (see HostQueueScheduler.acquire_send_slot).
+        #: at the send gate downstream for room on the wire.
         self.prefetch = prefetch
-        #: The crawl's global budget (``CONCURRENT_REQUESTS``; 0: none): a
+        #: The crawl's global limit (``CONCURRENT_REQUESTS``; 0: none): a
         #: host may have at most its share of it among the active hosts in
         #: flight (see :meth:`in_flight_cap`).
-        self.budget = 0
+        self.global_limit = 0
         #: At most this many requests in flight for a silent host, and no
         #: prefetch (0: its limit, as for any host).
         self.silent_limit = silent_limit
@@ -338,7 +338,7 @@ class MemoryStore(Generic[T]):
         #: robots.txt) would otherwise start together.
         self.await_start = await_start
         self._remember = remember
-        #: Called with a host's key when the frontier forgets the host for good
+        #: Called with a host's key when the store forgets the host for good
         #: (its state leaves both memories of idle hosts), so that state kept
         #: elsewhere about the host (the AIMD middleware's) lives exactly as long.
         self.on_forget: Callable[[str], None] | None = None
@@ -400,7 +400,7 @@ class MemoryStore(Generic[T]):
     def is_full(self, key: str) -> bool:
         """Whether *key* has its whole limit in flight now."""
         host = self._hosts.get(key)
-        return host is not None and host.inflight >= host.state.limit
+        return host is not None and host.in_flight >= host.state.limit
 
     def note_full(self, key: str, now: float) -> None:
         """Note *now* as the last moment *key* had its whole limit in flight.
@@ -414,38 +414,39 @@ class MemoryStore(Generic[T]):
     def in_flight_cap(self, state: HostState) -> int:
         """How many requests a host with *state* may have in flight now.
 
-        Its limit, or ``silent_limit`` if that is lower and the host is silent, and at most its
-        share of ``budget``. While hosts wait for a place, every place gets an equal part of the
-        budget (``budget / max_active``, rounded up); otherwise what the active silent hosts do not
+        Its limit, or ``silent_limit`` if that is lower and the host is silent,
+        and at most its share of ``global_limit``. While hosts wait for a place,
+        every place gets an equal part of the global limit (``global_limit /
+        max_active``, rounded up); otherwise what the active silent hosts do not
         take, divided by the other active hosts, rounded up.
         """
         cap = state.limit
         if self.silent_limit and not state.answering:
             cap = min(cap, self.silent_limit)
-        if not self.budget:
+        if not self.global_limit:
             return cap
         if self._waiting and self.max_active > 0:
-            # The places are all taken and the budget binds: a second
-            # request in flight on one host would take the budget a waiting
+            # The places are all taken and the global limit binds: a second
+            # request in flight on one host would take the part a waiting
             # host could use, and open a second connection to the host for
             # the same pages per second crawl-wide.
-            return min(cap, max(1, -(-self.budget // self.max_active)))
+            return min(cap, max(1, -(-self.global_limit // self.max_active)))
         # Silent hosts hold silent_limit each; the others share the rest.
-        active, budget = self.active, self.budget
+        active, shared = self.active, self.global_limit
         if self.silent_limit:
             active -= self._active_silent
-            budget -= self._active_silent * self.silent_limit
+            shared -= self._active_silent * self.silent_limit
         if active > 1:
-            # When the crawl's budget binds, a host with more in flight than
-            # its share only takes budget from another host: the same
+            # When the global limit binds, a host with more in flight than
+            # its share only takes part of it from another host: the same
             # requests over more connections.
-            share = max(1, -(-budget // active))
+            share = max(1, -(-shared // active))
             if share < cap:
                 return share
         return cap
 
     def known_state(self, key: str) -> HostState | None:
-        """Return the state of *key* if the frontier knows the host, without creating one."""
+        """Return the state of *key* if the store knows the host, without creating one."""
         host = self._hosts.get(key)
         if host is not None:
             return host.state
@@ -455,13 +456,13 @@ class MemoryStore(Generic[T]):
         host = self._hosts.get(key)
         return host.queued if host is not None else 0
 
-    def inflight(self, key: str) -> int:
+    def in_flight(self, key: str) -> int:
         host = self._hosts.get(key)
-        return host.inflight if host is not None else 0
+        return host.in_flight if host is not None else 0
 
-    def placement(self, key: str) -> Placement | None:
+    def standing(self, key: str) -> Standing | None:
         host = self._hosts.get(key)
-        return host.placement if host is not None else None
+        return host.standing if host is not None else None
 
     def _states(self) -> Iterator[tuple[str, HostState]]:
         """List ``(key, state)`` of every host, idle ones still remembered included.
@@ -511,13 +512,12 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        """List ``(key, queued, inflight, state)`` of every live host.
+        """Return ``(key, queued, in_flight, state)`` of every live host.
 
-        ``(key, queued, inflight, state)`` of every live host (O(hosts): for
-        periodic reports, never on the request path).
+        O(hosts): for periodic reports, never on the request path.
         """
         for host in self._hosts.values():
-            yield host.key, host.queued, host.inflight, host.state
+            yield host.key, host.queued, host.in_flight, host.state
 
     def items(self) -> Iterator[tuple[str, int, T]]:
         """``(key, rank, item)`` of every queued item, in serving order per host."""
@@ -531,7 +531,7 @@ class MemoryStore(Generic[T]):
         timers = self._timers
         while timers:
             when, _, token, host = timers[0]
-            if host.token == token and host.placement in (BLOCKED, IDLE):
+            if host.token == token and host.standing in (BLOCKED, IDLE):
                 return when
             heapq.heappop(timers)
         return None
@@ -556,9 +556,7 @@ class MemoryStore(Generic[T]):
         raises_head = host.queued and rank // granularity > host.head_rank() // granularity
         host.push(rank, item)
         self._queued += 1
-        if host.placement in (DRAINED, IDLE) or (
-            host.placement in (READY, PREFETCH) and raises_head
-        ):
+        if host.standing in (DRAINED, IDLE) or (host.standing in (READY, PREFETCH) and raises_head):
             self._place(host, self.clock())
         return True
 
@@ -582,7 +580,7 @@ class MemoryStore(Generic[T]):
             token, host = bucket.popleft()
             self._ring_entries -= 1
             if host.token == token:
-                if host.inflight and host.inflight >= self.in_flight_cap(host.state):
+                if host.in_flight and host.in_flight >= self.in_flight_cap(host.state):
                     # Its share fell since it was placed (hosts came to wait
                     # for a place): placed again, behind the hosts that may
                     # send at once.
@@ -636,14 +634,14 @@ class MemoryStore(Generic[T]):
         *overdue*: it was marked with :meth:`set_overdue`.
         """
         host = self._hosts.get(key)
-        if host is None or host.inflight <= 0:
+        if host is None or host.in_flight <= 0:
             raise KeyError(f"no request in flight for host {key!r}")
-        host.inflight -= 1
+        host.in_flight -= 1
         if overdue:
             host.overdue -= 1
-        if not host.inflight:
+        if not host.in_flight:
             host.pending_start = None
-        if (host.inflight == host.overdue and host.placement != CAPPED) or host.placement in (
+        if (host.in_flight == host.overdue and host.standing != CAPPED) or host.standing in (
             FULL,
             PREFETCH,
         ):
@@ -660,10 +658,10 @@ class MemoryStore(Generic[T]):
         does not).
         """
         host = self._hosts.get(key)
-        if host is None or host.overdue >= host.inflight:
+        if host is None or host.overdue >= host.in_flight:
             raise KeyError(f"no request in flight for host {key!r} that is not overdue")
         host.overdue += 1
-        if host.overdue == host.inflight and host.placement != CAPPED:
+        if host.overdue == host.in_flight and host.standing != CAPPED:
             self._place(host, self.clock())
 
     def overdue(self, key: str) -> int:
@@ -677,7 +675,7 @@ class MemoryStore(Generic[T]):
         A request leaves this store when handed out, and nothing outlives the process.
         """
 
-    def release(self, key: str, rank: int, item: T) -> None:
+    def give_back(self, key: str, rank: int, item: T) -> None:
         """Queue *item* again (see :meth:`finish` for its place in flight)."""
         self.push(key, rank, item)
 
@@ -739,7 +737,7 @@ class MemoryStore(Generic[T]):
 
         Whether *key* answered its last request (an HTTP response), or is
         silent (its last request failed to connect or timed out). A host the
-        frontier does not know is left alone.
+        store does not know is left alone.
         """
         host = self._hosts.get(key)
         state = host.state if host is not None else self.known_state(key)
@@ -750,13 +748,13 @@ class MemoryStore(Generic[T]):
             return
         if host.active:
             self._active_silent += -1 if answering else 1
-        capped = host.placement == CAPPED
+        capped = host.standing == CAPPED
         if capped:
             self._uncap(host)  # counted in its old class
         state.answering = answering
         if capped:
             self._set_capped(host)  # into the FIFO of its class
-        elif host.placement in (READY, PREFETCH) or (self.silent_limit and host.placement == FULL):
+        elif host.standing in (READY, PREFETCH) or (self.silent_limit and host.standing == FULL):
             # Its rank in the ring changed, and with silent_limit, how many
             # requests it may have in flight.
             self._place(host, self.clock())
@@ -839,14 +837,14 @@ class MemoryStore(Generic[T]):
         host = self._hosts.get(key)
         if host is None:
             host = self._hosts[key] = _Host(key, self._recall(key))
-        host.inflight += 1
+        host.in_flight += 1
         self._note_full(host, now)
         if host.state.interval:
             self._draw_gap(host.state, now)
         self._place(host, now)
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse further work for *key* and return its queued items."""
+        """Give up *key* (and any item pushed for it later); return its queued items."""
         self.host_state(key).given_up = True
         return self.remove_queued(key)
 
@@ -858,10 +856,10 @@ class MemoryStore(Generic[T]):
         # must now wait for a time: then it waits BLOCKED, not counted among
         # the hosts waiting for a place (which end busy hosts' turns).
         host = self._hosts.get(key)
-        if host is None or host.placement == IDLE:
+        if host is None or host.standing == IDLE:
             return
         now = self.clock()
-        if host.placement == CAPPED and host.state.ready_at() <= now:
+        if host.standing == CAPPED and host.state.ready_at() <= now:
             return
         self._place(host, now)
 
@@ -874,7 +872,7 @@ class MemoryStore(Generic[T]):
         return host.key, item
 
     def _start(self, host: _Host[T], now: float) -> None:
-        host.inflight += 1
+        host.in_flight += 1
         self._note_full(host, now)
         if not host.active:
             host.active = True
@@ -892,17 +890,18 @@ class MemoryStore(Generic[T]):
 
     @staticmethod
     def _note_full(host: _Host[T], now: float) -> None:
-        if host.inflight >= host.state.limit:
+        if host.in_flight >= host.state.limit:
             host.state.full_at = now
 
     def _handed_out_at_most(self, host: _Host[T]) -> int:
         """In flight from which a host is handed nothing more.
 
-        Its limit plus ``prefetch``, except that a host with a delay between request starts gets no
-        prefetch (its next request may not go before the delay anyway, and would hold download
-        budget meanwhile), nor does a silent one, held to ``silent_limit`` until it answers, nor one
-        with overdue requests (its next one would wait for them to time out, holding download
-        budget).
+        Its limit plus ``prefetch``, except that a host with a delay between
+        request starts gets no prefetch (its next request may not go before the
+        delay anyway, and would hold part of the global limit meanwhile), nor
+        does a silent one, held to ``silent_limit`` until it answers, nor one
+        with overdue requests (its next one would wait for them to time out,
+        holding the global limit).
         """
         state = host.state
         cap = self.in_flight_cap(state)
@@ -919,22 +918,22 @@ class MemoryStore(Generic[T]):
         state.next_gap = gap
 
     def _place(self, host: _Host[T], now: float) -> None:
-        if host.placement == CAPPED:
+        if host.standing == CAPPED:
             self._uncap(host)
         # An IDLE host with nothing queued is placed only when its grace is
         # over (its timer): then it retires.
-        was_idle = host.placement == IDLE
+        was_idle = host.standing == IDLE
         host.token += 1
         # Requests in flight that are overdue do not keep a place.
-        working = host.inflight - host.overdue
+        working = host.in_flight - host.overdue
         if not host.queued:
-            if host.inflight:
-                host.placement = DRAINED
+            if host.in_flight:
+                host.standing = DRAINED
                 if not working:
                     self._leave(host, now)
                 return
             if host.active and self.grace and self.max_active and not was_idle:
-                host.placement = IDLE
+                host.standing = IDLE
                 self._push_timer(host, now + self.grace)
                 return
             self._retire(host)
@@ -943,7 +942,7 @@ class MemoryStore(Generic[T]):
         state = host.state
         ready_at = state.ready_at()
         if ready_at > now:
-            host.placement = BLOCKED
+            host.standing = BLOCKED
             self._push_timer(host, ready_at)
             if not working:
                 self._leave(host, now)
@@ -953,26 +952,26 @@ class MemoryStore(Generic[T]):
         elif self._turn_over(host, now):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
-            host.placement = ENDING
-        elif host.inflight >= self._handed_out_at_most(host) or host.pending_start is not None:
-            host.placement = FULL
+            host.standing = ENDING
+        elif host.in_flight >= self._handed_out_at_most(host) or host.pending_start is not None:
+            host.standing = FULL
             if not working:
                 # Filled by overdue requests: it waits for them without a place.
                 self._leave(host, now)
         elif not host.active and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).
             self._set_capped(host)
-        elif host.inflight >= self.in_flight_cap(state):
-            # What it gets beyond its cap waits downstream, holding budget:
+        elif host.in_flight >= self.in_flight_cap(state):
+            # What it gets beyond its cap waits downstream, holding part of the global limit:
             # only when no host can send at once.
-            host.placement = PREFETCH
+            host.standing = PREFETCH
             self._seq += 1
             rank = self._ring_rank(host)
             heapq.heappush(self._prefetchable, (-rank, self._seq, host.token, host))
             if self._crowded(len(self._prefetchable)):
                 self._compact()
         else:
-            host.placement = READY
+            host.standing = READY
             rank = self._ring_rank(host)
             bucket = self._buckets.get(rank)
             if bucket is None:
@@ -1055,18 +1054,18 @@ class MemoryStore(Generic[T]):
         self._waiting -= 1
         if not host.state.answering:
             self._waiting_silent -= 1
-        host.placement = READY  # until placed
+        host.standing = READY  # until placed
 
     def _set_capped(self, host: _Host[T], front: bool = False) -> None:
         """Into the line of its class, at the back (*front*: at the head)."""
-        if host.placement == CAPPED:
+        if host.standing == CAPPED:
             self._uncap(host)
         silent = not host.state.answering
         self._waiting += 1
         if silent:
             self._waiting_silent += 1
         host.token += 1
-        host.placement = CAPPED
+        host.standing = CAPPED
         fifo = self._capped_silent if silent else self._capped
         if front:
             fifo.appendleft((host.token, host))
@@ -1093,7 +1092,7 @@ class MemoryStore(Generic[T]):
             token, host = fifo.popleft()
             if host.token == token:
                 self._place(host, now)
-                if host.placement == READY:
+                if host.standing == READY:
                     return True
         return False
 
@@ -1101,7 +1100,7 @@ class MemoryStore(Generic[T]):
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, token, host = heapq.heappop(timers)
-            if host.token == token and host.placement in (BLOCKED, IDLE):
+            if host.token == token and host.standing in (BLOCKED, IDLE):
                 self._place(host, now)
 
     def _crowded(self, size: int) -> bool:
@@ -1139,7 +1138,7 @@ class MemoryStore(Generic[T]):
         self._ring_entries = sum(len(bucket) for bucket in buckets.values())
 
     def _retire(self, host: _Host[T]) -> None:
-        host.placement = DRAINED
+        host.standing = DRAINED
         del self._hosts[host.key]
         self._remember_state(host.key, host.state)
 

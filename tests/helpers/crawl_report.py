@@ -163,7 +163,7 @@ class CrawlWatch:
     def _stopped(self) -> None:
         _TAP.remove(self.log)
 
-    def render(self, title: str, hosts: list[_Hosts]) -> str:
+    def render(self, title: str, hosts: list[_WatchedHosts]) -> str:
         stats = self.crawler.stats.get_stats() if self.crawler.stats is not None else None
         spider = type(self.crawler.spider).__name__ if self.crawler.spider else "no spider"
         return _render(
@@ -213,7 +213,7 @@ class ProcessCrawl:
                         stats[match["key"]] = _value(match["value"])
         return stats, [_record_line(record) for record in records[-LOG_TAIL:]]
 
-    def render(self, title: str, hosts: list[_Hosts]) -> str:
+    def render(self, title: str, hosts: list[_WatchedHosts]) -> str:
         stats, tail = self._read()
         return _render(f"{title}: scrapy crawl, log {self.log}", stats, tail, hosts)
 
@@ -237,11 +237,11 @@ def _value(text: str) -> Any:
         return text
 
 
-class _Hosts:
+class _WatchedHosts:
     """Local hosts whose counts the report shows.
 
-    Read when it is made, or, for hosts stopped before (:func:`watched_hosts`), as they were at
-    their stop.
+    Read when it is made, or, for hosts stopped before
+    (:func:`watched_hosts`), as they were at their stop.
     """
 
     def __init__(self, hosts: LocalHosts) -> None:
@@ -261,7 +261,9 @@ class _Hosts:
             return f"the counts of {len(self.hosts)} hosts are gone: {error}"
 
 
-def _render(title: str, stats: dict[str, Any] | None, log: list[str], hosts: list[_Hosts]) -> str:
+def _render(
+    title: str, stats: dict[str, Any] | None, log: list[str], hosts: list[_WatchedHosts]
+) -> str:
     counts: list[HostStats] = []
     specs: list[HostSpec] = []
     for each in hosts:
@@ -279,10 +281,10 @@ class Watched:
     """What the running test has crawled, and the hosts it started."""
 
     crawls: list[CrawlWatch | ProcessCrawl] = field(default_factory=list)
-    hosts: list[_Hosts] = field(default_factory=list)
+    hosts: list[_WatchedHosts] = field(default_factory=list)
 
-    def hosts_started(self, hosts: LocalHosts) -> _Hosts:
-        watched = _Hosts(hosts)
+    def hosts_started(self, hosts: LocalHosts) -> _WatchedHosts:
+        watched = _WatchedHosts(hosts)
         self.hosts.append(watched)
         return watched
 

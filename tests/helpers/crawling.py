@@ -219,7 +219,7 @@ def ok_reply(received: Received) -> Reply:
     return Reply(body=f"page {received.target}".encode())
 
 
-class Hosts:
+class CountingServers:
     """HTTP/1.1 servers, one per loopback address, that count per host."""
 
     def __init__(self, route: Route = ok_reply, *, tls: ssl.SSLContext | None = None) -> None:
@@ -227,8 +227,8 @@ class Hosts:
         self.tls = tls
         self.ports: dict[str, int] = {}
         self.received: list[Received] = []
-        self.inflight: Counter[str] = Counter()
-        self.max_inflight: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.max_in_flight: Counter[str] = Counter()
         self.accepted: Counter[str] = Counter()
         self.open_connections = 0
         self.max_open_connections = 0
@@ -272,8 +272,8 @@ class Hosts:
                 if received is None:
                     break
                 self.received.append(received)
-                self.inflight[host] += 1
-                self.max_inflight[host] = max(self.max_inflight[host], self.inflight[host])
+                self.in_flight[host] += 1
+                self.max_in_flight[host] = max(self.max_in_flight[host], self.in_flight[host])
                 finished = False
 
                 def finish() -> None:
@@ -282,7 +282,7 @@ class Hosts:
                     nonlocal finished
                     if not finished:
                         finished = True
-                        self.inflight[host] -= 1
+                        self.in_flight[host] -= 1
 
                 try:
                     keep_alive = await self._respond(received, writer, finish)
@@ -357,8 +357,8 @@ class Hosts:
 @asynccontextmanager
 async def serving(
     addresses: list[str], route: Route = ok_reply, *, tls: ssl.SSLContext | None = None
-) -> AsyncIterator[Hosts]:
-    hosts = Hosts(route, tls=tls)
+) -> AsyncIterator[CountingServers]:
+    hosts = CountingServers(route, tls=tls)
     await hosts.start(addresses)
     try:
         yield hosts

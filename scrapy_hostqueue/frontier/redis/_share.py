@@ -5,7 +5,7 @@ Pure: no Scrapy, Twisted or ``redis`` import. The Redis store
 share record are ``OFFER`` and ``SHARE`` in
 :mod:`scrapy_hostqueue.frontier.redis._db`.
 
-A host is leased whole to one process, its *holder*. When the holder's
+A host is held whole by one process, its *holder*. When the holder's
 process has more of the host than it can work alone (a deep queue, a limit
 of a few requests, no spacing) and another process finds no host to claim,
 the holder lends that process a *part* of the host's limit ``L``: ``part =

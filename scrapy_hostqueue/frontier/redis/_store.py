@@ -395,7 +395,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             held.unacked -= 1
         self.outbox.append(("ack", rid))
 
-    def release(self, key: str, rank: int, item: T) -> None:
+    def give_back(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
         if lease is None:
             self._mem.push(key, rank, _Entry("", rank, item))
@@ -570,7 +570,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         )
         for key, held in list(self._held.items()):
             queued = mem.queued(key)
-            inflight = mem.inflight(key)
+            inflight = mem.in_flight(key)
             state = mem.known_state(key)
             if held.share is not None:
                 self._tick_share(key, held, state, now)
@@ -765,7 +765,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if surplus <= 0:
             return
         mem = self._mem
-        working.sort(key=lambda pair: (mem.inflight(pair[0]) + pair[1].unacked, -pair[1].served))
+        working.sort(key=lambda pair: (mem.in_flight(pair[0]) + pair[1].unacked, -pair[1].served))
         for key, held in working[:surplus]:
             held.draining = True
             self._give_back_window(key, release=False)
@@ -882,7 +882,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 # was offered in Redis, the whole limit is this process's.
                 held.share = None
                 mem.set_limit(key, share.wanted)
-            elif mem.inflight(key) <= share.limit - share.part:
+            elif mem.in_flight(key) <= share.limit - share.part:
                 share.phase, share.since = OFFERED, now
                 mem.set_limit(key, share.limit_here())
                 self.outbox.append(("offer", key, share.limit, share.part))

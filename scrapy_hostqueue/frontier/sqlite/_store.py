@@ -1,4 +1,4 @@
-"""The SQLite store: the frontier in one file, crash-safe, memory bounded by hosts.
+"""The SQLite store: the queued requests in one file, crash-safe, memory bounded by hosts.
 
 Pure logic: no Scrapy or Twisted import; items are encoded by the caller's
 codec. Every queued request is a row of the frontier file
@@ -170,11 +170,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             return True
         # Kept whole only for a host being crawled: the others' requests wait
         # as bytes.
-        inflight = self._mem.inflight(key)
-        entry = _Entry(rowid, rank, item) if inflight else _Entry(rowid, rank, None, data)
+        in_flight = self._mem.in_flight(key)
+        entry = _Entry(rowid, rank, item) if in_flight else _Entry(rowid, rank, None, data)
         if not self._mem.push(key, rank, entry):
             return False
-        if not inflight:
+        if not in_flight:
             self._keep_spare(rowid, item)
         self.file.insert(rowid, key, rank, data)
         self._held.add(rowid)
@@ -209,7 +209,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         self._backlog_total += count
 
     def _trim(self, key: str) -> None:
-        if self._mem.inflight(key):
+        if self._mem.in_flight(key):
             window = self._active_window
         else:
             window = self._window
@@ -241,7 +241,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             return
         held = self._mem.queued(key)
         window = self._window
-        if self._mem.inflight(key):
+        if self._mem.in_flight(key):
             # Four times larger at each read while the host is worked on, up to the
             # active window: a host handed out a few requests (a broad crawl's
             # many hosts) reads few rows, a host worked on at length few times.
@@ -304,7 +304,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         if self.export_learned is not None:
             # Its answer (or failure) taught the middleware something.
             self._dirty_hosts.add(key)
-        if not self._mem.inflight(key):
+        if not self._mem.in_flight(key):
             self._trim(key)
 
     def ack(self, item: T) -> None:
@@ -312,7 +312,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         if lease is not None:
             self.file.delete(lease[1])
 
-    def release(self, key: str, rank: int, item: T) -> None:
+    def give_back(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
         if lease is None:
             self._mem.push(key, rank, _Entry(0, rank, item))
@@ -329,10 +329,10 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             self._trim(key)
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse *key* from now on.
+        """Give up *key* from now on; return its queued requests.
 
-        Returns its queued requests, from memory and from the file, each leased until acknowledged
-        (they go to their errbacks).
+        From memory and from the file, each leased until acknowledged (they go
+        to their errbacks).
         """
         self._dirty_hosts.add(key)
         entries = self._mem.give_up(key)
@@ -383,8 +383,8 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         return self._mem.queued(key) + self._backlog.get(key, 0)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        for key, queued, inflight, state in self._mem.hosts():
-            yield key, queued + self._backlog.get(key, 0), inflight, state
+        for key, queued, in_flight, state in self._mem.hosts():
+            yield key, queued + self._backlog.get(key, 0), in_flight, state
 
     # -- the file ----------------------------------------------------------------
 

@@ -53,7 +53,7 @@ class Process(StoreProcess):
             self.store.ack(item)
 
     def in_flight(self) -> int:
-        return self.store.inflight("h")
+        return self.store.in_flight("h")
 
     def limit(self) -> int:
         return self.store.host_state("h").limit

@@ -443,14 +443,14 @@ def test_a_file_without_the_learned_column_gets_it(path: Path) -> None:
     last.close()
 
 
-def test_released_requests_are_served_again(path: Path) -> None:
+def test_requests_given_back_are_served_again(path: Path) -> None:
     store = open_store(path, window=2)
     for n in range(6):
         store.push("h", 0, Item(str(n)))
     popped = store.pop()
     assert popped is not None
     store.finish("h")
-    store.release("h", 0, popped[1])
+    store.give_back("h", 0, popped[1])
     assert sorted(int(n) for _, n in drain(store)) == list(range(6))
     store.close()
 
