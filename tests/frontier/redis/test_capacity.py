@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,14 +37,11 @@ from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.frontier.redis._glue import async_client, redis_errors
 from tests.helpers.clock import FakeClock
 from tests.helpers.redis import RedisServer, StoreProcess, crawl_stats, new_store
-from tests.helpers.requires_redis import import_redis
+from tests.helpers.requires_redis import import_redis, redis_server_marks
 
 redis = import_redis()
 
-pytestmark = [
-    pytest.mark.requires_redis,
-    pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
-]
+pytestmark = redis_server_marks()
 
 CRAWL = "full"
 P = prefix(CRAWL)

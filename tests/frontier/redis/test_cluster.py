@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,14 +33,11 @@ from tests.helpers.redis import (
     crawl_stats,
     new_store,
 )
-from tests.helpers.requires_redis import import_redis
+from tests.helpers.requires_redis import import_redis, redis_server_marks
 
 redis = import_redis()
 
-pytestmark = [
-    pytest.mark.requires_redis,
-    pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
-]
+pytestmark = redis_server_marks()
 
 CRAWL = "clustered"
 P = prefix(CRAWL)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,14 +41,11 @@ from tests.helpers.redis import (
     replication,
     wait_pushed,
 )
-from tests.helpers.requires_redis import import_redis
+from tests.helpers.requires_redis import import_redis, redis_server_marks
 
 redis = import_redis()
 
-pytestmark = [
-    pytest.mark.requires_redis,
-    pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
-]
+pytestmark = redis_server_marks()
 
 CRAWL = "pages"
 P = prefix(CRAWL)
