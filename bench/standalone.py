@@ -9,16 +9,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import scrapy
-
-from bench.runner import ROOT, cpu_model, cpu_probe
+from bench.runner import ROOT, cpu_probe, machine
 from bench.scenarios import CONFIGS, unavailable_reason
 
 RESULTS = ROOT / "bench" / "results"
@@ -116,13 +113,7 @@ def run_meta(prog: str, argv: Sequence[str]) -> dict[str, Any]:
         "timestamp": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": " ".join([f"python -m {prog}", *argv]),
         "commit": _commit(),
-        "machine": {
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "scrapy": scrapy.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         # Other work on the machine skews timings: say how busy it was.
         "load_average_at_start": os.getloadavg(),
         "cpu_probe_ms_at_start": cpu_probe(),
