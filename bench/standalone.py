@@ -12,6 +12,7 @@ import os
 import statistics
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,38 @@ SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 16,
     "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST_LIMIT,
 }
+
+
+@dataclass(kw_only=True)
+class ProcessSide:
+    """What a standalone scenario's crawl process reports of one crawl.
+
+    A base of the scenarios' records of a crawl, which add what the hosts saw.
+    """
+
+    error: str | None = None
+    finish_reason: str | None = None
+    wall: float | None = None
+    cpu: float | None = None
+    responses: int = 0
+    timeouts: int = 0
+    retries: int = 0
+
+    def read_process(self, result: dict[str, Any]) -> bool:
+        """Fill in what the crawl process reported in *result*.
+
+        False when it reported an error instead (kept in ``error``).
+        """
+        if "error" in result:
+            self.error = str(result["error"])
+            return False
+        self.finish_reason = result["finish_reason"]
+        self.wall = result["wall"]
+        self.cpu = result["cpu"]
+        self.responses = result["pages"]
+        self.timeouts = result["timeouts"]
+        self.retries = result["retries"]
+        return True
 
 
 def configs_argument(value: str) -> list[str]:
