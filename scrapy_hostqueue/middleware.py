@@ -628,6 +628,7 @@ class AIMDMiddleware:
         debug = self.config.aimd_debug
         if adj.limit_changed:
             hosts.set_limit(host, adj.new_limit)
+            self.recorder.limit_event(host, adj.old_limit, adj.new_limit, adj.reason)
         if adj.decreased:
             self.recorder.backoff(host, adj.reason)
         if debug and (adj.limit_changed or adj.decreased):
