@@ -23,7 +23,7 @@ MIDDLEWARE = "scrapy_hostqueue.AIMDMiddleware"
 HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
 GC_EXTENSION = "scrapy_hostqueue.GcTuning"
-MONITOR_EXTENSION = "scrapy_hostqueue.monitor.HostQueueMonitor"
+MONITOR_EXTENSION = "scrapy_hostqueue.monitor.extension.HostQueueMonitor"
 START_MIDDLEWARE = "scrapy_hostqueue.StartRequestsMiddleware"
 #: Nearest the engine of Scrapy's spider middlewares (StartSpiderMiddleware is
 #: at 25), so that its time slice covers the whole start chain.

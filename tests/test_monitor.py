@@ -18,7 +18,6 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
-from scrapy_hostqueue.monitor import HostQueueMonitor
 from scrapy_hostqueue.monitor._snapshot import (
     GIVEN_UP,
     IDLE,
@@ -32,6 +31,7 @@ from scrapy_hostqueue.monitor._snapshot import (
     HostRow,
     Snapshots,
 )
+from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
 from tests.crawling import ADDON, HostsFactory, PageSpider, settings
 
@@ -197,6 +197,9 @@ def test_states_of_hosts() -> None:
             "hosts",
         ),
         (figures(queued=0), [row("a", 1, queued=0, in_flight=1)], "spider"),
+        # Work ready, room in the budget: the engine does not ask for it.
+        (figures(), [row("a", 1, queued=5), row("b", 1, in_flight=2, cap=2)], "spider"),
+        (figures(), [row("a", 1, queued=5, in_flight=2, cap=2)], "hosts"),
         (figures(queued=0), [], "idle"),
     ],
 )
@@ -204,7 +207,9 @@ def test_why_not_faster(crawl: CrawlFigures, rows: list[HostRow], bound: str) ->
     why = Snapshots(top=10).take(1.0, crawl, rows, lambda host: HostDetail())["crawl"]["why"]
     assert why["bound"] == bound
     if bound == "hosts":
-        assert "a (retry-after, 3s left)" in why["text"]
+        assert why["text"].startswith("Bound by the hosts: their queued work waits on a (")
+        blocked = rows[0].blocked_left
+        assert ("a (retry-after, 3.0s left)" in why["text"]) == bool(blocked)
 
 
 def test_rates_and_the_last_minute() -> None:
@@ -347,7 +352,7 @@ async def test_monitor_during_a_crawl(
         await crawler.stop_async()
 
     watcher = asyncio.ensure_future(watch())
-    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.monitor"):
+    with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.monitor.extension"):
         await crawler.crawl_async(start_urls=start, follow=True)
     await watcher
 
@@ -413,3 +418,27 @@ def test_the_schema_is_documented() -> None:
             terms.update(re.findall(r"``(\w+)``", line.split(" (with")[0]))
     assert TOP_FIELDS | CRAWL_FIELDS | HOST_FIELDS | {"events", "history"} <= terms
     assert set(STATES) <= set(re.findall(r"``([\w-]+)``", page))
+
+
+@pytest.mark.crawl
+def test_the_demo_prints_the_monitor_and_keeps_it_up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from example_project import run_demo as demo
+
+    # No Enter comes (the test's stdin is closed): the crawl runs until
+    # --timeout, past the 20 pages its one host has.
+    code = demo.main(
+        [
+            *("--monitor", "--hosts", "latency=5ms,pages=20", "--timeout", "6"),
+            *("--output-dir", str(tmp_path), "--no-timeline"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(r"^monitor: http://127\.0\.0\.1:\d+/\?token=\S+$", out, re.MULTILINE), out
+    report = json.loads((tmp_path / "hosts.json").read_text())
+    assert report["crawl"]["finish_reason"] == "shutdown"
+    # Kept up: the spider stayed open, idle, once the site was crawled.
+    assert report["hosts"][0]["stats"]["served"] == 20
+    assert report["crawl"]["seconds"] >= 6

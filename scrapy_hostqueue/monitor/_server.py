@@ -24,7 +24,11 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 def page() -> str:
     """The self-contained HTML page."""
-    return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+    return (
+        resources.files("scrapy_hostqueue.monitor")
+        .joinpath("page.html")
+        .read_text(encoding="utf-8")
+    )
 
 
 def is_loopback(address: str) -> bool:

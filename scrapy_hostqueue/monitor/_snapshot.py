@@ -113,7 +113,7 @@ def host_state(row: HostRow, places_full: bool) -> str:
 
 def _blocker_text(row: HostRow, state: str) -> str:
     if state in BLOCKED_STATES:
-        return f"{row.host} ({state}, {row.blocked_left:.0f}s left)"
+        return f"{row.host} ({state}, {row.blocked_left:.1f}s left)"
     if state == DELAY:
         return f"{row.host} (delay)"
     return f"{row.host} ({row.in_flight}/{row.cap} in flight)"
@@ -139,6 +139,14 @@ def why_not_faster(
                 f"{crawl.max_active_hosts} places, {states[WAITING]} wait for one "
                 "(HOSTQUEUE_MAX_ACTIVE_HOSTS)."
             ),
+        }
+    if states.get(READY):
+        # The engine asks for a request whenever it has room: hosts that could
+        # send wait for it to ask.
+        return {
+            "bound": "spider",
+            "text": f"Bound by the spider and pipelines (or the CPU): {states[READY]} "
+            "host(s) have a request ready that the engine has not asked for yet.",
         }
     if crawl.queued and blockers:
         return {
@@ -201,10 +209,13 @@ class Snapshots:
             "in_flight": sum(row.in_flight for row in folded),
         }
 
-        # A crawl younger than a window counts from its start: from zero.
+        # A crawl younger than a window, or without a snapshot in the window
+        # (the first one a reader asks for), counts from its start.
         start: _Past = (now - crawl.uptime, 0, {}, {})
-        base = start if crawl.uptime <= MIX_WINDOW else self._baseline(now, MIX_WINDOW)
-        rate_base = start if crawl.uptime <= RATE_WINDOW else self._baseline(now, RATE_WINDOW)
+        base = start if crawl.uptime <= MIX_WINDOW else self._baseline(now, MIX_WINDOW) or start
+        rate_base = (
+            start if crawl.uptime <= RATE_WINDOW else self._baseline(now, RATE_WINDOW) or start
+        )
         host_counts: dict[str, tuple[int, dict[str, int]]] = {}
         hosts = []
         for row in top:
