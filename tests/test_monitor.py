@@ -18,6 +18,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue.monitor._metrics import metrics_maker
 from scrapy_hostqueue.monitor._snapshot import (
     GIVEN_UP,
     IDLE,
@@ -35,6 +36,11 @@ from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
 from tests.crawling import ADDON, HostsFactory, PageSpider, settings
 
+try:
+    from prometheus_client import parser as prometheus_parser
+except ImportError:  # the prometheus extra is not installed: /metrics is a 404
+    prometheus_parser = None  # type: ignore[assignment]
+
 # -- the snapshot, from plain figures ------------------------------------------
 
 #: The fields of a snapshot and of its parts (docs/monitor.rst lists them).
@@ -43,6 +49,7 @@ CRAWL_FIELDS = {
     "pages_per_second",
     "responses",
     "statuses",
+    "statuses_total",
     "in_flight",
     "queued",
     "active_hosts",
@@ -236,6 +243,41 @@ def test_rates_and_the_last_minute() -> None:
     assert snap["crawl"]["responses"] == 500
 
 
+@pytest.mark.skipif(prometheus_parser is None, reason="prometheus_client is not installed")
+def test_metrics_per_host_only_for_the_top_hosts() -> None:
+    rows = [row(f"h{i}", rank=i, in_flight=1, queued=2) for i in range(10)]
+    detail = HostDetail(responses=7, statuses={"200": 6, "503": 1}, latency_p50=0.1)
+    crawl = figures(responses=70, statuses={"200": 60, "503": 10})
+    snap = Snapshots(top=3).take(1.0, crawl, rows, lambda host: detail)
+    render = metrics_maker(lambda: snap)
+    assert render is not None
+    families = {
+        family.name: family
+        for family in prometheus_parser.text_string_to_metric_families(render().decode())
+    }
+    for name, family in families.items():
+        hosts = {sample.labels["host"] for sample in family.samples if "host" in sample.labels}
+        if name.startswith("scrapy_hostqueue_host_"):
+            assert hosts == {"h9", "h8", "h7"}, name
+        else:
+            assert not hosts, name
+    classes = {
+        s.labels["status_class"]: s.value
+        for s in families["scrapy_hostqueue_responses_by_status_class"].samples
+        if s.name.endswith("_total")
+    }
+    assert classes == {"1xx": 0, "2xx": 60, "3xx": 0, "4xx": 0, "5xx": 10}
+    states = {s.labels["state"]: s.value for s in families["scrapy_hostqueue_hosts"].samples}
+    assert states == {state: (10 if state == IN_FLIGHT else 0) for state in STATES}
+    latency = families["scrapy_hostqueue_host_latency_seconds"].samples
+    # p95 unknown: no series for it.
+    assert {(s.labels["host"], s.labels["quantile"]) for s in latency} == {
+        ("h9", "0.5"),
+        ("h8", "0.5"),
+        ("h7", "0.5"),
+    }
+
+
 # -- settings -----------------------------------------------------------------
 
 
@@ -347,6 +389,8 @@ async def test_monitor_during_a_crawl(
 
         snap = await wait_for(settled, 30)
         seen["snapshot"] = snap
+        seen["metrics"] = await get(base + "metrics?token=" + monitor.server.token)
+        seen["metrics_no_token"] = (await get(base + "metrics"))[0]
         seen["at"] = time.monotonic()
         seen["stats"] = dict(crawler.stats.get_stats())
         await crawler.stop_async()
@@ -400,6 +444,26 @@ async def test_monitor_during_a_crawl(
     assert snap["crawl"]["states"][GIVEN_UP] == 1
     assert snap["crawl"]["why"]["bound"] == "hosts"
     assert throttled in snap["crawl"]["why"]["text"]
+
+    # /metrics says the same (when prometheus_client is installed).
+    assert seen["metrics_no_token"] == 401
+    status, text = seen["metrics"]
+    if prometheus_parser is None:
+        assert status == 404
+        return
+    assert status == 200
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in prometheus_parser.text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert samples[("scrapy_hostqueue_responses_total", ())] == stats["response_received_count"]
+    assert samples[("scrapy_hostqueue_hosts", (("state", RETRY_AFTER),))] == 1
+    assert samples[("scrapy_hostqueue_hosts", (("state", GIVEN_UP),))] == 1
+    assert samples[("scrapy_hostqueue_bound", (("bound", "hosts"),))] == 1
+    assert samples[("scrapy_hostqueue_host_responses_total", (("host", fine),))] == 30
+    left = samples[("scrapy_hostqueue_host_block_remaining_seconds", (("host", throttled),))]
+    assert block_left - 1.0 <= left <= block_left
 
 
 async def _started(crawler: Any) -> HostQueueMonitor | None:

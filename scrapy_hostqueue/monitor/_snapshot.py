@@ -263,6 +263,7 @@ class Snapshots:
                 "pages_per_second": round(_rate(now, crawl.responses, rate_base, None), 3),
                 "responses": crawl.responses,
                 "statuses": _minus(crawl.statuses, base[2] if base else {}),
+                "statuses_total": dict(sorted(crawl.statuses.items())),
                 "in_flight": in_flight,
                 "queued": crawl.queued,
                 "active_hosts": crawl.active_hosts,

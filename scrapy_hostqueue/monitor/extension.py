@@ -22,6 +22,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._recorder import NO_HOST, get_recorder, stat_key
+from scrapy_hostqueue.monitor._metrics import metrics_maker
 from scrapy_hostqueue.monitor._server import MonitorServer, is_loopback, url
 from scrapy_hostqueue.monitor._snapshot import CrawlFigures, HostDetail, HostRow, Snapshots
 
@@ -53,7 +54,7 @@ class HostQueueMonitor:
         self.config = config
         self.recorder = get_recorder(crawler)
         self.snapshots = Snapshots(config.monitor_hosts)
-        self.server = MonitorServer(self.snapshot)
+        self.server = MonitorServer(self.snapshot, metrics_maker(self.snapshot))
         self.url: str | None = None
         self._started = time.monotonic()
         self._cached: dict[str, Any] | None = None
