@@ -7,7 +7,7 @@
 set -u
 cd "$(dirname "$0")/.."
 started=$(date +%s)
-# The monitor's page is tested in a real browser (tests/test_monitor_page.py):
+# The monitor's page is tested in a real browser (tests/monitor/test_page.py):
 # Debian's chromium, installed here when it is missing and CI runs as root.
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "== installing chromium"

@@ -16,7 +16,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
-from tests.crawling import ADDON, HostsFactory, PageSpider, settings
+from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, settings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

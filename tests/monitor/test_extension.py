@@ -34,7 +34,7 @@ from scrapy_hostqueue.monitor._snapshot import (
 )
 from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
-from tests.crawling import ADDON, HostsFactory, PageSpider, settings
+from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, settings
 
 try:
     from prometheus_client import parser as prometheus_parser
@@ -474,7 +474,7 @@ async def _started(crawler: Any) -> HostQueueMonitor | None:
 
 
 def test_the_schema_is_documented() -> None:
-    page = (Path(__file__).parent.parent / "docs" / "monitor.rst").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "monitor.rst").read_text()
     terms = set()
     for line in page.splitlines():
         # Definition-list terms: ``name``, or ``a``, ``b`` (with ?host=).
