@@ -49,6 +49,7 @@ __all__ = [
     "MemoryStore",
     "Placement",
     "RequestStore",
+    "monitor_board",
     "open_frontier",
     "push",
     "report",
@@ -305,3 +306,12 @@ def push(
         with open(requests_file, encoding="utf-8") as lines:
             held = list(_capacity.read_held(lines))
     return _cli.push(url, crawl_id, urls, priority=priority, requests=held)
+
+
+def monitor_board(url: str, crawl_id: str) -> Any:
+    """Where the processes of the shared crawl *crawl_id* at *url* publish
+    their live monitor's snapshots (``frontier.redis._monitor.MonitorBoard``:
+    ``open``, ``beat``, ``withdraw``, ``close``, all coroutines)."""
+    from scrapy_hostqueue.frontier.redis._monitor import MonitorBoard  # noqa: PLC0415
+
+    return MonitorBoard(url, crawl_id)

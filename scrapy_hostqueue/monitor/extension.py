@@ -10,8 +10,11 @@ nothing is added to a request's path.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import secrets
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,10 +23,13 @@ from scrapy import signals
 from scrapy.exceptions import NotConfigured
 
 from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue import frontier
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._recorder import NO_HOST, get_recorder, stat_key
+from scrapy_hostqueue.monitor._crawlwide import merge
 from scrapy_hostqueue.monitor._metrics import metrics_maker
 from scrapy_hostqueue.monitor._server import MonitorServer, is_loopback, url
+from scrapy_hostqueue.monitor._shared import HEARTBEAT
 from scrapy_hostqueue.monitor._snapshot import CrawlFigures, HostDetail, HostRow, Snapshots
 
 if TYPE_CHECKING:
@@ -54,12 +60,20 @@ class HostQueueMonitor:
         self.config = config
         self.recorder = get_recorder(crawler)
         self.snapshots = Snapshots(config.monitor_hosts)
-        self.server = MonitorServer(self.snapshot, metrics_maker(self.snapshot))
+        # /metrics: this process's figures (Prometheus scrapes every process).
+        self.server = MonitorServer(self.snapshot, metrics_maker(self.local_snapshot))
         self.url: str | None = None
         self._started = time.monotonic()
         self._cached: dict[str, Any] | None = None
         self._cached_at = float("-inf")
-        self._process = {"hostname": socket.gethostname(), "pid": os.getpid()}
+        self._process: dict[str, Any] = {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "key": f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}",
+        }
+        #: On the Redis frontier: the other processes' last snapshots.
+        self._others: list[dict[str, Any]] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     @classmethod
     @internals.refuses_at_start_up
@@ -93,22 +107,68 @@ class HostQueueMonitor:
                 "anyone who can reach it and has the URL's token sees the crawl",
                 address,
             )
+        if self.config.frontier_url:
+            crawl_id = self.config.crawl_id or spider.name
+            self._others = []
+            self._heartbeat = asyncio.ensure_future(self._beat(self.config.frontier_url, crawl_id))
 
     async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
         await self.server.stop()
+
+    async def _beat(self, redis_url: str, crawl_id: str) -> None:
+        """Publish this process's snapshot to the shared crawl and read the
+        others', every ``_shared.HEARTBEAT`` seconds; at the end, withdraw it."""
+        board = frontier.monitor_board(redis_url, crawl_id)
+        try:
+            await board.open()
+        except Exception as error:  # the crawl goes on without it
+            logger.warning("Monitor: no crawl-wide view: %s", error)
+            return
+        warned = False
+        key = self._process["key"]
+        try:
+            while True:
+                try:
+                    parts = await board.beat(self.local_snapshot())
+                except Exception as error:  # Redis away: the frontier says so too
+                    if not warned:
+                        logger.warning("Monitor: cannot publish to Redis: %s", error)
+                        warned = True
+                else:
+                    self._others = [part for part in parts if part["process"]["key"] != key]
+                await asyncio.sleep(HEARTBEAT)
+        finally:
+            with contextlib.suppress(Exception):
+                await board.withdraw(key)
+            with contextlib.suppress(Exception):
+                await board.close()
 
     # -- the snapshot ------------------------------------------------------------
 
-    def snapshot(self, host: str | None = None) -> dict[str, Any]:
-        """The current snapshot (made again once it is older than
-        ``HOSTQUEUE_MONITOR_INTERVAL``), with *host*'s history if given."""
+    def local_snapshot(self) -> dict[str, Any]:
+        """This process's snapshot (made again once it is older than
+        ``HOSTQUEUE_MONITOR_INTERVAL``)."""
         now = time.monotonic()
         if self._cached is None or now - self._cached_at >= self.config.monitor_interval:
             self._cached = self._take(now)
             self._cached_at = now
+        return self._cached
+
+    def snapshot(self, host: str | None = None) -> dict[str, Any]:
+        """What ``/hosts.json`` serves: this process's snapshot, or on the
+        Redis frontier the whole crawl's; with *host*'s history if given."""
+        snap = self.local_snapshot()
+        if self._others is not None:
+            snap = merge([snap, *self._others], self.config.monitor_hosts, time.time())
+            snap["process"] = self._process
         if host is None:
-            return self._cached
-        return self.snapshots.with_detail(self._cached, host, now, self._detail(host, now))
+            return snap
+        now = time.monotonic()
+        return self.snapshots.with_detail(snap, host, now, self._detail(host, now))
 
     def _take(self, now: float) -> dict[str, Any]:
         view = self.recorder.host_view
