@@ -58,6 +58,8 @@ class MonitorServer:
         self._metrics = metrics
         self._runner: web.AppRunner | None = None
         self.port = 0
+        #: Requests answered with the token (for benchmarks and tests).
+        self.answered = 0
         self._page = page()
 
     @web.middleware
@@ -72,6 +74,7 @@ class MonitorServer:
             return web.Response(
                 status=401, text="401: the monitor's URL carries a token (see the crawl's log)\n"
             )
+        self.answered += 1
         return await handler(request)
 
     async def _index(self, request: web.Request) -> web.Response:
