@@ -618,8 +618,9 @@ def run_workers(
         for i, label in enumerate(labels):
             print(f"  {hosts.url(i):<28} {label}")
         how = "one shared frontier" if frontier else "each on its own"
+        budget = "" if args.monitor else f"up to {args.pages} pages "
         print(
-            f"crawling up to {args.pages} pages with {workers} scrapy crawl processes, "
+            f"crawling {budget}with {workers} scrapy crawl processes, "
             f"{how} (logs: {output_dir}/crawl-K.log) ...",
             flush=True,
         )

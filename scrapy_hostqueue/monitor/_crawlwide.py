@@ -5,8 +5,9 @@ Pure logic: no Scrapy, Twisted or Redis import. Every process of a crawl on
 the Redis frontier publishes its own snapshot (``_shared``); :func:`merge`
 adds them up into one of the same schema, plus ``processes``, the list of
 the processes seen. A host is held by one process at a time, or lent in part
-to another: its counts add up, and its limit, state and block are those of
-the process holding most of its work.
+to another: its counts add up, as does its limit among the processes with
+work for it; its state and block are those of the process holding most of
+its work.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _SUMS = (
     "concurrent_requests",
     "given_up_hosts",
     "hosts",
+    "live_hosts",
 )
 #: Per-host numbers that add up across processes.
 _HOST_SUMS = ("in_flight", "queued", "overdue", "responses", "pages_per_second")
@@ -65,7 +67,7 @@ def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
                 **part["process"],
                 "age": round(max(0.0, now - part["time"]), 3),
                 "pages_per_second": figures["pages_per_second"],
-                "hosts": figures["hosts"],
+                "hosts": figures["live_hosts"],
                 "in_flight": figures["in_flight"],
                 "queued": figures["queued"],
                 "responses": figures["responses"],
@@ -112,6 +114,12 @@ def _merge_host(held: list[dict[str, Any]]) -> dict[str, Any]:
     for name in _HOST_SUMS:
         row[name] = sum(part[name] for part in held)
     row["pages_per_second"] = round(row["pages_per_second"], 3)
+    # A host lent in part to another process has its limit split between
+    # the holders: the parts with work add up to its limit.
+    working = [part for part in held if part["in_flight"] or part["queued"]]
+    if len(working) > 1:
+        row["limit"] = sum(part["limit"] for part in working)
+        row["cap"] = sum(part["cap"] for part in working)
     statuses: dict[str, int] = {}
     for part in held:
         _add(statuses, part["statuses"])

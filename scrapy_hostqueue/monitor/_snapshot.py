@@ -64,6 +64,7 @@ class HostRow:
     spaced_left: float = 0.0  # time until its delay lets the next request start
     given_up: bool = False
     overdue: int = 0
+    live: bool = False  # held by this process's frontier (else known from the stats)
 
 
 @dataclass
@@ -91,6 +92,7 @@ class CrawlFigures:
     responses: int
     statuses: dict[str, int]
     given_up_hosts: int = 0
+    live_hosts: int = 0  # hosts with work in this process's frontier
     scheduler: bool = True  # HostQueueScheduler runs the crawl
     process: dict[str, Any] = field(default_factory=dict)
 
@@ -271,6 +273,7 @@ class Snapshots:
                 "concurrent_requests": crawl.concurrent_requests,
                 "given_up_hosts": crawl.given_up_hosts,
                 "hosts": len(rows),
+                "live_hosts": crawl.live_hosts,
                 "states": states,
                 "why": why_not_faster(
                     crawl, in_flight, states, [text for _, text in sorted(blockers)[::-1][:3]]

@@ -192,6 +192,7 @@ class HostQueueMonitor:
             process=self._process,
         )
         rows = [] if view is None else self._rows(view, now)
+        crawl.live_hosts = sum(1 for row in rows if row.live)
         return self.snapshots.take(now, crawl, rows, lambda host: self._detail(host, now))
 
     def _rows(self, view: HostView, now: float) -> list[HostRow]:
@@ -213,6 +214,7 @@ class HostQueueMonitor:
                 spaced_left=max(0.0, state.spaced_until() - now),
                 given_up=state.given_up,
                 overdue=view.overdue(key),
+                live=True,
             )
         for host in recorder.named_hosts():
             if host in rows:

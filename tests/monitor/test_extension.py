@@ -57,6 +57,7 @@ CRAWL_FIELDS = {
     "concurrent_requests",
     "given_up_hosts",
     "hosts",
+    "live_hosts",
     "states",
     "why",
 }

@@ -46,6 +46,7 @@ def part(pid: int, hosts: list[dict[str, Any]], **crawl: Any) -> dict[str, Any]:
         "concurrent_requests": 16,
         "given_up_hosts": 0,
         "hosts": len(hosts),
+        "live_hosts": len(hosts) - 1,
         "states": {"in-flight": len(hosts)},
         "why": {"bound": "hosts", "text": "Bound by the hosts."},
     }
@@ -90,6 +91,9 @@ def test_merge_adds_up_processes_and_hosts() -> None:
     merged = merge([two, one], top=2, now=101.5)
     assert [p["pid"] for p in merged["processes"]] == [1, 2]
     assert merged["processes"][0]["age"] == 1.5
+    # The hosts each holds, not every host it knows.
+    assert [p["hosts"] for p in merged["processes"]] == [1, 1]
+    assert merged["crawl"]["live_hosts"] == 2
     assert merged["crawl"]["responses"] == 25
     assert merged["crawl"]["statuses_total"] == {"200": 4}
     assert merged["crawl"]["states"] == {"in-flight": 4}
@@ -101,8 +105,12 @@ def test_merge_adds_up_processes_and_hosts() -> None:
     merged = merge([one, two], top=3, now=101.5)
     b = next(row for row in merged["hosts"] if row["host"] == "b")
     assert (b["responses"], b["in_flight"], b["statuses"]) == (6, 3, {"200": 20})
-    # Its limit is the holder's of most of its work.
-    assert b["limit"] == 2
+    # Lent: both holders have work for it, and its limit is split between them.
+    assert b["limit"] == 5
+    merged = merge([one, part(3, [host("b", in_flight=0, queued=0, limit=7)])], top=3, now=101.5)
+    b = next(row for row in merged["hosts"] if row["host"] == "b")
+    # Only remembered by the other process: the holder's limit.
+    assert (b["limit"], b["responses"]) == (2, 15)
     assert b["queued_crawl"] == 0
 
 
