@@ -161,8 +161,11 @@ def load_config(argument: str) -> dict[str, Any]:
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
-    """Run the crawl; returns its result if it ends short of the budget (at the
-    budget, the result is printed and the process exits)."""
+    """Run the crawl.
+
+    Returns its result if it ends short of the budget (at the budget, the result is printed and the
+    process exits).
+    """
     budget = int(config["budget"])
     budget_hosts = config.get("budget_hosts")
     stop_at_budget = bool(config.get("stop_at_budget", True))

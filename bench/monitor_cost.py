@@ -49,9 +49,11 @@ VARIANTS = {"off": {"HOSTQUEUE_MONITOR": False}, "polled": {"HOSTQUEUE_MONITOR":
 
 
 class Poller:
-    """Polls the monitor whose URL the crawl writes to *url_file*: the
-    snapshot, the first host's detail and /metrics every *interval* seconds,
-    from a thread, until the server goes away or :meth:`stop`."""
+    """A thread that polls the monitor whose URL the crawl writes to *url_file*.
+
+    It fetches the snapshot, the first host's detail and /metrics every
+    *interval* seconds, until the server goes away or :meth:`stop`.
+    """
 
     def __init__(self, url_file: Path, interval: float) -> None:
         self.url_file = url_file
@@ -96,8 +98,10 @@ class Poller:
 
 
 def crawl(hosts: LocalHosts, setup: str, variant: str, interval: float) -> dict[str, Any]:
-    """One crawl of *setup* with the monitor *variant*; the crawl process's
-    result (with ``monitor_requests`` when polled)."""
+    """Run one crawl of *setup* with the monitor *variant*.
+
+    Returns the crawl process's result (with ``monitor_requests`` when polled).
+    """
     _spec, settings, per_host, budget = SETUPS[setup]
     hosts.reset()
     config: dict[str, Any] = {

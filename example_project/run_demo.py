@@ -227,10 +227,11 @@ def crawl_command(
     worker: int | None = None,
     frontier: str | None = None,
 ) -> list[str]:
-    """The ``scrapy crawl`` command line (run with cwd :data:`PROJECT_DIR`).
-    *worker* numbers one of several processes (its files get ``-K``, its
-    budget is its share of ``--pages``); *frontier* is the shared frontier's
-    URL."""
+    """Return the ``scrapy crawl`` command line (run with cwd :data:`PROJECT_DIR`).
+
+    *worker* numbers one of several processes (its files get ``-K``, its budget is its share of
+    ``--pages``); *frontier* is the shared frontier's URL.
+    """
     suffix = "" if worker is None else f"-{worker}"
     pages = args.pages if worker is None else math.ceil(args.pages / args.workers)
     command = [
@@ -271,8 +272,7 @@ def crawl_command(
 
 
 def kill_when(process: subprocess.Popen[bytes], condition: Callable[[], bool]) -> bool:
-    """Kill *process* with SIGKILL once *condition* holds; False if it ended
-    first."""
+    """Kill *process* with SIGKILL once *condition* holds; False if it ended first."""
     while process.poll() is None:
         if condition():
             process.kill()
@@ -291,9 +291,11 @@ def run_crawl(
     keep_up: bool = False,
 ) -> CrawlResult:
     """Run the crawl with its output in ``log_path``; stop it after ``timeout``.
+
     *kill*, if given, is called with the process once it runs (and may kill it).
     The monitor's URL is printed once the crawl logs it; *keep_up*: the crawl
-    runs until Enter is pressed (or *timeout*)."""
+    runs until Enter is pressed (or *timeout*).
+    """
     started = time.monotonic()
     timed_out = False
     watch = CrawlWatch([log_path], keep_up)
@@ -317,8 +319,10 @@ MONITOR_LINE = re.compile(r"Monitor: (http://\S+)")
 
 
 class CrawlWatch:
-    """Waits for crawl processes, printing each monitor URL their logs give;
-    with *keep_up*, a press on Enter stops them (a closed stdin does not)."""
+    """Waits for crawl processes, printing each monitor URL their logs give.
+
+    With *keep_up*, a press on Enter stops them (a closed stdin does not).
+    """
 
     def __init__(self, log_paths: list[Path], keep_up: bool = False) -> None:
         self.log_paths = log_paths
@@ -372,9 +376,11 @@ def _start(command: list[str], log: Any) -> subprocess.Popen[bytes]:
 def run_crawls(
     commands: list[list[str]], log_paths: list[Path], timeout: float, *, keep_up: bool = False
 ) -> list[CrawlResult]:
-    """Run the crawls at once, each with its output in its log; stop those
-    still running ``timeout`` seconds after the start (*keep_up*: or when
-    Enter is pressed)."""
+    """Run the crawls at once, each with its output in its log.
+
+    Stop those still running ``timeout`` seconds after the start (*keep_up*:
+    or when Enter is pressed).
+    """
     started = time.monotonic()
     results: list[CrawlResult] = []
     watch = CrawlWatch(log_paths, keep_up)
@@ -428,15 +434,20 @@ def _statuses(stats: HostStats) -> str:
 
 
 def fetched_again(stats: HostStats) -> int:
-    """Page fetches beyond each page's first, a fetch after a 429 or 503
-    answer not counted (the host asked for it)."""
+    """Count page fetches beyond each page's first, those after a 429 or 503 aside.
+
+    Page fetches beyond each page's first, a fetch after a 429 or 503
+    answer not counted (the host asked for it).
+    """
     throttled = sum(stats.statuses.get(code, 0) for code in THROTTLE_STATUSES)
     return max(0, stats.served - len(stats.pages) - throttled)
 
 
 def host_table(labels: list[str], all_stats: list[HostStats], limit: int | None = None) -> str:
-    """The per-host summary, one row per host, as aligned text; *limit* is
-    the per-host limit the crawl was given (CONCURRENT_REQUESTS_PER_DOMAIN)."""
+    """Return the per-host summary, one row per host, as aligned text.
+
+    *limit* is the per-host limit the crawl was given (CONCURRENT_REQUESTS_PER_DOMAIN).
+    """
     header = (
         "host",
         "behaviour",
@@ -503,7 +514,7 @@ _STATS_COLUMNS = (
 
 
 def hostqueue_stats_table(scrapy_stats: dict[str, Any]) -> str:
-    """The per-host ``hostqueue/hosts/{host}/...`` stats of the crawl, as a table."""
+    """Return the per-host ``hostqueue/hosts/{host}/...`` stats of the crawl, as a table."""
     prefix = "hostqueue/hosts/"
     hosts: dict[str, dict[str, Any]] = {}
     for key, value in scrapy_stats.items():
@@ -560,8 +571,10 @@ def _draw_timeline(timeline: Path, output_dir: Path) -> None:
 
 
 def per_host_limit(args: argparse.Namespace) -> int | None:
-    """The crawl's per-host limit: ``CONCURRENT_REQUESTS_PER_DOMAIN`` from
-    ``-s``, else from the example project's settings."""
+    """Return the crawl's per-host limit.
+
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` from ``-s``, else from the example project's settings.
+    """
     for setting in reversed(args.settings):
         name, _, value = setting.partition("=")
         if name.strip() == "CONCURRENT_REQUESTS_PER_DOMAIN":
@@ -589,8 +602,11 @@ def _crawl_failed(result: CrawlResult, log_path: Path, timeout: float) -> None:
 def run_workers(
     args: argparse.Namespace, host_set: list[tuple[str, HostSpec]], output_dir: Path
 ) -> int:
-    """``--workers N``: N crawl processes on one shared frontier (or each on
-    its own with ``--independent`` or ``--stock``), then the hosts' table."""
+    """Run N crawl processes on one shared frontier (``--workers N``).
+
+    N crawl processes on one shared frontier (or each on its own with ``--independent`` or
+    ``--stock``), then the hosts' table.
+    """
     workers = args.workers
     labels = [label for label, _ in host_set]
     limit = per_host_limit(args)

@@ -36,11 +36,14 @@ UNUSED_QUEUE_SETTINGS = (
 
 
 def warn_unused_queue_settings(settings: BaseSettings, logger: logging.Logger) -> None:
-    """One line naming the queue settings the project set, since this
+    """Return the line naming the queue settings the scheduler ignores, if any.
+
+    One line naming the queue settings the project set, since this
     scheduler keeps its own queues and would silently ignore them: INFO when
     each is a FIFO queue class (the breadth-first recipe of Scrapy's docs,
     which these queues already follow), else a WARNING. On *logger*: the
-    scheduler's, which the line is about."""
+    scheduler's, which the line is about.
+    """
     default = SETTINGS_PRIORITIES["default"]
     named = [name for name in UNUSED_QUEUE_SETTINGS if (settings.getpriority(name) or 0) > default]
     if not named:
@@ -90,7 +93,7 @@ def _number(
     strict: bool = False,
     maximum: float | None = None,
 ) -> float:
-    """A finite number of seconds (or of anything else) in range."""
+    """Read a finite number of seconds (or of anything else) in range."""
     value = _raw(settings, name)
     if value is None:
         return default
@@ -116,8 +119,11 @@ _MIN_INTERVAL = 0.01
 
 
 def _interval(settings: BaseSettings, name: str, default: float, *, off: bool = False) -> float:
-    """Seconds between two periodic writes, at least :data:`_MIN_INTERVAL`
-    (or ``0``, for "never", when *off* allows it)."""
+    """Read the seconds between two periodic writes.
+
+    Seconds between two periodic writes, at least :data:`_MIN_INTERVAL`
+    (or ``0``, for "never", when *off* allows it).
+    """
     number = _number(settings, name, default, maximum=_MAX_WAIT)
     if number == 0 and off:
         return 0.0
@@ -130,8 +136,11 @@ def _interval(settings: BaseSettings, name: str, default: float, *, off: bool = 
 
 
 def _logstats_interval(settings: BaseSettings) -> float:
-    """The default of HOSTQUEUE_LOG_INTERVAL: Scrapy's LOGSTATS_INTERVAL, held
-    to :data:`_MIN_INTERVAL` (0, or anything Scrapy would not run, means none)."""
+    """Return the default of HOSTQUEUE_LOG_INTERVAL.
+
+    Scrapy's LOGSTATS_INTERVAL, held to :data:`_MIN_INTERVAL` (0, or anything Scrapy would not run,
+    means none).
+    """
     try:
         value = settings.getfloat("LOGSTATS_INTERVAL", 60.0)
     except (TypeError, ValueError):
@@ -146,8 +155,11 @@ _SLOT_NUMBERS = (("concurrency", int), ("delay", float), ("jitter", float))
 
 
 def _check_download_slots(settings: BaseSettings) -> None:
-    """Refuse, at start, the ``DOWNLOAD_SLOTS`` entries that would fail the
-    requests of their host when the first one is queued."""
+    """Refuse the ``DOWNLOAD_SLOTS`` entries that would fail their host's requests.
+
+    Refuse, at start, the ``DOWNLOAD_SLOTS`` entries that would fail the
+    requests of their host when the first one is queued.
+    """
     try:
         slots = settings.getdict("DOWNLOAD_SLOTS")
     except (TypeError, ValueError):
@@ -204,9 +216,12 @@ def _integer(
 
 
 def _boolean(settings: BaseSettings, name: str, default: bool) -> bool:
-    """``True``/``False``, ``1``/``0``, or one of their usual spellings in a
+    """Read a boolean setting, refusing what is not a spelling of one.
+
+    ``True``/``False``, ``1``/``0``, or one of their usual spellings in a
     string (as from the command line); anything else is refused rather than
-    read as ``bool(int(value))``."""
+    read as ``bool(int(value))``.
+    """
     value = _raw(settings, name)
     if value is None:
         return default
@@ -281,7 +296,7 @@ def _frontier_path(settings: BaseSettings) -> str | None:
 
 
 def _frontier_url(settings: BaseSettings) -> str | None:
-    """The Redis URL of a shared frontier, or None."""
+    """Return the Redis URL of a shared frontier, or None."""
     value = _raw(settings, "HOSTQUEUE_FRONTIER")
     if isinstance(value, str) and is_shared(value):
         return value
@@ -300,8 +315,7 @@ def _crawl_id(settings: BaseSettings) -> str | None:
 
 
 def _spill_dir(settings: BaseSettings) -> str:
-    """HOSTQUEUE_REDIS_SPILL_DIR: a directory, "" for JOBDIR or else the
-    temporary directory."""
+    """HOSTQUEUE_REDIS_SPILL_DIR: a directory, "" for JOBDIR or else the temporary directory."""
     value = _raw(settings, "HOSTQUEUE_REDIS_SPILL_DIR")
     if isinstance(value, os.PathLike):
         value = os.fspath(value)

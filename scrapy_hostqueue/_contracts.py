@@ -28,18 +28,24 @@ if TYPE_CHECKING:
 
 
 class PolicyHook(Protocol):
-    """The limit of a host the scheduler meets, the moment the scheduler
+    """Hear of a host's limit, of a host forgotten, and of every response.
+
+    The limit of a host the scheduler meets, the moment the scheduler
     forgets a host (so that what the middleware learned about it is kept
-    exactly as long), and every downloaded response."""
+    exactly as long), and every downloaded response.
+    """
 
     def initial_limit(self, host: str, configured: int) -> int: ...
 
     def forget_host(self, host: str) -> None: ...
 
     def learned(self, host: str) -> dict[str, float] | None:
-        """What was learned about *host* (a small dict of numbers a JSON
+        """Return what was learned about *host*, for a store that outlives the process.
+
+        What was learned about *host* (a small dict of numbers a JSON
         object holds), for a store that outlives the process; None if
-        nothing."""
+        nothing.
+        """
 
     def relearn(self, host: str, data: dict[str, float]) -> None:
         """Take back what :meth:`learned` gave for *host* before a resume."""
@@ -87,7 +93,7 @@ class HostControl(HostView, Protocol):
     def host_of(self, request: Request) -> str: ...
 
     def host_state(self, host: str) -> HostState:
-        """The state of *host*, made known to the scheduler if it is not."""
+        """Return the state of *host*, made known to the scheduler if it is not."""
 
     def inflight(self, host: str) -> int: ...
 

@@ -47,12 +47,15 @@ logger = logging.getLogger(__name__)
 
 
 class Hosts:
-    """The per-host query and command API of :class:`HostQueueScheduler`
+    """The scheduler's hosts: the per-host queries and commands over its request store.
+
+    The per-host query and command API of :class:`HostQueueScheduler`
     (``HostControl``, ``HostView``) over its request store.
 
     *open_store* makes the store, given the factory of a new host's state and
     the options of its ring of ready hosts; the scheduler chooses which store
-    it is."""
+    it is.
+    """
 
     def __init__(
         self,
@@ -124,12 +127,12 @@ class Hosts:
         self._wakeup_at = 0.0
 
     def open(self) -> None:
-        """The crawl starts: the handler and the stats extension may find us."""
+        """Start with the crawl: the handler and the stats extension may find us."""
         self.gate.register(self.crawler)
         self.recorder.host_view = self
 
     def stop(self) -> None:
-        """The crawl stops: cancel every timer."""
+        """Stop with the crawl: cancel every timer."""
         if self._wakeup is not None:
             self._wakeup.cancel()
             self._wakeup = None
@@ -137,20 +140,21 @@ class Hosts:
         self._overdue.stop()
 
     def left_over(self) -> LeftOver:
-        """What the parts still hold (O(hosts + requests left): for a
-        crawl's close)."""
+        """Count what the parts still hold (O(hosts + requests left): for a crawl's close)."""
         return left_over(self.store, self.records, self.gate, self.given_up_requests)
 
     def refuse(self, host: str, request: Request) -> None:
-        """*request* came in for *host*, which was given up: it goes to its
-        errback (see :meth:`give_up`)."""
+        """*request* came in for *host*, which was given up.
+
+        It goes to its errback (see :meth:`give_up`).
+        """
         self.recorder.requests_dropped(host)
         if self.debug:
             logger.debug("Refusing %s: host %s was given up", request, host)
         self.given_up_requests.append((host, request))
 
     def next_given_up(self) -> Request:
-        """The next request of a given-up host, handed out to fail."""
+        """Return the next request of a given-up host, handed out to fail."""
         host, request = self.given_up_requests.popleft()
         self.records.give_up(request, host)
         return request
@@ -175,13 +179,15 @@ class Hosts:
         return self.store.in_flight_cap(state)
 
     def overdue(self, host: str) -> int:
-        """Requests of *host* in flight and overdue."""
+        """Count the requests of *host* in flight and overdue."""
         return self.store.overdue(host)
 
     def on_wire(self, host: str) -> int:
-        """Requests of *host* sent and not yet answered: with prefetch, those
-        past the send gate; without, those handed out and not yet back (with
-        prefetch in the downloader slot, at most the limit of them)."""
+        """Count the requests of *host* sent and not yet answered.
+
+        With prefetch, those past the send gate; without, those handed out and not yet back (with
+        prefetch in the downloader slot, at most the limit of them).
+        """
         if self.prefetch:
             return self.gate.on_wire(host)
         inflight = self.store.inflight(host)
@@ -190,16 +196,20 @@ class Hosts:
         return inflight
 
     def sent_back_from_gate(self, request: Request) -> bool:
-        """Whether *request* left the download handler because the send gate
+        """Whether the send gate sent *request* back to the scheduler.
+
+        Whether *request* left the download handler because the send gate
         sent it back to the scheduler (its host got blocked), not because the
-        download failed."""
+        download failed.
+        """
         return request in self.records.sent_back
 
     # -- HostControl (the AIMD middleware) -------------------------------------
 
     def attach_policy(self, hook: PolicyHook) -> None:
-        """Let *hook* choose the limit of every host from now on, and tell it
-        when a host is forgotten.
+        """Let *hook* choose the limit of every host from now on.
+
+        It is told when a host is forgotten.
 
         From then on a silent host (not heard from yet, or whose last request
         failed to connect or timed out) also gets one request at a time until
@@ -207,7 +217,8 @@ class Hosts:
         one holds one download slot, not its whole limit. Only with a policy
         (the AIMD middleware), whose error budget gives up a host that never
         answers: without one, a dead host's every request is tried, and one
-        at a time they would keep the crawl going long after the rest."""
+        at a time they would keep the crawl going long after the rest.
+        """
         self._policy_hook = hook
         self.store.silent_limit = 1
         # A host's share of the budget among the active hosts caps it too.
@@ -238,13 +249,19 @@ class Hosts:
         return self.store.inflight(host)
 
     def handed_out(self, request: Request) -> bool:
-        """Whether *request* was handed out by ``next_request`` and has not
-        left the downloader yet."""
+        """Whether *request* was handed out and has not left the downloader yet.
+
+        Whether *request* was handed out by ``next_request`` and has not
+        left the downloader yet.
+        """
         return self.records.handed_out(request) is not None
 
     def handed_out_for(self, request: Request) -> str | None:
-        """The host *request* was handed out for (and counts for), or None if
-        it was not handed out or has left the downloader."""
+        """Return the host *request* was handed out for, if it is still out.
+
+        The host *request* was handed out for (and counts for), or None if
+        it was not handed out or has left the downloader.
+        """
         record = self.records.handed_out(request)
         return None if record is None else record.host
 
@@ -261,8 +278,10 @@ class Hosts:
         self.records.requeued(old, new)
 
     def host_silent(self, host: str) -> None:
-        """*host*'s last request failed to connect or timed out: until it
-        answers again, hosts that answer go before it (see the store)."""
+        """*host*'s last request failed to connect or timed out.
+
+        Until it answers again, hosts that answer go before it (see the store).
+        """
         self.store.set_answering(host, False)
 
     def set_limit(self, host: str, limit: int) -> None:
@@ -272,21 +291,28 @@ class Hosts:
         self._room_changed(host)
 
     def block_until(self, host: str, when: float, reason: str) -> None:
-        """Start no request for *host* before *when* (``time.monotonic()``);
-        its requests waiting at the send gate go back to the queue."""
+        """Start no request for *host* before *when* (``time.monotonic()``).
+
+        Its requests waiting at the send gate go back to the queue.
+        """
         self.store.block_until(host, when, reason)
         self.gate.blocked(host, when, reason)
 
     def set_interval(self, host: str, interval: float) -> None:
-        """Minimum time between two request starts on *host*, without jitter
-        (a robots.txt Crawl-delay is a minimum)."""
+        """Set the minimum time between two request starts on *host*.
+
+        Minimum time between two request starts on *host*, without jitter
+        (a robots.txt Crawl-delay is a minimum).
+        """
         self.store.set_interval(host, interval, jitter=0.0)
 
     def give_up(self, host: str) -> int:
-        """Refuse the requests of *host*: those queued, returned (their
-        number), and any that come later. Each is handed out once more, for
-        the AIMD middleware to fail it with ``HostGivenUp``, so that its
-        errback hears of it."""
+        """Refuse the requests of *host*.
+
+        Those queued, returned (their number), and any that come later. Each is handed out once
+        more, for the AIMD middleware to fail it with ``HostGivenUp``, so that its errback hears of
+        it.
+        """
         dropped = self.store.give_up(host)
         self.given_up_requests.extend((host, request) for request in dropped)
         if dropped:
@@ -294,8 +320,11 @@ class Hosts:
         return len(dropped)
 
     def given_up_host(self, request: Request) -> str | None:
-        """The host of *request* if it was handed out only to fail with
-        HostGivenUp (its host was given up)."""
+        """Return the host of *request* if it was handed out only to fail.
+
+        The host of *request* if it was handed out only to fail with
+        HostGivenUp (its host was given up).
+        """
         record = self.records.get(request)
         if record is None or not record.given_up:
             return None
@@ -308,10 +337,11 @@ class Hosts:
         return state is not None and state.given_up
 
     def answered(self, request: Request) -> str | None:
-        """*request* was answered: its host may now have its whole limit in
-        flight. The host it was handed out (or adopted) for, which a
-        downloader middleware after the AIMD one may have given another
-        download_slot (a proxy's). Returns that host if it was silent."""
+        """*request* was answered: its host may now have its whole limit in flight.
+
+        The host it was handed out (or adopted) for, which a downloader middleware after the AIMD
+        one may have given another download_slot (a proxy's). Returns that host if it was silent.
+        """
         record = self.records.get(request)
         host = record.host if record is not None and not record.given_up else self.host_of(request)
         state = self.store.known_state(host)
@@ -451,8 +481,10 @@ class Hosts:
     # -- internals -----------------------------------------------------------
 
     def schedule_wakeup(self) -> None:
-        """Wake the engine when the earliest blocked or spaced host becomes
-        ready (it would otherwise wait for its 5-second heartbeat)."""
+        """Wake the engine when the earliest blocked or spaced host becomes ready.
+
+        It would otherwise wait for its 5-second heartbeat.
+        """
         when = self.store.next_wakeup()
         if when is None:
             return
@@ -480,15 +512,19 @@ class Hosts:
         return HostState(limit, delay, jitter)
 
     def _room_changed(self, host: str) -> None:
-        """*host* may have more on the wire now (a send slot freed, a higher
-        limit, its first answer): let through what waits for that."""
+        """Let through what waits for *host*, which may have more on the wire now.
+
+        *host* may have more on the wire now (a send slot freed, a higher
+        limit, its first answer): let through what waits for that.
+        """
         self.gate.open(host)
         self._direct.wake(host)
 
     def _may_send_back(self, request: Request) -> bool:
-        """Whether a request held at the send gate by a block may go back to
-        the scheduler: only the AIMD middleware (the policy hook) takes it
-        there, at most MAX_REQUEUES times."""
+        """Whether a request held at the send gate by a block may go back to the scheduler.
+
+        Only the AIMD middleware (the policy hook) takes it there, at most MAX_REQUEUES times.
+        """
         return self._policy_hook is not None and self.records.requeues(request) < MAX_REQUEUES
 
 

@@ -41,8 +41,7 @@ class _Gate(Protocol):
 
 @dataclass
 class LeftOver:
-    """Requests left in each part of the scheduler, and the hosts concerned
-    (in the order met)."""
+    """Requests left in each part of the scheduler, and the hosts concerned (in the order met)."""
 
     parts: dict[str, int] = field(default_factory=dict)
     hosts: dict[str, None] = field(default_factory=dict)
@@ -56,9 +55,11 @@ class LeftOver:
 
     @property
     def lost(self) -> int:
-        """The requests left: queued, refused and not yet failed, and handed
-        out and not back (the most any part counts of those: the parts that
-        follow a handed-out request count it each)."""
+        """The requests left.
+
+        Queued, refused and not yet failed, and handed out and not back (the most any part counts of
+        those: the parts that follow a handed-out request count it each).
+        """
         parts = self.parts
         handed_out = max(
             parts.get("in flight", 0),
@@ -82,9 +83,12 @@ def left_over(
     gate: _Gate,
     given_up: Iterable[tuple[str, Any]],
 ) -> LeftOver:
-    """Count what *store*, *records* (the requests counted for a host until
+    """Count what the scheduler's parts still hold.
+
+    Count what *store*, *records* (the requests counted for a host until
     they leave the downloader), *gate* and *given_up* (requests of given-up
-    hosts waiting to fail) still hold. O(hosts + requests left)."""
+    hosts waiting to fail) still hold. O(hosts + requests left).
+    """
     left = LeftOver()
     queued = len(store)
     for host, host_queued, inflight, _state in store.hosts():

@@ -1,5 +1,6 @@
-"""Per-host stats in Scrapy's stats collector: the key helpers and the
-recorder every component reports to.
+"""Per-host stats in Scrapy's stats collector.
+
+The key helpers and the recorder every component reports to.
 
 Every key is built by :func:`stat_key` / :func:`host_stat_key`. The scheduler,
 the AIMD middleware and the download handler report events to one
@@ -67,18 +68,20 @@ HostEvent = tuple[float, str, str, float, float]
 
 
 def stat_key(name: str) -> str:
-    """A global key: ``hostqueue/{name}``."""
+    """Return the global key ``hostqueue/{name}``."""
     return f"{PREFIX}/{name}"
 
 
 def host_stat_key(host: str, name: str) -> str:
-    """A per-host key: ``hostqueue/hosts/{host}/{name}``."""
+    """Return the per-host key ``hostqueue/hosts/{host}/{name}``."""
     return f"{HOSTS_PREFIX}{host or NO_HOST}/{name}"
 
 
 class LatencyHistogram:
-    """Latencies in fixed logarithmic buckets: bounded memory whatever the
-    number of samples, quantiles within 4.4 % (16 buckets per doubling)."""
+    """Latencies in fixed logarithmic buckets.
+
+    Bounded memory whatever the number of samples, quantiles within 4.4 % (16 buckets per doubling).
+    """
 
     __slots__ = ("buckets", "count", "high", "total")
 
@@ -116,8 +119,11 @@ class LatencyHistogram:
         return self.total / self.count if self.count else None
 
     def quantile(self, q: float) -> float | None:
-        """The upper bound of the bucket holding the *q* quantile (capped at
-        the largest sample), or None without samples."""
+        """Return the upper bound of the bucket holding the *q* quantile.
+
+        The upper bound of the bucket holding the *q* quantile (capped at
+        the largest sample), or None without samples.
+        """
         if not self.count:
             return None
         rank = max(1, math.ceil(q * self.count))
@@ -224,8 +230,10 @@ class HostStatsRecorder:
     # -- the bounded table ---------------------------------------------------
 
     def counters(self, host: str, weight: int = 1) -> HostCounters:
-        """The entry that events of *host* go to (its own, or the aggregate);
-        the event adds *weight* to the host's busyness."""
+        """Return the entry that events of *host* go to (its own, or the aggregate).
+
+        The event adds *weight* to the host's busyness.
+        """
         host = host or NO_HOST
         entry = self._table.get(host)
         if entry is None:
@@ -261,8 +269,7 @@ class HostStatsRecorder:
         return self._table.get(host or NO_HOST)
 
     def table_size(self) -> int:
-        """Entries held (the tracked hosts and their heap entries), for tests
-        of boundedness."""
+        """Entries held (the tracked hosts and their heap entries), for tests of boundedness."""
         return len(self._table) + len(self._heap)
 
     def host_stats(self) -> dict[str, float]:
@@ -322,9 +329,11 @@ class HostStatsRecorder:
             self._global_inc("hosts_seen_count")
 
     def request_done(self, host: str, handed_out: int, active_hosts: int) -> None:
-        """A request handed out for *host* left the downloader; *handed_out*
-        and *active_hosts* are the counts just before it left (every
-        high-water mark is seen at the next leave)."""
+        """Count a request handed out for *host* that left the downloader.
+
+        *handed_out* and *active_hosts* are the counts just before it left (every high-water mark is
+        seen at the next leave).
+        """
         if not self.enabled:
             return
         entry = self.counters(host)
@@ -333,9 +342,12 @@ class HostStatsRecorder:
         self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
 
     def in_flight_seen(self, host: str, on_wire: int) -> None:
-        """*on_wire* requests of *host* were sent and not yet answered, just
+        """Note the requests of *host* on the wire, as one of them stops counting.
+
+        *on_wire* requests of *host* were sent and not yet answered, just
         before one of them stopped counting (every high-water mark is seen
-        then)."""
+        then).
+        """
         if self.enabled:
             # Not an event of its own for the busyness ranking: request_done
             # counts the request.
@@ -368,8 +380,10 @@ class HostStatsRecorder:
         entry.low("min_limit", limit)
 
     def limit_event(self, host: str, old: int, new: int, reason: str) -> None:
-        """The AIMD rule changed *host*'s limit for *reason*: kept among the
-        host's events (for the monitor), not counted as an event of its own."""
+        """Keep a limit change of the AIMD rule among *host*'s events.
+
+        For the monitor; not counted as an event of its own.
+        """
         if self.enabled:
             self.counters(host, weight=0).event("limit", reason, old, new)
 
@@ -386,8 +400,7 @@ class HostStatsRecorder:
         entry.inc("blocked_seconds", max(0.0, float(seconds)))
 
     def overdue(self, host: str, overdue_now: int) -> None:
-        """A request of *host* became overdue; *overdue_now* are overdue in
-        the whole crawl."""
+        """Count a request of *host* that became overdue; *overdue_now* are overdue in the crawl."""
         if not self.enabled:
             return
         self._global_inc("overdue_count")
@@ -410,8 +423,10 @@ class HostStatsRecorder:
         self.requests_dropped(host, dropped)
 
     def requests_dropped(self, host: str, count: int = 1) -> None:
-        """Requests of a given-up host: its queue when it was given up, and any
-        request for it that arrives later."""
+        """Count requests of a given-up host, dropped.
+
+        Its queue when it was given up, and any request for it that arrives later.
+        """
         if not self.enabled or not count:
             return
         self._global_inc("dropped_request_count", count)
@@ -422,8 +437,10 @@ _recorders: weakref.WeakKeyDictionary[Crawler, HostStatsRecorder] = weakref.Weak
 
 
 def get_recorder(crawler: Crawler) -> HostStatsRecorder:
-    """The crawler's one recorder, shared by every component. Its per-host
-    keys are written to the stats when the spider closes."""
+    """Return the crawler's one recorder, shared by every component.
+
+    Its per-host keys are written to the stats when the spider closes.
+    """
     recorder = _recorders.get(crawler)
     if recorder is None:
         assert crawler.stats is not None

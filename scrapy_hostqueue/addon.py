@@ -41,9 +41,10 @@ CONCURRENT_ITEMS = 16
 
 
 def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
-    """Refuse to start, naming *component*, unless the crawl runs on asyncio:
-    the asyncio reactor, or no Twisted reactor at all
-    (``TWISTED_REACTOR_ENABLED = False``)."""
+    """Refuse to start, naming *component*, unless the crawl runs on asyncio.
+
+    The asyncio reactor, or no Twisted reactor at all (``TWISTED_REACTOR_ENABLED = False``).
+    """
     if not settings.getbool("TWISTED_REACTOR_ENABLED", True):
         return
     reactor = settings.get("TWISTED_REACTOR")
@@ -55,17 +56,22 @@ def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
 
 
 def _import_path(key: Any) -> str:
-    """The import path a component key stands for: Scrapy takes classes as
-    keys as well as strings."""
+    """Return the import path a component key stands for.
+
+    Scrapy takes classes as keys as well as strings.
+    """
     if isinstance(key, str):
         return key
     return f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', '')}"
 
 
 def _enable(components: BaseSettings, order: int, path: str, module_path: str) -> None:
-    """Add *path* to a component dict at add-on priority unless the user placed
+    """Add *path* to a component dict unless the user placed it.
+
+    Add *path* to a component dict at add-on priority unless the user placed
     it (or disabled it with ``None``) under either of its import paths, or as
-    the class itself."""
+    the class itself.
+    """
     if not any(_import_path(key) in (path, module_path) for key in components):
         components.set(path, order, priority="addon")
 
@@ -80,7 +86,9 @@ def _is_hostqueue_scheduler(value: Any) -> bool:
 
 
 class Addon:
-    """Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
+    """Wires every component of scrapy-hostqueue in with one line.
+
+    Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
     :class:`~scrapy_hostqueue.AIMDMiddleware`,
     :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``),
     :class:`~scrapy_hostqueue.StartRequestsMiddleware`, the

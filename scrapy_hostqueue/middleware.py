@@ -1,5 +1,7 @@
-"""``AIMDMiddleware``: adaptive per-host concurrency, Retry-After, Crawl-delay
-and an error budget, applied through :class:`~scrapy_hostqueue.HostQueueScheduler`.
+"""``AIMDMiddleware``.
+
+Adaptive per-host concurrency, Retry-After, Crawl-delay and an error budget, applied through
+:class:`~scrapy_hostqueue.HostQueueScheduler`.
 
 The rule itself is pure and lives in :mod:`scrapy_hostqueue._aimd`; this
 module turns Scrapy events into its inputs and its adjustments into scheduler
@@ -90,10 +92,12 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def _malformed_answer(exception: BaseException) -> bool:
-    """Whether the host did answer, in something aiohttp's HTTP parser refused
-    (a header line without a colon, two Content-Length headers, a bad chunk
-    size): the host is up, so this is no connection failure. Scrapy's aiohttp
-    handler raises DownloadFailedError for it, as for a reset connection."""
+    """Whether the host did answer, in something aiohttp's HTTP parser refused.
+
+    The parser refused, for instance, a header line without a colon, two Content-Length headers or a
+    bad chunk size: the host is up, so this is no connection failure. Scrapy's aiohttp handler
+    raises DownloadFailedError for it, as for a reset connection.
+    """
     aiohttp = sys.modules.get("aiohttp")
     return aiohttp is not None and isinstance(exception.__cause__, aiohttp.ClientResponseError)
 
@@ -125,8 +129,11 @@ class _CrawlDelay:
 
 
 def _longest_retry_after(response: Response) -> float | None:
-    """The longest wait the response's ``Retry-After`` headers ask for (a
-    response may carry several), or None if none is usable."""
+    """Return the longest wait the response's ``Retry-After`` headers ask for.
+
+    The longest wait the response's ``Retry-After`` headers ask for (a
+    response may carry several), or None if none is usable.
+    """
     now = time.time()
     waits = [
         seconds
@@ -141,13 +148,15 @@ _SHOWN_WAIT_MAX = 365 * 86_400.0
 
 
 def _header_text(response: Response) -> str:
-    """The response's first ``Retry-After`` value as text, cut short."""
+    """Return the response's first ``Retry-After`` value as text, cut short."""
     value = response.headers.get(b"Retry-After") or b""
     return value[:40].decode("latin-1")
 
 
 class AIMDMiddleware:
-    """A downloader middleware that learns how much concurrency each host
+    """A downloader middleware that learns how much concurrency each host tolerates.
+
+    A downloader middleware that learns how much concurrency each host
     tolerates and holds hosts back when they ask for it.
 
     * AIMD: a host starts at ``HOSTQUEUE_AIMD_START`` requests in flight,
@@ -290,7 +299,7 @@ class AIMDMiddleware:
         )
 
     def initial_limit(self, host: str, configured: int) -> int:
-        """The limit of a host the scheduler meets (the policy hook).
+        """Return the limit of a host the scheduler meets (the policy hook).
 
         ``HOSTQUEUE_AIMD_START``, or what was learnt if the host is still
         remembered. A ``DOWNLOAD_SLOTS`` concurrency is the host's ceiling,
@@ -302,7 +311,7 @@ class AIMDMiddleware:
         return limit
 
     def _ceiling(self, host: str, configured: int) -> int | None:
-        """The ceiling of *host* when it is not ``HOSTQUEUE_AIMD_CEILING``."""
+        """Return the ceiling of *host* when it is not ``HOSTQUEUE_AIMD_CEILING``."""
         if host in self._slot_ceilings:
             return configured
         if self._per_ip:
@@ -310,31 +319,40 @@ class AIMDMiddleware:
         return None
 
     def learned(self, host: str) -> dict[str, float] | None:
-        """What was learned about *host* (the policy hook), for a frontier
-        file to keep: its limit, smoothed latency, error budget spent."""
+        """Return what was learned about *host* (the policy hook), for a frontier file to keep.
+
+        Its limit, smoothed latency, error budget spent.
+        """
         return self.table.export(host)
 
     def relearn(self, host: str, data: dict[str, float]) -> None:
-        """Take back what :meth:`learned` gave for *host* in the run before
-        (the policy hook; a resumed crawl): the host goes on from there
-        instead of from ``HOSTQUEUE_AIMD_START``."""
+        """Take back what :meth:`learned` gave for *host* in the run before.
+
+        The policy hook, in a resumed crawl: the host goes on from there instead of from
+        ``HOSTQUEUE_AIMD_START``.
+        """
         configured = internals.configured_slot(self.crawler.settings, host)[0]
         self.table.restore(host, data, self._ceiling(host, configured))
         self._relearned += 1
 
     def forget_host(self, host: str) -> None:
-        """The scheduler forgot *host* (idle, beyond ``HOSTQUEUE_REMEMBER_HOSTS``):
-        forget what was learned about it too (the policy hook)."""
+        """Forget *host*, which the scheduler forgot (idle, beyond ``HOSTQUEUE_REMEMBER_HOSTS``).
+
+        Forget what was learned about it too (the policy hook).
+        """
         self.table.forget(host)
         self._last_errors.pop(host, None)
         self._warned_no_room.discard(host)
 
     @staticmethod
     def _known_host(hosts: HostControl, request: Request) -> str:
-        """The host of *request*, made known to the scheduler if it is not (a
+        """Return the host of *request*, made known to the scheduler if it is not.
+
+        The host of *request*, made known to the scheduler if it is not (a
         robots.txt of a site whose requests share a ``download_slot``), so that
         what the table learns about it is forgotten when the scheduler
-        forgets the host."""
+        forgets the host.
+        """
         host = hosts.host_of(request)
         hosts.host_state(host)
         return host
@@ -430,12 +448,13 @@ class AIMDMiddleware:
         crawl_delay: _CrawlDelay | None,
         counted: bool,
     ) -> None:
-        """Hold a request that did not come from the scheduler until its host
-        may take it. Given up when the crawl starts closing, since the engine
-        waits for it (a Retry-After block may be minutes long). Sent beyond
-        the limit if no request of the host leaves for ``_DIRECT_PATIENCE``
-        seconds: a downloader middleware may be downloading it while one of
-        the host's requests, which fill the limit, waits for the answer."""
+        """Hold a request that did not come from the scheduler until its host may take it.
+
+        Given up when the crawl starts closing, since the engine waits for it (a Retry-After block
+        may be minutes long). Sent beyond the limit if no request of the host leaves for
+        ``_DIRECT_PATIENCE`` seconds: a downloader middleware may be downloading it while one of the
+        host's requests, which fill the limit, waits for the answer.
+        """
         waited_for_room = 0.0
         while True:
             if hosts.host_given_up(host):
@@ -507,12 +526,15 @@ class AIMDMiddleware:
         return response
 
     def learn(self, request: Request, response: Response) -> None:
-        """The download handler brought *response* (the scheduler calls this
+        """Learn from *response*, which the download handler brought.
+
+        The download handler brought *response* (the scheduler calls this
         on ``response_downloaded``, before the host counts as answered). It is
         learnt from here, not in process_response: a downloader middleware
         above this one may turn it into a new request first (RedirectMiddleware
         a 3xx, MetaRefreshMiddleware a refresh page, a ban middleware a 429),
-        and the host would keep its limit whatever its pace."""
+        and the host would keep its limit whatever its pace.
+        """
         started = request.meta.get(META_START)
         if started is None:
             return  # not sent through this middleware
@@ -521,8 +543,11 @@ class AIMDMiddleware:
     def _learn_from(
         self, hosts: HostControl, request: Request, response: Response, started: float
     ) -> None:
-        """Adjust the host's limit and blocks to a downloaded *response* to a
-        request that passed here at *started*."""
+        """Adjust the host's limit and blocks to a downloaded *response*.
+
+        Adjust the host's limit and blocks to a downloaded *response* to a
+        request that passed here at *started*.
+        """
         host = self._known_host(hosts, request)
         now = self.clock()
         latency = request.meta.get("download_latency")
@@ -554,23 +579,29 @@ class AIMDMiddleware:
 
     @staticmethod
     def _limit_held_back(hosts: HostControl, host: str, started: float) -> bool:
-        """Whether *host* had its limit in flight while a request that
-        started at *started* was: now (the request still counts until it
-        leaves the downloader), or when a later request filled the limit.
-        Only then may a run of fast answers raise the limit. A host held back
-        by its delay, or with too few URLs queued, would otherwise climb to
-        the ceiling on answers to one request at a time, and meet the next
-        burst of its URLs with the whole ceiling at once."""
+        """Whether *host* had its limit in flight while a request that started at *started* was.
+
+        Now (the request still counts until it leaves the downloader), or when a later request
+        filled the limit. Only then may a run of fast answers raise the limit. A host held back by
+        its delay, or with too few URLs queued, would otherwise climb to the ceiling on answers to
+        one request at a time, and meet the next burst of its URLs with the whole ceiling at once.
+        """
         return hosts.host_state(host).full_at >= started or hosts.is_full(host)
 
     def overdue_after(self, host: str) -> float:
-        """Seconds after which a request of *host* in flight is overdue (the
-        policy hook; see ``AimdTable.overdue_after``)."""
+        """Return the seconds after which a request of *host* in flight is overdue.
+
+        Seconds after which a request of *host* in flight is overdue (the
+        policy hook; see ``AimdTable.overdue_after``).
+        """
         return self.table.overdue_after(host)
 
     def overdue(self, request: Request, host: str, seconds: float) -> None:
-        """*request* has been in flight *seconds*, past its host's overdue
-        time (the policy hook): the host backs off now, not at the timeout."""
+        """Back the host of *request*, overdue after *seconds*, off now.
+
+        *request* has been in flight *seconds*, past its host's overdue
+        time (the policy hook): the host backs off now, not at the timeout.
+        """
         started = request.meta.get(META_START)
         if started is None:
             return  # not sent through this middleware
@@ -605,12 +636,13 @@ class AIMDMiddleware:
         return None
 
     def _keep_only_known(self, hosts: HostControl, host: str) -> None:
-        """Forget *host* if the scheduler no longer knows it. With
-        ``HOSTQUEUE_REMEMBER_HOSTS = 0`` the scheduler forgets an idle host at
-        once, before the answer to a request it did not hand out (a
-        robots.txt) reaches this middleware: what was learned from that
-        answer would stay in the table, which only the scheduler's forgetting
-        empties, for the rest of the crawl."""
+        """Forget *host* if the scheduler no longer knows it.
+
+        With ``HOSTQUEUE_REMEMBER_HOSTS = 0`` the scheduler forgets an idle host at once, before the
+        answer to a request it did not hand out (a robots.txt) reaches this middleware: what was
+        learned from that answer would stay in the table, which only the scheduler's forgetting
+        empties, for the rest of the crawl.
+        """
         if hosts.known_state(host) is None:
             self.forget_host(host)
 

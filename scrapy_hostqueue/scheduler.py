@@ -43,7 +43,9 @@ _DOWNLOAD_SLOT = "download_slot"
 
 
 class HostQueueScheduler(BaseScheduler):
-    """A Scrapy scheduler that keeps a queue per host and hands out a request
+    """A Scrapy scheduler with a queue per host that hands out requests of ready hosts only.
+
+    A Scrapy scheduler that keeps a queue per host and hands out a request
     only for a host that is ready: it has queued work, fewer requests in flight
     than its limit, and is not blocked (Retry-After, back-off, download delay,
     Crawl-delay). Ready hosts take turns round-robin; at most
@@ -175,8 +177,10 @@ class HostQueueScheduler(BaseScheduler):
         return self._job.close(self.df, reason)
 
     def _check_nothing_left(self) -> None:
-        """A crawl that finished has nothing left in any part: a request left
-        there was lost without a word (see ``scrapy_hostqueue._leftover``)."""
+        """Check that a crawl that finished has nothing left in any part.
+
+        A request left there was lost without a word (see ``scrapy_hostqueue._leftover``).
+        """
         try:
             left = self.hosts.left_over()
         except Exception:

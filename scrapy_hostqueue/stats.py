@@ -1,5 +1,6 @@
-"""Per-host stats and the :class:`HostQueueStats` extension (a periodic log
-line and the optional timeline file).
+"""Per-host stats and the :class:`HostQueueStats` extension.
+
+A periodic log line and the optional timeline file.
 
 The keys and the recorder live in :mod:`scrapy_hostqueue._recorder`; they are
 re-exported here, the module users name.
@@ -72,8 +73,11 @@ _timelines_written: set[str] = set()
 
 
 def _timeline_path(template: str, crawler: Crawler) -> str:
-    """HOSTQUEUE_TIMELINE_FILE with ``%(name)s`` (the spider's name) and
-    ``%(time)s`` (the start time, UTC, as in Scrapy's feed URIs) filled in."""
+    """Fill in the name and the time in HOSTQUEUE_TIMELINE_FILE.
+
+    HOSTQUEUE_TIMELINE_FILE with ``%(name)s`` (the spider's name) and
+    ``%(time)s`` (the start time, UTC, as in Scrapy's feed URIs) filled in.
+    """
     if "%" not in template:
         return template
     now = datetime.now(tz=timezone.utc).replace(microsecond=0, tzinfo=None)
@@ -88,11 +92,11 @@ def _timeline_path(template: str, crawler: Crawler) -> str:
 
 
 class HostQueueStats:
-    """Scrapy extension: a periodic log line about hosts
-    (``HOSTQUEUE_LOG_INTERVAL`` seconds, 0 disables) that also refreshes the
-    per-host stats, and the optional timeline file
-    (``HOSTQUEUE_TIMELINE_FILE``, one row per ``HOSTQUEUE_TIMELINE_INTERVAL``
-    and host).
+    """Scrapy extension.
+
+    A periodic log line about hosts (``HOSTQUEUE_LOG_INTERVAL`` seconds, 0 disables) that also
+    refreshes the per-host stats, and the optional timeline file (``HOSTQUEUE_TIMELINE_FILE``, one
+    row per ``HOSTQUEUE_TIMELINE_INTERVAL`` and host).
 
     Under :class:`~scrapy_hostqueue.HostQueueScheduler` the log line and the
     timeline show each host's queue, limit and blocks. Under any other

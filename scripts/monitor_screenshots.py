@@ -1,5 +1,7 @@
-"""Screenshots of the live monitor for the docs (docs/monitor-1280.png,
-docs/monitor-600.png and docs/monitor-processes.png): runs the demo with
+"""Screenshots of the live monitor for the docs.
+
+docs/monitor-1280.png, docs/monitor-600.png and docs/monitor-processes.png:
+runs the demo with
 ``--monitor``, lets the crawl go for a few seconds, has a headless chromium
 take the page at 1280 and 600 px wide (with the throttling host's detail
 open), then stops the crawl; then the same with ``--workers 2`` (two
@@ -65,8 +67,10 @@ def main() -> int:
 def take(
     chromium: str, out: Path, shots: list[tuple[tuple[int, int], str, str | None]], *extra: str
 ) -> None:
-    """Run the demo with *extra* arguments and take *shots* (window size,
-    name, host whose detail is open) of its (first) monitor."""
+    """Run the demo with *extra* arguments and take *shots* of its first monitor.
+
+    Each shot is a window size, a name, and the host whose detail is open.
+    """
     with tempfile.TemporaryDirectory() as work:
         demo = subprocess.Popen(
             [

@@ -1,5 +1,7 @@
-"""The check at a finished crawl's close: nothing may be left in any part of
-the scheduler (``scrapy_hostqueue._leftover``)."""
+"""The check at a finished crawl's close.
+
+Nothing may be left in any part of the scheduler (``scrapy_hostqueue._leftover``).
+"""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ LOST = "hostqueue/lost_at_close_count"
 
 
 def _scheduler(monkeypatch: pytest.MonkeyPatch, **overrides: object) -> HostQueueScheduler:
-    """An open scheduler without an engine: the test hands requests out and
-    lets them go as the engine and the downloader would."""
+    """Open a scheduler without an engine.
+
+    The test hands requests out and lets them go as the engine and the downloader would.
+    """
     crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER, **overrides))
     monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)
     scheduler = HostQueueScheduler.from_crawler(crawler)

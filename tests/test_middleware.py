@@ -1,6 +1,8 @@
-"""AIMDMiddleware as a component: start-up checks, and each hook driven directly
-against a stand-in of the scheduler's hosts built on the real frontier (no
-network)."""
+"""AIMDMiddleware as a component, without a crawl.
+
+Start-up checks, and each hook driven directly against a stand-in of the scheduler's hosts built on
+the real frontier (no network).
+"""
 
 from __future__ import annotations
 
@@ -60,16 +62,17 @@ URL = f"http://{HOST}/page"
 
 
 class Unwatched:
-    """No event loop here: overdue requests are tested with the watch itself
-    and in crawls."""
+    """No event loop here: overdue requests are tested with the watch itself and in crawls."""
 
     def start(self, hook: Any) -> None:
         pass
 
 
 class StandInHosts(Hosts):
-    """The scheduler's hosts, as the middleware uses them, on the real
-    frontier, without an engine (the real one needs a running crawl)."""
+    """The scheduler's hosts, as the middleware uses them, on the real frontier.
+
+    They run without an engine (the real one needs a running crawl).
+    """
 
     def __init__(self, configured: int = 8, remember: int = 10_000) -> None:
         # No super(): no crawler needed.
@@ -100,8 +103,10 @@ class StandInHosts(Hosts):
         return self.frontier
 
     def hand_out(self, request: Request) -> Request:
-        """Count *request* as handed out by next_request(), and in flight for
-        its host until :meth:`leave`."""
+        """Count *request* as handed out by next_request().
+
+        It is in flight for its host until :meth:`leave`.
+        """
         host = self.host_of(request)
         self.records.hand_out(request, host, None)
         self.frontier.adopt(host, self.frontier.clock())
@@ -172,7 +177,7 @@ def middleware(
 
 
 def sent(mw: AIMDMiddleware, url: str = URL, *, scheduled: bool = True) -> Request:
-    """A request that went through process_request (and so was sent)."""
+    """Send a request through process_request and return it."""
     request = Request(url)
     if scheduled:
         mw._hosts().hand_out(request)  # type: ignore[attr-defined]
@@ -188,9 +193,11 @@ def response(
 
 
 def deliver(mw: AIMDMiddleware, request: Request, answer: Response) -> Response:
-    """*answer* comes from the download handler: the scheduler hands it to
-    the middleware on response_downloaded, then it crosses process_response
-    (crawl tests cover those a middleware makes up)."""
+    """*answer* comes from the download handler.
+
+    The scheduler hands it to the middleware on response_downloaded, then it crosses
+    process_response (crawl tests cover those a middleware makes up).
+    """
     mw.learn(request, answer)
     return mw.process_response(request, answer)
 
@@ -326,7 +333,7 @@ def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
 
 
 def held(outcome: Any) -> Awaitable[Any]:
-    """What process_request returns for a request it holds: an awaitable."""
+    """Return what process_request returns for a request it holds: an awaitable."""
     assert outcome is not None
     assert not isinstance(outcome, Request)
     assert inspect.isawaitable(outcome)
@@ -336,8 +343,7 @@ def held(outcome: Any) -> Awaitable[Any]:
 def direct_middleware(
     monkeypatch: pytest.MonkeyPatch, *, closing: bool = False
 ) -> tuple[AIMDMiddleware, StandInHosts, FakeClock]:
-    """The middleware for requests that skip the scheduler, with the engine
-    closing or not."""
+    """Make the middleware for requests that skip the scheduler."""
     monkeypatch.setattr(internals, "engine_closing", lambda crawler: closing)
     return middleware(monkeypatch)
 
@@ -346,8 +352,10 @@ def direct_middleware(
 async def test_a_request_not_from_the_scheduler_waits_out_the_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """engine.download_async requests (media pipelines) would loop if sent
-    back to the scheduler: they wait in the middleware instead."""
+    """engine.download_async requests (media pipelines) would loop if sent back to the scheduler.
+
+    They wait in the middleware instead.
+    """
     mw, hosts, clock = direct_middleware(monkeypatch)
     hosts.block_until(HOST, clock.now + 2, "retry-after")
     direct = Request(URL)
@@ -823,8 +831,10 @@ def test_a_larger_download_delay_is_kept(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_robots_crawl_delay_holds_requests_already_handed_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Requests handed out before robots.txt was parsed wait for it past the
-    scheduler; they must not all start at once when it arrives."""
+    """Requests handed out before robots.txt was parsed wait for it past the scheduler.
+
+    They must not all start at once when it arrives.
+    """
     mw, hosts, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
     # The robots.txt fetch counts as the previous request: the host is blocked
@@ -894,9 +904,11 @@ async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> N
 def test_a_child_of_a_request_sent_back_often_is_held_by_a_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """How often a request went back is the request's own: a request built
-    from its response's meta (``meta=response.meta``) starts from zero and is
-    held by its host's block like any other."""
+    """How often a request went back is the request's own.
+
+    A request built from its response's meta (``meta=response.meta``) starts from zero and is held
+    by its host's block like any other.
+    """
     mw, hosts, clock = middleware(monkeypatch)
     hosts.block_until(HOST, clock.now + 2, "retry-after")
     back = mw.process_request(hosts.hand_out(Request(URL)))

@@ -100,10 +100,13 @@ class _StoreView:
 
 
 def test_a_silent_host_that_left_the_frontier_shows_its_one_request_in_the_timeline() -> None:
-    """A host whose last request failed and that has nothing queued nor in
+    """A silent host that left the frontier shows its one request in the timeline.
+
+    A host whose last request failed and that has nothing queued nor in
     flight leaves the frontier; its timeline row for that interval shows the
     one request a silent host may have, as the rows before did, not its
-    limit (4)."""
+    limit (4).
+    """
     crawler = get_crawler(Spider)
     extension = HostQueueStats(crawler, HostQueueConfig.from_settings(crawler.settings))
     frontier: MemoryStore[str] = MemoryStore(lambda key: HostState(4, 0.0, 0.0))
@@ -261,9 +264,11 @@ def test_a_busy_host_that_shows_up_late_keeps_its_own_keys() -> None:
 
 
 def test_the_named_hosts_are_the_busiest_after_many_small_ones() -> None:
-    """Ten hosts of 30 pages, then 150 hosts of one: the ten keep their keys
-    (the table once held only the named hosts, and the newcomers, starting
-    from a floor that each eviction raised, pushed them all out)."""
+    """Ten hosts of 30 pages, then 150 hosts of one.
+
+    The ten keep their keys (the table once held only the named hosts, and the newcomers, starting
+    from a floor that each eviction raised, pushed them all out).
+    """
     recorder = make_recorder(HOSTQUEUE_STATS_MAX_HOSTS=10)
     busy = [f"busy{i}.test" for i in range(10)]
     for _ in range(30):

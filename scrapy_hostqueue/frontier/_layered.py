@@ -1,6 +1,7 @@
-"""What the stores that keep their queues elsewhere (a file, Redis) share: a
-:class:`MemoryStore` in front that holds the ring, the per-host states and a
-window of each host's queue, to which every host command and query goes.
+"""What the stores that keep their queues elsewhere (a file, Redis) share.
+
+They share a :class:`MemoryStore` in front that holds the ring, the per-host states and a window of
+each host's queue, to which every host command and query goes.
 
 Pure logic: no Scrapy or Twisted import.
 """
@@ -16,16 +17,19 @@ E = TypeVar("E")
 
 
 class LayeredStore(Generic[E]):
-    """The part of a :class:`~scrapy_hostqueue.frontier.RequestStore` that is the
+    """The part of a request store that is the memory store's.
+
+    The part of a :class:`~scrapy_hostqueue.frontier.RequestStore` that is the
     memory store's (*memory*, whose items are the subclass's entries). A host
     command that changes what must outlive the process (its limit, block or
-    interval) calls :meth:`_changed`."""
+    interval) calls :meth:`_changed`.
+    """
 
     def __init__(self, memory: MemoryStore[E]) -> None:
         self._mem = memory
 
     def _changed(self, key: str) -> None:
-        """The state of *key* to save changed."""
+        """Note that the state of *key* to save changed."""
 
     # -- the RequestStore attributes --------------------------------------------
 

@@ -385,7 +385,7 @@ class MemoryStore(Generic[T]):
         return len(self._hosts)
 
     def host_state(self, key: str) -> HostState:
-        """The state of *key*, created from the factory on first sight."""
+        """Return the state of *key*, created from the factory on first sight."""
         host = self._hosts.get(key)
         if host is not None:
             return host.state
@@ -403,19 +403,22 @@ class MemoryStore(Generic[T]):
         return host is not None and host.inflight >= host.state.limit
 
     def note_full(self, key: str, now: float) -> None:
-        """Note *now* as the last moment *key* had its whole limit in flight
-        (``HostState.full_at``), if it has."""
+        """Note *now* as the last moment *key* had its whole limit in flight.
+
+        It goes to ``HostState.full_at``, if the host is known.
+        """
         host = self._hosts.get(key)
         if host is not None:
             self._note_full(host, now)
 
     def in_flight_cap(self, state: HostState) -> int:
-        """How many requests a host with *state* may have in flight now: its
-        limit, or ``silent_limit`` if that is lower and the host is silent,
-        and at most its share of ``budget``. While hosts wait for a place,
-        every place gets an equal part of the budget (``budget /
-        max_active``, rounded up); otherwise what the active silent hosts do
-        not take, divided by the other active hosts, rounded up."""
+        """How many requests a host with *state* may have in flight now.
+
+        Its limit, or ``silent_limit`` if that is lower and the host is silent, and at most its
+        share of ``budget``. While hosts wait for a place, every place gets an equal part of the
+        budget (``budget / max_active``, rounded up); otherwise what the active silent hosts do not
+        take, divided by the other active hosts, rounded up.
+        """
         cap = state.limit
         if self.silent_limit and not state.answering:
             cap = min(cap, self.silent_limit)
@@ -442,7 +445,7 @@ class MemoryStore(Generic[T]):
         return cap
 
     def known_state(self, key: str) -> HostState | None:
-        """The state of *key* if the frontier knows the host, without creating one."""
+        """Return the state of *key* if the frontier knows the host, without creating one."""
         host = self._hosts.get(key)
         if host is not None:
             return host.state
@@ -461,33 +464,45 @@ class MemoryStore(Generic[T]):
         return host.placement if host is not None else None
 
     def _states(self) -> Iterator[tuple[str, HostState]]:
-        """``(key, state)`` of every host, idle hosts that are still
-        remembered included (O(hosts))."""
+        """List ``(key, state)`` of every host, idle ones still remembered included.
+
+        ``(key, state)`` of every host, idle hosts that are still
+        remembered included (O(hosts)).
+        """
         for host in self._hosts.values():
             yield host.key, host.state
         for idle in (self._retired, self._kept):
             yield from idle.items()
 
     def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
-        """``(key, state)`` of every host blocked beyond *now*, idle hosts
-        that are still remembered included (O(hosts): for a crawl's close)."""
+        """List ``(key, state)`` of every host blocked beyond *now*.
+
+        ``(key, state)`` of every host blocked beyond *now*, idle hosts
+        that are still remembered included (O(hosts): for a crawl's close).
+        """
         for key, state in self._states():
             if state.blocked_until > now:
                 yield key, state
 
     def spaced(self, now: float) -> Iterator[tuple[str, float]]:
-        """``(key, when)`` of every host whose next request may not start
+        """List ``(key, when)`` of every host spaced beyond *now*.
+
+        ``(key, when)`` of every host whose next request may not start
         before *when*, later than *now*, for its interval between starts
-        (O(hosts): for a crawl's close)."""
+        (O(hosts): for a crawl's close).
+        """
         for key, state in self._states():
             when = state.spaced_until()
             if when > now:
                 yield key, when
 
     def space_until(self, key: str, when: float) -> None:
-        """Start no request for *key* before *when*, as if its last request
+        """Start no request for *key* before *when*, as spacing restored after a stop.
+
+        Start no request for *key* before *when*, as if its last request
         had started an interval before then (spacing restored after a stop);
-        extends, never shortens, the wait its own starts set."""
+        extends, never shortens, the wait its own starts set.
+        """
         state = self.host_state(key)
         now = self.clock()
         if when > max(now, state.spaced_until()):
@@ -496,8 +511,11 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        """``(key, queued, inflight, state)`` of every live host (O(hosts): for
-        periodic reports, never on the request path)."""
+        """List ``(key, queued, inflight, state)`` of every live host.
+
+        ``(key, queued, inflight, state)`` of every live host (O(hosts): for
+        periodic reports, never on the request path).
+        """
         for host in self._hosts.values():
             yield host.key, host.queued, host.inflight, host.state
 
@@ -509,8 +527,7 @@ class MemoryStore(Generic[T]):
                     yield host.key, rank, item
 
     def next_wakeup(self) -> float | None:
-        """When the earliest blocked host becomes ready or idle host gives its
-        place up, if any."""
+        """When the earliest blocked host becomes ready or idle host gives its place up, if any."""
         timers = self._timers
         while timers:
             when, _, token, host = timers[0]
@@ -522,8 +539,10 @@ class MemoryStore(Generic[T]):
     # -- requests --------------------------------------------------------
 
     def push(self, key: str, rank: int, item: T) -> bool:
-        """Queue *item* for host *key*; higher *rank* is served first, FIFO among
-        equals. Returns False (and queues nothing) if the host was given up."""
+        """Queue *item* for host *key*; higher *rank* is served first, FIFO among equals.
+
+        Returns False (and queues nothing) if the host was given up.
+        """
         host = self._hosts.get(key)
         if host is None:
             state = self._recall(key)
@@ -544,8 +563,11 @@ class MemoryStore(Generic[T]):
         return True
 
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
-        """The next item of the next ready host, round-robin among the ready
-        hosts of the highest head rank, or None if no host is ready now."""
+        """Return the next item of the next ready host, or None.
+
+        The next item of the next ready host, round-robin among the ready
+        hosts of the highest head rank, or None if no host is ready now.
+        """
         if now is None:
             now = self.clock()
         self._release_timers(now)
@@ -584,10 +606,13 @@ class MemoryStore(Generic[T]):
         return None
 
     def _serve_in_turn(self, host: _Host[T], now: float) -> tuple[str, T] | None:
-        """Serve *host*, taken from the ring or the prefetch heap, unless it
+        """Serve *host* unless it must wait for a place or its turn is over.
+
+        Serve *host*, taken from the ring or the prefetch heap, unless it
         must wait for a place (CAPPED: it holds none, perhaps with only
         adopted requests in flight, and the places are taken) or its turn is
-        over (ENDING)."""
+        over (ENDING).
+        """
         if not host.active and 0 < self.max_active <= self.active:
             self._set_capped(host)
             return None
@@ -606,8 +631,10 @@ class MemoryStore(Generic[T]):
         return self._serve(host, now)
 
     def finish(self, key: str, overdue: bool = False) -> None:
-        """A request handed out by :meth:`pop` for *key* is done (whatever its
-        outcome); *overdue*: it was marked with :meth:`set_overdue`."""
+        """Count a request handed out by :meth:`pop` for *key* as done (whatever its outcome).
+
+        *overdue*: it was marked with :meth:`set_overdue`.
+        """
         host = self._hosts.get(key)
         if host is None or host.inflight <= 0:
             raise KeyError(f"no request in flight for host {key!r}")
@@ -626,10 +653,12 @@ class MemoryStore(Generic[T]):
             self._place(host, self.clock())
 
     def set_overdue(self, key: str) -> None:
-        """One request of *key* in flight is overdue: it still counts against
-        the host's limit, but a host with nothing else in flight gives its
-        active place up to a host that answers (a hanging host must not hold
-        a place, as an idle one does not)."""
+        """One request of *key* in flight is overdue.
+
+        It still counts against the host's limit, but a host with nothing else in flight gives its
+        active place up to a host that answers (a hanging host must not hold a place, as an idle one
+        does not).
+        """
         host = self._hosts.get(key)
         if host is None or host.overdue >= host.inflight:
             raise KeyError(f"no request in flight for host {key!r} that is not overdue")
@@ -638,13 +667,15 @@ class MemoryStore(Generic[T]):
             self._place(host, self.clock())
 
     def overdue(self, key: str) -> int:
-        """Requests of *key* in flight and overdue."""
+        """Count the requests of *key* in flight and overdue."""
         host = self._hosts.get(key)
         return host.overdue if host is not None else 0
 
     def ack(self, item: T) -> None:
-        """Nothing to do: a request leaves this store when handed out, and
-        nothing outlives the process."""
+        """Nothing to do.
+
+        A request leaves this store when handed out, and nothing outlives the process.
+        """
 
     def release(self, key: str, rank: int, item: T) -> None:
         """Queue *item* again (see :meth:`finish` for its place in flight)."""
@@ -667,9 +698,11 @@ class MemoryStore(Generic[T]):
         return dropped
 
     def trim(self, key: str, keep: int) -> list[T]:
-        """Take out the queued items of *key* after its first *keep* (in
-        serving order) and return them in that order. The host's head, and so
-        its place, stays as it was (``keep`` >= 1)."""
+        """Take out the queued items of *key* after its first *keep*.
+
+        They are returned in serving order. The host's head, and so its place, stays as it was
+        (``keep`` >= 1).
+        """
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep!r}")
         host = self._hosts.get(key)
@@ -702,9 +735,12 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def set_answering(self, key: str, answering: bool) -> None:
-        """Whether *key* answered its last request (an HTTP response), or is
+        """Mark *key* as answering or silent.
+
+        Whether *key* answered its last request (an HTTP response), or is
         silent (its last request failed to connect or timed out). A host the
-        frontier does not know is left alone."""
+        frontier does not know is left alone.
+        """
         host = self._hosts.get(key)
         state = host.state if host is not None else self.known_state(key)
         if state is None or state.answering == answering:
@@ -747,7 +783,9 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def unstart(self, key: str, started_at: float) -> None:
-        """The request of *key* handed out at *started_at* never reached the
+        """Note that the request of *key* handed out at *started_at* never reached the host.
+
+        The request of *key* handed out at *started_at* never reached the
         host (a cache hit, a request a downloader middleware refused): the
         next start need not wait the interval drawn for it. Stock Scrapy
         likewise spaces only the requests that reach its downloader's queue.
@@ -758,15 +796,20 @@ class MemoryStore(Generic[T]):
         self._start_known(key, started_at, None)
 
     def started(self, key: str, started_at: float, now: float) -> None:
-        """The request of *key* handed out at *started_at* started at *now*
+        """Note that the request of *key* handed out at *started_at* started at *now*.
+
+        The request of *key* handed out at *started_at* started at *now*
         (it reached the downloader, past the downloader middlewares): if it
         is the host's last start, the interval before the next counts from
-        *now*, and with ``await_start`` the host may be handed its next."""
+        *now*, and with ``await_start`` the host may be handed its next.
+        """
         self._start_known(key, started_at, now)
 
     def _start_known(self, key: str, started_at: float, now: float | None) -> None:
-        """What became of the hand-out of *key* at *started_at*: it started
-        at *now*, or never will (None). See :meth:`started`, :meth:`unstart`."""
+        """Note what became of the hand-out of *key* at *started_at*.
+
+        It started at *now*, or never will (None). See :meth:`started`, :meth:`unstart`.
+        """
         host = self._hosts.get(key)
         if host is None:
             return
@@ -786,10 +829,13 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def adopt(self, key: str, now: float) -> None:
-        """Count a request of *key* that :meth:`pop` did not hand out (a
+        """Count a request of *key* that :meth:`pop` did not hand out in flight.
+
+        Count a request of *key* that :meth:`pop` did not hand out (a
         direct download) in flight from *now* until :meth:`finish`: the host
         is handed that much less, and its next start waits its interval after
-        this one. The request takes no active-host place."""
+        this one. The request takes no active-host place.
+        """
         host = self._hosts.get(key)
         if host is None:
             host = self._hosts[key] = _Host(key, self._recall(key))
@@ -850,13 +896,14 @@ class MemoryStore(Generic[T]):
             host.state.full_at = now
 
     def _handed_out_at_most(self, host: _Host[T]) -> int:
-        """In flight from which a host is handed nothing more: its limit plus
-        ``prefetch``, except that a host with a delay between request starts
-        gets no prefetch (its next request may not go before the delay
-        anyway, and would hold download budget meanwhile), nor does a silent
-        one, held to ``silent_limit`` until it answers, nor one with overdue
-        requests (its next one would wait for them to time out, holding
-        download budget)."""
+        """In flight from which a host is handed nothing more.
+
+        Its limit plus ``prefetch``, except that a host with a delay between request starts gets no
+        prefetch (its next request may not go before the delay anyway, and would hold download
+        budget meanwhile), nor does a silent one, held to ``silent_limit`` until it answers, nor one
+        with overdue requests (its next one would wait for them to time out, holding download
+        budget).
+        """
         state = host.state
         cap = self.in_flight_cap(state)
         if state.interval or host.overdue or (self.silent_limit and not state.answering):
@@ -864,7 +911,7 @@ class MemoryStore(Generic[T]):
         return cap + self.prefetch
 
     def _draw_gap(self, state: HostState, now: float) -> None:
-        """A request started at *now*: draw the gap before the next may."""
+        """Draw the gap before the next request may start, one having started at *now*."""
         state.last_start = now
         gap = state.interval
         if gap and state.jitter:
@@ -943,16 +990,17 @@ class MemoryStore(Generic[T]):
             self._compact()
 
     def _turn_done(self, host: _Host[T], now: float) -> bool:
-        """Whether *host* has had ``turn`` requests, or ``turn_seconds``, at
-        its place."""
+        """Whether *host* has had ``turn`` requests, or ``turn_seconds``, at its place."""
         if host.served >= self.turn:
             return True
         return 0 < self.turn_seconds <= now - host.active_since
 
     def _turn_over(self, host: _Host[T], now: float) -> bool:
-        """Whether *host* has had its turn at its place while hosts wait for
-        one: for an answering host, answering hosts, or silent hosts holding
-        fewer than their share of the places."""
+        """Whether *host* has had its turn at its place while hosts wait for one.
+
+        For an answering host, answering hosts, or silent hosts holding fewer than their share of
+        the places.
+        """
         if not (self._waiting and host.active and self._turn_done(host, now)):
             return False
         if not host.state.answering or self._waiting > self._waiting_silent:
@@ -960,12 +1008,15 @@ class MemoryStore(Generic[T]):
         return self._active_silent < self._silent_share
 
     def _silent_share_taken(self, host: _Host[T]) -> bool:
-        """Whether *host*, without a place, is silent while silent hosts hold
+        """Whether *host*, without a place, stays out of the line for places.
+
+        Whether *host*, without a place, is silent while silent hosts hold
         their share of the places and answering hosts wait for one. Hosts
         are let out of the line for places freed before any is taken, and
         a silent host counts among those holding one only at its first
         request: several places freed at once (hanging requests timing
-        out together) would otherwise all go to silent hosts."""
+        out together) would otherwise all go to silent hosts.
+        """
         return (
             not host.state.answering
             and self._waiting > self._waiting_silent
@@ -973,9 +1024,12 @@ class MemoryStore(Generic[T]):
         )
 
     def _leave(self, host: _Host[T], now: float, requeue: bool = False) -> None:
-        """*host*, with nothing in flight but overdue requests, gives its
+        """Give the active place of *host*, with only overdue requests in flight, up.
+
+        *host*, with nothing in flight but overdue requests, gives its
         active place up (if it holds one) to the first host waiting for one;
-        with *requeue*, it waits behind them for its next turn."""
+        with *requeue*, it waits behind them for its next turn.
+        """
         if not host.active:
             return
         host.active = False
@@ -987,13 +1041,17 @@ class MemoryStore(Generic[T]):
         self._release_capped(now)
 
     def _ring_rank(self, host: _Host[T]) -> int:
-        """The rank *host* competes with across hosts (see ``ring_granularity``):
-        answering hosts before silent ones of the same priority."""
+        """Return the rank *host* competes with across hosts (see ``ring_granularity``).
+
+        Answering hosts before silent ones of the same priority.
+        """
         return (host.head_rank() // self._ring_granularity) * 2 + host.state.answering
 
     def _uncap(self, host: _Host[T]) -> None:
-        """Count CAPPED *host* no longer among the hosts waiting for a place
-        (its FIFO entry goes stale with its next token); the caller places it."""
+        """Count CAPPED *host* no longer among the hosts waiting for a place.
+
+        Its FIFO entry goes stale with its next token. The caller places it.
+        """
         self._waiting -= 1
         if not host.state.answering:
             self._waiting_silent -= 1
@@ -1018,9 +1076,10 @@ class MemoryStore(Generic[T]):
             self._compact()
 
     def _release_capped(self, now: float) -> bool:
-        """Place capped hosts until one is READY; True if one is. Answering
-        hosts first, unless silent ones wait holding fewer than their share
-        of the places."""
+        """Place capped hosts until one is READY; True if one is.
+
+        Answering hosts first, unless silent ones wait holding fewer than their share of the places.
+        """
         while self._waiting and (self.max_active <= 0 or self.active < self.max_active):
             silent_first = self._waiting_silent and self._active_silent < self._silent_share
             first, second = (
@@ -1054,8 +1113,7 @@ class MemoryStore(Generic[T]):
         return size > 2 * len(self._hosts) + 64
 
     def _compact(self) -> None:
-        """Drop stale entries from the ring, the timer heap, the capped FIFO and
-        the prefetch heap.
+        """Drop stale entries from the ring, the timer heap, the capped FIFO and the prefetch heap.
 
         In place, because callers may hold references to these containers.
         """
@@ -1086,18 +1144,24 @@ class MemoryStore(Generic[T]):
         self._remember_state(host.key, host.state)
 
     def _recall(self, key: str) -> HostState:
-        """The state of *key*, which is not live, taken out of the memories
-        of idle hosts, or a new one."""
+        """Return the state of *key*, from the memories of idle hosts or new.
+
+        The state of *key*, which is not live, taken out of the memories
+        of idle hosts, or a new one.
+        """
         state = self._retired.pop(key, None) or self._kept.pop(key, None)
         return state if state is not None else self._state_factory(key)
 
     def _remember_state(self, key: str, state: HostState) -> None:
-        """Keep the state of *key*, now idle, pushing the least recently used
+        """Keep the state of *key*, now idle, in the memory of idle hosts.
+
+        Keep the state of *key*, now idle, pushing the least recently used
         idle host out of the memory if it is full. A host pushed out while it
         is given up, or blocked beyond now, is kept in a second memory of the
         same size, which forgets the oldest: a broad crawl that retires many
         hosts in a row does not forget a Retry-After still running or a host
-        it gave up."""
+        it gave up.
+        """
         retired = self._retired
         retired[key] = state
         retired.move_to_end(key)

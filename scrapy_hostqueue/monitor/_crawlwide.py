@@ -1,5 +1,4 @@
-"""The crawl-wide snapshot of a shared crawl: the snapshots of its processes
-merged into one.
+"""The crawl-wide snapshot of a shared crawl: its processes' snapshots merged.
 
 Pure logic: no Scrapy, Twisted or Redis import. Every process of a crawl on
 the Redis frontier publishes its own snapshot (``_shared``); :func:`merge`
@@ -41,8 +40,10 @@ def _add(into: dict[str, int], counts: dict[str, int]) -> None:
 
 
 def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
-    """One snapshot of the whole crawl from its processes' snapshots
-    (*now*: the wall clock, for their age)."""
+    """Merge the processes' snapshots into one of the whole crawl.
+
+    *now* is the wall clock, for their age.
+    """
     crawl: dict[str, Any] = dict.fromkeys(_SUMS, 0)
     statuses: dict[str, int] = {}
     statuses_total: dict[str, int] = {}

@@ -20,8 +20,10 @@ STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 
 
 def metrics_maker(snapshot: Callable[[], dict[str, Any]]) -> Callable[[], bytes] | None:
-    """The function that renders ``/metrics`` from *snapshot*, or None
-    without ``prometheus_client``."""
+    """Return the function that renders ``/metrics`` from *snapshot*.
+
+    None without ``prometheus_client``.
+    """
     try:
         from prometheus_client import CollectorRegistry, generate_latest  # noqa: PLC0415
     except ImportError:

@@ -23,7 +23,7 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 
 def page() -> str:
-    """The self-contained HTML page."""
+    """Return the self-contained HTML page."""
     return (
         resources.files("scrapy_hostqueue.monitor")
         .joinpath("page.html")
@@ -44,7 +44,8 @@ class MonitorServer:
     """The routes behind one token.
 
     *snapshot* takes the host whose history the page shows (or None);
-    *metrics*, if given, returns Prometheus' text format."""
+    *metrics*, if given, returns Prometheus' text format.
+    """
 
     def __init__(
         self,

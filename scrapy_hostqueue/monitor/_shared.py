@@ -1,6 +1,8 @@
-"""``python -m scrapy_hostqueue monitor URL --crawl-id ID``: the live page of a
-shared crawl, served from what its processes publish to Redis alone (see
-``scrapy_hostqueue.frontier.redis._monitor``)."""
+"""``python -m scrapy_hostqueue monitor URL --crawl-id ID``: a shared crawl's page.
+
+It is served from what the crawl's processes publish to Redis alone (see
+``scrapy_hostqueue.frontier.redis._monitor``).
+"""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ HEARTBEAT = 2.0
 
 
 async def serve(redis_url: str, crawl_id: str, bind: str, port: int, top: int) -> None:
-    """Serve the crawl-wide page of *crawl_id* from Redis alone, until
-    cancelled (Ctrl-C)."""
+    """Serve the crawl-wide page of *crawl_id* from Redis alone.
+
+    Until cancelled (Ctrl-C).
+    """
     board = monitor_board(redis_url, crawl_id)
     await board.open()
     view: dict[str, Any] = merge([], top, time.time())

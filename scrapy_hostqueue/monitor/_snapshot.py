@@ -98,7 +98,7 @@ class CrawlFigures:
 
 
 def host_state(row: HostRow, places_full: bool) -> str:
-    """The one state a host is shown in (see :data:`STATES`)."""
+    """Return the one state a host is shown in (see :data:`STATES`)."""
     if row.given_up:
         return GIVEN_UP
     if row.blocked_left > 0:
@@ -182,8 +182,11 @@ class Snapshots:
         rows: Iterable[HostRow],
         detail: Callable[[str], HostDetail],
     ) -> dict[str, Any]:
-        """The snapshot at monotonic time *now*; *detail* gives what the
-        stats counted of one host (called for the top hosts only)."""
+        """Take the snapshot at monotonic time *now*.
+
+        *detail* gives what the stats counted of one host (called for the top
+        hosts only).
+        """
         rows = list(rows)
         places_full = bool(crawl.max_active_hosts) and crawl.active_hosts >= crawl.max_active_hosts
         states = dict.fromkeys(STATES, 0)
@@ -286,8 +289,11 @@ class Snapshots:
     def with_detail(
         self, snapshot: dict[str, Any], host: str, now: float, info: HostDetail
     ) -> dict[str, Any]:
-        """*snapshot* with *host*'s events (from *info*) and the history of its
-        last snapshots added to its row, if it is one of the top hosts."""
+        """Return *snapshot* with *host*'s events and history added to its row.
+
+        The events come from *info*, the history from its last snapshots; only
+        if it is one of the top hosts.
+        """
         rows = []
         for shown in snapshot["hosts"]:
             row = dict(shown) if shown["host"] == host else shown
@@ -304,7 +310,7 @@ class Snapshots:
         return {**snapshot, "hosts": rows}
 
     def _baseline(self, now: float, window: float) -> _Past | None:
-        """The oldest snapshot kept within *window* seconds of *now*."""
+        """Return the oldest snapshot kept within *window* seconds of *now*."""
         for past in self._past:
             if past[0] >= now - window:
                 return past
@@ -341,7 +347,7 @@ def _rate(
 
 
 def _minus(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    """The counts added since *before*, without zeros."""
+    """Return the counts added since *before*, without zeros."""
     diff = {key: value - before.get(key, 0) for key, value in now.items()}
     return {key: value for key, value in sorted(diff.items()) if value > 0}
 

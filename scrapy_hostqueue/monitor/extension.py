@@ -48,12 +48,13 @@ _HOST_STATUS_PREFIX = "status_count/"
 
 
 class HostQueueMonitor:
-    """Scrapy extension: the live monitor (``HOSTQUEUE_MONITOR``, on by
-    default with the add-on).
+    """Scrapy extension: the live monitor.
 
-    At start it logs one INFO line with the page's URL, which carries a random
-    token; the server listens on ``HOSTQUEUE_MONITOR_BIND`` (loopback by
-    default) and ``HOSTQUEUE_MONITOR_PORT`` (a free port by default)."""
+    ``HOSTQUEUE_MONITOR``, on by default with the add-on. At start it logs
+    one INFO line with the page's URL, which carries a random token; the
+    server listens on ``HOSTQUEUE_MONITOR_BIND`` (loopback by default) and
+    ``HOSTQUEUE_MONITOR_PORT`` (a free port by default).
+    """
 
     def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
         self.crawler = crawler
@@ -120,8 +121,10 @@ class HostQueueMonitor:
         await self.server.stop()
 
     async def _beat(self, redis_url: str, crawl_id: str) -> None:
-        """Publish this process's snapshot to the shared crawl and read the
-        others', every ``_shared.HEARTBEAT`` seconds; at the end, withdraw it."""
+        """Publish this process's snapshot to the shared crawl, read the others'.
+
+        Every ``_shared.HEARTBEAT`` seconds; at the end, withdraw it.
+        """
         board = frontier.monitor_board(redis_url, crawl_id)
         try:
             await board.open()
@@ -150,8 +153,10 @@ class HostQueueMonitor:
     # -- the snapshot ------------------------------------------------------------
 
     def local_snapshot(self) -> dict[str, Any]:
-        """This process's snapshot (made again once it is older than
-        ``HOSTQUEUE_MONITOR_INTERVAL``)."""
+        """Return this process's snapshot.
+
+        It is made again once it is older than ``HOSTQUEUE_MONITOR_INTERVAL``.
+        """
         now = time.monotonic()
         if self._cached is None or now - self._cached_at >= self.config.monitor_interval:
             self._cached = self._take(now)
@@ -159,8 +164,11 @@ class HostQueueMonitor:
         return self._cached
 
     def snapshot(self, host: str | None = None) -> dict[str, Any]:
-        """What ``/hosts.json`` serves: this process's snapshot, or on the
-        Redis frontier the whole crawl's; with *host*'s history if given."""
+        """Return what ``/hosts.json`` serves.
+
+        This process's snapshot, or on the Redis frontier the whole crawl's;
+        with *host*'s history if given.
+        """
         snap = self.local_snapshot()
         if self._others is not None:
             snap = merge([snap, *self._others], self.config.monitor_hosts, time.time())
@@ -196,8 +204,10 @@ class HostQueueMonitor:
         return self.snapshots.take(now, crawl, rows, lambda host: self._detail(host, now))
 
     def _rows(self, view: HostView, now: float) -> list[HostRow]:
-        """One row per live host, and per busy host no longer live (a given-up
-        one): O(live hosts + HOSTQUEUE_STATS_MAX_HOSTS)."""
+        """Return one row per live host, and per busy host no longer live.
+
+        A given-up host is one; O(live hosts + HOSTQUEUE_STATS_MAX_HOSTS).
+        """
         rows: dict[str, HostRow] = {}
         recorder = self.recorder
         for key, queued, _handed_out, state in view.hosts():

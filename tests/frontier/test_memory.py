@@ -787,9 +787,11 @@ def test_a_host_that_must_wait_gives_its_place_up_during_its_turn() -> None:
 
 
 def serve_keeping_requests_in_flight(frontier: MemoryStore[str], rounds: int) -> str:
-    """Pop all that is ready, then finish the oldest request, *rounds* times: the
-    hosts served, in order. A busy host's requests overlap, so it has nothing
-    in flight only when the frontier stops handing it requests."""
+    """Pop all that is ready, then finish the oldest request, *rounds* times.
+
+    The hosts served, in order. A busy host's requests overlap, so it has nothing in flight only
+    when the frontier stops handing it requests.
+    """
     order = []
     inflight: list[str] = []
     for _ in range(rounds):
@@ -1344,12 +1346,15 @@ class FrontierMachine(RuleBasedStateMachine):
             self._remember(key)
 
     def _settle(self) -> None:
-        """A host with nothing in flight gives its active place up when it has
+        """Settle the model's hosts as the frontier does between two steps.
+
+        A host with nothing in flight gives its active place up when it has
         nothing queued (with a grace and a cap: it goes idle, and pop() ends
         its place when the grace is over), must wait for its next start, or
         has had its turn. Nothing else changes these while the clock stands
         still, so checking after each step (and before the clock moves) is
-        what the frontier does as each step happens."""
+        what the frontier does as each step happens.
+        """
         now = self.clock.now
         for h in self.hosts.values():
             if not h.active or h.inflight:
@@ -1366,8 +1371,11 @@ class FrontierMachine(RuleBasedStateMachine):
                 h.active = False
 
     def _expire_idle(self) -> None:
-        """What pop() does first: idle hosts whose grace is over give their
-        places up and retire, in the order of their timers."""
+        """Retire the idle hosts whose grace is over, as pop() does first.
+
+        Idle hosts whose grace is over give their places up and retire, in the order of their
+        timers.
+        """
         now = self.clock.now
         expired = sorted(
             (h.idle_until, h.idle_seq, key)
@@ -1385,7 +1393,7 @@ class FrontierMachine(RuleBasedStateMachine):
         return sum(1 for h in self.hosts.values() if h.active)
 
     def _active_at_pop(self) -> int:
-        """The places held once pop() has ended the graces that are over."""
+        """Count the places held once pop() has ended the graces that are over."""
         now = self.clock.now
         expired = sum(
             1 for h in self.hosts.values() if h.idle_until is not None and h.idle_until <= now
@@ -1393,14 +1401,19 @@ class FrontierMachine(RuleBasedStateMachine):
         return self._active() - expired
 
     def _may_end(self, h: ModelHost) -> bool:
-        """Whether *h* has had its turn and may be withheld while other hosts
-        wait for a place (it still holds its place: it has work in flight)."""
+        """Whether *h* has had its turn and may be withheld while other hosts wait.
+
+        Whether *h* has had its turn and may be withheld while other hosts
+        wait for a place (it still holds its place: it has work in flight).
+        """
         return bool(self.cap and h.active and h.served >= self.turn and h.inflight)
 
     def _full_at(self, h: ModelHost) -> int:
-        """In flight from which *h* is handed nothing: a host with an
-        interval between starts gets no prefetch; a silent one, with
-        ``silent_limit``, has at most that many and no prefetch."""
+        """In flight from which *h* is handed nothing.
+
+        A host with an interval between starts gets no prefetch; a silent one, with
+        ``silent_limit``, has at most that many and no prefetch.
+        """
         if self.silent_limit and not h.answering:
             return min(h.limit, self.silent_limit)
         return h.limit + (0 if h.interval else self.prefetch)
@@ -1454,8 +1467,10 @@ class FrontierMachine(RuleBasedStateMachine):
         self._push(key, rank)
 
     def _check_pop(self, frontier: MemoryStore[int]) -> tuple[str, int, int] | None:
-        """Pop from *frontier* and check the answer against the model (which
-        it leaves alone): ``(key, rank, item)`` or None."""
+        """Pop from *frontier* and check the answer against the model (which it leaves alone).
+
+        ``(key, rank, item)`` or None.
+        """
         ready, servable = self._ready(), self._servable()
         got = frontier.pop()
         wake = frontier.next_wakeup()
@@ -1546,8 +1561,11 @@ class FrontierMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(h.pending for h in self.hosts.values()))
     @rule(pick=st.integers(0, 1_000), started=st.booleans())
     def start_or_unstart(self, pick: int, started: bool) -> None:
-        """The hand-out a host waits for starts (it reached the downloader),
-        or will not (a downloader middleware answered it)."""
+        """Start a hand-out a host waits for, or have it not start.
+
+        The hand-out a host waits for starts (it reached the downloader),
+        or will not (a downloader middleware answered it).
+        """
         waiting = [(key, h) for key, h in self.hosts.items() if h.pending]
         key, host = waiting[pick % len(waiting)]
         assert host.pending is not None
@@ -1564,8 +1582,11 @@ class FrontierMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(HOST_KEYS))
     def adopt(self, key: str) -> None:
-        """A request that pop() did not hand out starts (the scheduler adopts
-        one only while the host has room)."""
+        """Adopt a request that pop() did not hand out.
+
+        A request that pop() did not hand out starts (the scheduler adopts
+        one only while the host has room).
+        """
         host = self.hosts.get(key)
         if host is not None and len(host.inflight) >= host.limit:
             return

@@ -1,5 +1,8 @@
-"""The live monitor: its snapshot from plain figures, and its server during
-real crawls, checked against the stats and the local test hosts' own counts."""
+"""The live monitor: its snapshot from plain figures, its server in real crawls.
+
+What it serves is checked against the stats and the local test hosts' own
+counts.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The monitor's page in a real browser (Debian's ``chromium``, headless)
-during a real crawl: it finds the header and a row per host."""
+"""The monitor's page in a real browser during a real crawl.
+
+Debian's ``chromium``, headless, finds the header and a row per host.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ pytestmark = [
 
 
 async def render(url: str, *, width: int = 1280, screenshot: str | None = None) -> str:
-    """The page's DOM after it ran its script for a few (virtual) seconds,
-    from a headless chromium that talks to nothing but *url*."""
+    """Return the page's DOM after it ran its script for a few (virtual) seconds.
+
+    From a headless chromium that talks to nothing but *url*.
+    """
     assert CHROMIUM is not None
     with tempfile.TemporaryDirectory() as profile:
         arguments = [

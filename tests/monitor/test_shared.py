@@ -1,7 +1,9 @@
-"""The monitor of a shared crawl: two ``scrapy crawl`` processes on one Redis
-frontier (a real ``redis-server``), each page showing both processes and the
+"""The monitor of a shared crawl, two ``scrapy crawl`` processes on one Redis.
+
+On a real ``redis-server``: each page shows both processes and the
 crawl-wide host table, and ``python -m scrapy_hostqueue monitor`` serving the
-same from Redis alone; checked against the local hosts' own counts."""
+same from Redis alone; checked against the local hosts' own counts.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Redis layout of a shared crawl and the Lua scripts that change it.
+r"""The Redis layout of a shared crawl and the Lua scripts that change it.
 
 Pure: no Scrapy or Twisted import, and no import of the ``redis`` client
 either (the caller passes its client in), so the package imports without it.
@@ -12,7 +12,7 @@ legal there. Keys (after the prefix):
                 is created; every script checks it first (see below)
 ``procs``       zset: process id -> heartbeat expiry (ms since the epoch)
 ``procseq``     counter giving processes their ids
-``r``           hash: request id -> ``"<rank> <host>\\n"`` + the encoded request
+``r``           hash: request id -> ``"<rank> <host>\n"`` + the encoded request
 ``q:<host>``    zset: the host's queued request ids, in serving order
 ``qcount``      zset: host -> requests queued (the report's per-host counts)
 ``avail``       zset: host -> when it may be claimed (ms): hosts with queued
@@ -80,7 +80,7 @@ RANK_LIMIT = 4_000_000
 
 
 def prefix(crawl_id: str) -> str:
-    """The key prefix of *crawl_id* (with its hash tag)."""
+    """Return the key prefix of *crawl_id* (with its hash tag)."""
     return f"hq:{{{crawl_id}}}:"
 
 
@@ -709,9 +709,12 @@ def split_value(value: bytes) -> tuple[str, int, bytes]:
 
 
 def open_crawl(client: Any, crawl_id: str) -> str:
-    """Check the layout of *crawl_id* with a synchronous *client*, make the
+    """Check the layout of *crawl_id*, make the crawl if it is not there.
+
+    Check the layout of *crawl_id* with a synchronous *client*, make the
     crawl if it is not there (its layout version and its identity), and
-    return its identity. Raises :class:`RedisFrontierError`."""
+    return its identity. Raises :class:`RedisFrontierError`.
+    """
     p = prefix(crawl_id)
     version = client.get(p + "version")
     if version is None:
@@ -731,9 +734,12 @@ def open_crawl(client: Any, crawl_id: str) -> str:
 
 
 def register(client: Any, crawl_id: str, expiry_ms: int) -> str:
-    """Join *crawl_id* (see :func:`open_crawl`) with a synchronous *client*
+    """Join *crawl_id* and return this process's id.
+
+    Join *crawl_id* (see :func:`open_crawl`) with a synchronous *client*
     (at start-up, before the crawl runs): register this process and return
-    its id. Raises :class:`RedisFrontierError`."""
+    its id. Raises :class:`RedisFrontierError`.
+    """
     open_crawl(client, crawl_id)
     proc = client.eval(_JOIN, 1, prefix(crawl_id), expiry_ms)
     return proc.decode() if isinstance(proc, bytes) else str(proc)
@@ -750,8 +756,11 @@ return tostring(proc)
 
 
 def crawl_token(client: Any, crawl_id: str) -> str:
-    """The identity of *crawl_id* on the Redis of the synchronous *client*
-    (written by :func:`open_crawl`): what a process gives every script."""
+    """Return the identity of *crawl_id*, which a process gives every script.
+
+    The identity of *crawl_id* on the Redis of the synchronous *client*
+    (written by :func:`open_crawl`): what a process gives every script.
+    """
     token = client.get(prefix(crawl_id) + "crawl")
     if token is None:
         raise RedisFrontierError(

@@ -1,9 +1,9 @@
-"""Where the processes of a shared crawl publish their live monitor's
-snapshots (``scrapy_hostqueue.monitor``).
+"""Where the processes of a shared crawl publish their live monitor's snapshots.
 
-Every process writes its snapshot every few seconds under a key of its own
-that expires after :data:`TTL` seconds, and lists it in a sorted set by its
-expiry; it reads the others' in the same round trip. The keys are the
+The snapshots are ``scrapy_hostqueue.monitor``'s. Every process writes its
+snapshot every few seconds under a key of its own that expires after
+:data:`TTL` seconds, and lists it in a sorted set by its expiry; it reads the
+others' in the same round trip. The keys are the
 monitor's own, beside the frontier's under the crawl's prefix (and its hash
 tag, so that one Redis Cluster node holds them all):
 
@@ -60,8 +60,11 @@ class MonitorBoard:
         self._client = async_client(redis, self.url, cluster=cluster)
 
     async def beat(self, snapshot: dict[str, Any] | None) -> list[dict[str, Any]]:
-        """Write *snapshot* (a process's, under its ``process.key``; None:
-        only read), and return the snapshots of every live process."""
+        """Write *snapshot* and return the snapshots of every live process.
+
+        *snapshot* is a process's, written under its ``process.key``; None
+        only reads.
+        """
         client = self._client
         now_ms = int(time.time() * 1000)
         ttl_ms = int(TTL * 1000)

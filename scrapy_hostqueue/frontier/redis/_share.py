@@ -63,10 +63,11 @@ WORKING = "working"
 
 @dataclass
 class Share:
-    """This process's side of a shared host: its holder (*owner*) or its
-    co-holder. *limit* is the host's limit that was split, *part* the
-    co-holder's; *wanted* the limit the AIMD middleware last set here, which
-    the cap holds down."""
+    """This process's side of a shared host: its holder (*owner*) or its co-holder.
+
+    *limit* is the host's limit that was split, *part* the co-holder's; *wanted* the limit the AIMD
+    middleware last set here, which the cap holds down.
+    """
 
     owner: bool
     limit: int
@@ -89,7 +90,7 @@ class Share:
         return self.limit - self.part
 
     def limit_here(self) -> int:
-        """The limit the frontier applies here: the AIMD one, capped."""
+        """Return the limit the frontier applies here: the AIMD one, capped."""
         return max(1, min(self.wanted, self.cap))
 
 
@@ -103,11 +104,12 @@ def may_share(
     queued: int,
     prefetch: int,
 ) -> bool:
-    """Whether a held host is busy enough to lend a part of its *limit*: two
-    processes can both work it, it is not spaced (``Crawl-delay``, a
-    download delay), blocked or given up, it answers, and its queue holds
-    several times its limit. The holder must be able to bring what it has
-    handed out (at a cap of one, plus *prefetch*) down to its own part."""
+    """Whether a held host is busy enough to lend a part of its *limit*.
+
+    Two processes can both work it, it is not spaced (``Crawl-delay``, a download delay), blocked or
+    given up, it answers, and its queue holds several times its limit. The holder must be able to
+    bring what it has handed out (at a cap of one, plus *prefetch*) down to its own part.
+    """
     part = limit // 2
     return (
         limit >= 2

@@ -69,9 +69,11 @@ SPARE = 2048
 
 
 class _Entry(Generic[T]):
-    """A request in memory: its row (0: kept in memory only, its codec could
-    not encode it), its rank, and the item, or None to decode it when it is
-    handed out: from *data*, its bytes, or if None, from the file."""
+    """A request in memory.
+
+    Its row (0: kept in memory only, its codec could not encode it), its rank, and the item, or None
+    to decode it when it is handed out: from *data*, its bytes, or if None, from the file.
+    """
 
     __slots__ = ("data", "item", "rank", "rowid")
 
@@ -186,8 +188,10 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             spare.popitem(last=False)
 
     def _to_backlog(self, key: str, rank: int) -> bool:
-        """Whether a request of *rank* for *key* waits in the file (and is
-        counted there): behind requests of its host already waiting there."""
+        """Whether a request of *rank* for *key* waits in the file (and is counted there).
+
+        Behind requests of its host already waiting there.
+        """
         backlog = self._backlog.get(key, 0)
         if not backlog or rank > self._bound[key]:
             return False
@@ -226,10 +230,12 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             self._mem.push(key, entry.rank, entry)
 
     def _refill(self, key: str) -> None:
-        """Read the next requests of *key*'s backlog into memory: up to its
-        window, which grows for a host with requests in flight (their rows,
-        as bytes: a read, and the flush of the pending writes before it, per
-        few requests handed out cost more than the memory)."""
+        """Read the next requests of *key*'s backlog into memory.
+
+        Up to its window, which grows for a host with requests in flight (their rows, as bytes: a
+        read, and the flush of the pending writes before it, per few requests handed out cost more
+        than the memory).
+        """
         backlog = self._backlog.get(key, 0)
         if not backlog:
             return
@@ -285,8 +291,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         return key, item
 
     def _item(self, entry: _Entry[T]) -> T:
-        """The request of *entry*, leaving memory: whole, from the spare, or
-        decoded."""
+        """Return the request of *entry*, leaving memory: whole, from the spare, or decoded."""
         item = entry.item
         if item is None:
             item = self._spare.pop(entry.rowid, None)
@@ -324,9 +329,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             self._trim(key)
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse *key* from now on; returns its queued requests, from memory
-        and from the file, each leased until acknowledged (they go to their
-        errbacks)."""
+        """Refuse *key* from now on.
+
+        Returns its queued requests, from memory and from the file, each leased until acknowledged
+        (they go to their errbacks).
+        """
         self._dirty_hosts.add(key)
         entries = self._mem.give_up(key)
         backlog = self._backlog.pop(key, 0)
@@ -351,8 +358,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         return items
 
     def items(self) -> Iterator[tuple[str, int, T]]:
-        """``(key, rank, item)`` of every queued request, from the file and
-        memory (O(requests), decoding each)."""
+        """List ``(key, rank, item)`` of every queued request.
+
+        ``(key, rank, item)`` of every queued request, from the file and
+        memory (O(requests), decoding each).
+        """
         for key, rank, entry in self._mem.items():
             if not entry.rowid:
                 assert entry.item is not None
@@ -361,9 +371,10 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             yield key, rank, self._decode(data)
 
     def seen(self, fingerprint: bytes) -> bool:
-        """The dupefilter's question, answered from the file: whether
-        *fingerprint* was seen; notes it if not (in the same commit as the
-        request pushed next)."""
+        """Answer the dupefilter from the file: whether *fingerprint* was seen.
+
+        Notes it if not (in the same commit as the request pushed next).
+        """
         return self.file.seen(fingerprint)
 
     # -- hosts -----------------------------------------------------------------
@@ -420,8 +431,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             )
 
     def _resume(self) -> int:
-        """Take over what the file holds: host state, then a window of every
-        host's queue."""
+        """Take over what the file holds: host state, then a window of every host's queue."""
         now = self._mem.clock()
         to_monotonic = now - self._wall()
         queued = dict(self.file.queued_per_host())
@@ -457,8 +467,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
 
 
 def parse_learned(text: str | None) -> dict[str, float] | None:
-    """The ``learned`` column of a host row as a dict (None if it is empty or
-    not a JSON object of numbers)."""
+    """Read the ``learned`` column of a host row as a dict.
+
+    The ``learned`` column of a host row as a dict (None if it is empty or
+    not a JSON object of numbers).
+    """
     if not text:
         return None
     try:
