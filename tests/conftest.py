@@ -7,8 +7,8 @@ import pytest
 
 from scrapy_hostqueue.testing import PROXY_VARIABLES, HostSpec, LocalHosts
 from scrapy_hostqueue.testing._redis_server import RedisServer
-from tests._crawl_report import WATCHED
-from tests._requires_redis import import_redis, no_redis, redis_missing_here, unmarked
+from tests.helpers.crawl_report import WATCHED
+from tests.helpers.requires_redis import import_redis, no_redis, redis_missing_here, unmarked
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked ``requires_redis`` fails where there is no Redis
-    (tests/_requires_redis.py)."""
+    (tests/helpers/requires_redis.py)."""
     if (
         item.get_closest_marker("requires_redis") is not None
         and (reason := redis_missing_here()) is not None
@@ -33,7 +33,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
-    """Each test's crawls and hosts are watched apart (tests/_crawl_report.py)."""
+    """Each test's crawls and hosts are watched apart (tests/helpers/crawl_report.py)."""
     WATCHED.reset()
     try:
         return (yield)

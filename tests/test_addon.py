@@ -30,7 +30,7 @@ from scrapy_hostqueue import (
     StartRequestsMiddleware,
 )
 from scrapy_hostqueue.stats import HostQueueStats
-from tests.crawling import ADDON, PageSpider, settings
+from tests.helpers.crawling import ADDON, PageSpider, settings
 
 
 def applied(**overrides: Any) -> Settings:

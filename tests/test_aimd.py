@@ -21,7 +21,7 @@ from scrapy_hostqueue._aimd import (
     AimdSettings,
     AimdTable,
 )
-from tests._clock import FakeClock
+from tests.helpers.clock import FakeClock
 
 FAST_LATENCY = 0.01
 SLOW_LATENCY = 9.0

@@ -15,7 +15,7 @@ from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._scrapy_internals import configured_slot
 from scrapy_hostqueue.stats import HostQueueStats
-from tests.crawling import PageSpider
+from tests.helpers.crawling import PageSpider
 
 DURATIONS = [
     "HOSTQUEUE_IDLE_GRACE",

@@ -14,7 +14,8 @@ import docutils.nodes
 import docutils.utils
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+
 SETTINGS_PAGE = ROOT / "docs" / "settings.rst"
 
 #: A setting name as the package reads it: a quoted string literal.

@@ -18,7 +18,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import GcTuning, HostQueueScheduler, HostQueueSettingsError, gc_tuning
-from tests.crawling import BASE_SETTINGS, SCHEDULER, PageSpider, crawl, settings
+from tests.helpers.crawling import BASE_SETTINGS, SCHEDULER, PageSpider, crawl, settings
 
 #: The scheduler with the GC extension, as the add-on wires them.
 WITH_GC_TUNING = {

@@ -51,8 +51,9 @@ from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.handler import AiohttpDownloadHandler, _pool_limits
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
-from tests._clock import FakeClock
-from tests.crawling import (
+from tests.helpers import ROOT
+from tests.helpers.clock import FakeClock
+from tests.helpers.crawling import (
     WATCH,
     Certificate,
     Received,
@@ -65,7 +66,7 @@ from tests.crawling import (
 
 HANDLER_PATH = "scrapy_hostqueue.AiohttpDownloadHandler"
 HANDLERS = {"http": HANDLER_PATH, "https": HANDLER_PATH}
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
 # Bounds a whole test body, so that a regression stalls no test run.
 TEST_TIMEOUT = 60.0
 
@@ -966,7 +967,7 @@ async def test_crawl_in_a_process(process: str, tmp_path: Path) -> None:
     script.write_text(_PROCESS_SCRIPT.format(process=process, handlers=HANDLERS))
     stats_file = tmp_path / "stats.json"
     env = {name: value for name, value in os.environ.items() if "proxy" not in name.lower()}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     async with serving(["127.0.0.2", "127.0.0.3"]) as hosts:
         urls = [hosts.url(a, f"/{n}") for n in range(10) for a in ("127.0.0.2", "127.0.0.3")]
         child = await asyncio.create_subprocess_exec(

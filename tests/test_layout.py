@@ -15,6 +15,9 @@ The rules:
   ``HostQueueError`` and is named in ``__all__`` and on the API page.
 * A module of the package is private by its name (a leading underscore in
   its path) unless the docs name it.
+* The tests are laid out like the package: every folder of ``tests/`` is a
+  package that mirrors a folder of ``scrapy_hostqueue/`` (but ``helpers/``
+  and ``bench/``), and no test module imports another.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ import pytest
 
 import scrapy_hostqueue
 from scrapy_hostqueue import exceptions
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "scrapy_hostqueue"
 #: The third-party packages a pure module must not import.
 IMPURE = ("scrapy", "twisted")
@@ -348,3 +351,37 @@ def test_a_module_the_docs_do_not_name_is_private_by_its_name() -> None:
     documented = documented_modules(DOCS)
     assert "scrapy_hostqueue.gc_tuning" in documented  # as GcTuning's module
     assert [name for name in public if name not in documented] == []
+
+
+# -- the tests' own layout ---------------------------------------------------------
+
+TESTS = ROOT / "tests"
+#: Folders of ``tests/`` that mirror no folder of the package.
+OWN_FOLDERS = {"helpers", "bench"}
+
+
+def test_every_folder_of_the_tests_is_a_package_that_mirrors_the_package() -> None:
+    folders = sorted(
+        path.relative_to(TESTS)
+        for path in TESTS.rglob("*")
+        if path.is_dir() and path.name != "__pycache__"
+    )
+    assert Path("frontier") / "redis" in folders
+    assert [folder for folder in folders if not (TESTS / folder / "__init__.py").exists()] == []
+    assert [
+        folder
+        for folder in folders
+        if folder.parts[0] not in OWN_FOLDERS and not (PACKAGE / folder).is_dir()
+    ] == []
+
+
+def test_no_test_module_imports_another() -> None:
+    graph = import_graph(TESTS)
+    tests = {name for name in graph if name.rsplit(".", 1)[-1].startswith("test_")}
+    assert "tests.frontier.redis.test_store" in tests
+    assert [
+        f"{name} imports {imp.target}"
+        for name in sorted(tests)
+        for imp in graph[name]
+        if imp.target in tests
+    ] == []

@@ -14,7 +14,7 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._leftover import LeftOver
-from tests.crawling import OUR_HANDLER, SCHEDULER, HostsFactory, PageSpider, crawl, settings
+from tests.helpers.crawling import OUR_HANDLER, SCHEDULER, HostsFactory, PageSpider, crawl, settings
 
 LOST = "hostqueue/lost_at_close_count"
 

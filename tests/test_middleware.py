@@ -52,8 +52,8 @@ from scrapy_hostqueue.middleware import (
 )
 from scrapy_hostqueue.stats import get_recorder, host_stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests._clock import FakeClock
-from tests.crawling import MIDDLEWARE, SCHEDULER, PageSpider, settings
+from tests.helpers.clock import FakeClock
+from tests.helpers.crawling import MIDDLEWARE, SCHEDULER, PageSpider, settings
 
 HOST = "example.com"
 URL = f"http://{HOST}/page"

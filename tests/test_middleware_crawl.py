@@ -31,7 +31,7 @@ from scrapy_hostqueue.middleware import CONNECTION_ERRORS, META_START
 from scrapy_hostqueue.scheduler import HostBlocked, HostGivenUp
 from scrapy_hostqueue.stats import get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests.crawling import (
+from tests.helpers.crawling import (
     MIDDLEWARE,
     OUR_HANDLER,
     SCHEDULER,

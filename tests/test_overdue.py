@@ -10,7 +10,7 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._overdue import OverdueWatch
 from scrapy_hostqueue._requests import RequestRecord, RequestTable
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
-from tests._clock import FakeClock
+from tests.helpers.clock import FakeClock
 
 
 def watch(

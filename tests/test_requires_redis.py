@@ -4,17 +4,17 @@ carries it fails where there is no Redis, unless skipping is asked for."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scrapy_hostqueue.testing import _redis_server
-from tests._requires_redis import SKIP_VARIABLE, no_redis, redis_missing
+from tests.helpers import ROOT
+from tests.helpers.requires_redis import SKIP_VARIABLE, no_redis, redis_missing
 
 pytest_plugins = ["pytester"]
 
-ROOT = Path(__file__).resolve().parent.parent
+
 #: A conftest for pytester's runs: this project's hooks and Redis fixtures.
 CONFTEST = """
 import tests.conftest as base

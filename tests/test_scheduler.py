@@ -36,7 +36,7 @@ from scrapy_hostqueue.frontier.sqlite._glue import FRONTIER_WRITE_FAILED
 from scrapy_hostqueue.frontier.sqlite._store import SqliteStore
 from scrapy_hostqueue.scheduler import STATE_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests.crawling import (
+from tests.helpers.crawling import (
     OUR_HANDLER,
     SCHEDULER,
     SCRAPY_AIOHTTP,

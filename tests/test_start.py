@@ -13,8 +13,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import StartRequestsMiddleware
 from scrapy_hostqueue import start as start_module
 from scrapy_hostqueue.testing import HostSpec
-from tests._clock import FakeClock
-from tests.crawling import ADDON, SCHEDULER, HostsFactory, PageSpider, settings
+from tests.helpers.clock import FakeClock
+from tests.helpers.crawling import ADDON, SCHEDULER, HostsFactory, PageSpider, settings
 
 NAME = "scrapy_hostqueue.StartRequestsMiddleware"
 

@@ -21,7 +21,7 @@ from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._timeline import OTHER_HOSTS, read_timeline
 from scrapy_hostqueue.stats import HostQueueStats, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests.crawling import (
+from tests.helpers.crawling import (
     BASE_SETTINGS,
     OUR_HANDLER,
     SCHEDULER,

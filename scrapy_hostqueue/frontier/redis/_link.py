@@ -265,6 +265,8 @@ class RedisLink:
         now = store.clock()
         store.tick(now)
         ops = batched(store.outbox[:BATCH])
+        # Forgotten by Redis: register again now, not at the next beat.
+        beat = beat or store.unregistered
         if not ops and not beat and not totals:
             return
         p, proc, token = store.prefix, store.proc, store.token
@@ -359,8 +361,11 @@ class RedisLink:
         rest = results[len(plan) :]
         if beat:
             beaten = rest.pop(0)
-            if not isinstance(beaten, Exception) and not int(beaten[0]):
-                store.lost()
+            if not isinstance(beaten, Exception):
+                if not int(beaten[0]):
+                    store.lost()
+                # Registered (again) from here on.
+                store.unregistered = False
         if totals:
             (queued, leased), hungry, owned, claimable, live, no_host, backlogs, crawl = rest
             if crawl is None or crawl.decode() != token:

@@ -269,6 +269,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.wake: Callable[[], None] | None = None
         #: Set at close: no more claims.
         self.closing = False
+        #: Redis forgot this process (a claim answered -1): its next step
+        #: renews the heartbeat, which registers it again, and says nothing
+        #: more of the loss until then.
+        self.unregistered = False
 
     # -- the RequestStore attributes --------------------------------------------
 
@@ -911,7 +915,13 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
 
     def lost(self) -> None:
         """This process's heartbeat expired and what it held was reclaimed:
-        forget the windows (their requests are queued in Redis again)."""
+        forget the windows (their requests are queued in Redis again).
+
+        Said once per loss: the claims and the heartbeat that reach Redis
+        before it registers this process again find it gone too."""
+        if self.unregistered:
+            return
+        self.unregistered = True
         self.counts["lost_leases"] += 1
         logger.warning(
             "The shared frontier %s took back the %d hosts this process held: its "

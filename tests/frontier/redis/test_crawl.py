@@ -24,10 +24,16 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from bench.runner import child_environment
 from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests._crawl_report import watched_hosts
-from tests._redis import CuttableProxy, RedisServer
-from tests._requires_redis import import_redis
-from tests.crawling import ADDON, HostsFactory, crawl, crawl_refused_at_start, start_demo_crawl
+from tests.helpers.crawl_report import watched_hosts
+from tests.helpers.crawling import (
+    ADDON,
+    HostsFactory,
+    crawl,
+    crawl_refused_at_start,
+    start_demo_crawl,
+)
+from tests.helpers.redis import CuttableProxy, RedisServer
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

@@ -21,8 +21,7 @@ from bench.redis_scale import (
     window_rate,
 )
 from bench.runner import Run
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def test_the_rate_leaves_out_start_up_and_exit() -> None:

@@ -13,7 +13,7 @@ from scrapy.settings import Settings
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue.frontier.redis._db import RedisFrontierError
 from scrapy_hostqueue.frontier.redis._glue import check_url, shown_url
-from tests._requires_redis import import_redis
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

@@ -35,7 +35,7 @@ from scrapy_hostqueue.frontier.sqlite._file import (
 )
 from scrapy_hostqueue.frontier.sqlite._store import SPARE, WINDOW, SqliteStore
 from scrapy_hostqueue.scheduler import HostQueueScheduler
-from tests._clock import FakeClock
+from tests.helpers.clock import FakeClock
 
 
 class Item:

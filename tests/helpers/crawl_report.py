@@ -1,7 +1,7 @@
 """The report a crawl test prints when it fails.
 
 Every crawl a test runs is watched: in this process through :class:`CrawlWatch`,
-an extension that :data:`tests.crawling.BASE_SETTINGS` enables (it keeps the
+an extension that :data:`tests.helpers.crawling.BASE_SETTINGS` enables (it keeps the
 crawler, whose stats outlive the crawl, and the last records of its log); in a
 ``scrapy crawl`` subprocess through its log file (``start_demo_crawl``). The
 hosts of the ``local_hosts`` fixture and of :func:`watched_hosts` are kept too.

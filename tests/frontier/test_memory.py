@@ -37,7 +37,7 @@ from scrapy_hostqueue.frontier.memory import (
     MemoryStore,
     _Fifo,
 )
-from tests._clock import FakeClock
+from tests.helpers.clock import FakeClock
 
 
 def make(

@@ -13,9 +13,9 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.frontier.redis._share import OFFER_WAIT, may_share
-from tests._clock import FakeClock
-from tests._redis import RedisServer, StoreProcess, new_store
-from tests._requires_redis import import_redis
+from tests.helpers.clock import FakeClock
+from tests.helpers.redis import RedisServer, StoreProcess, new_store
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

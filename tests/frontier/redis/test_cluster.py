@@ -24,16 +24,16 @@ from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.frontier.redis._db import SCRIPTS, RedisFrontierError, prefix, register
 from scrapy_hostqueue.frontier.redis._glue import async_client, connect, redis_errors
 from scrapy_hostqueue.testing import HostSpec
-from tests._crawl_report import watched_hosts
-from tests._redis import (
+from tests.helpers.crawl_report import watched_hosts
+from tests.helpers.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
+from tests.helpers.redis import (
     RedisClusterServers,
     RedisServer,
     StoreProcess,
     crawl_stats,
     new_store,
 )
-from tests._requires_redis import import_redis
-from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

@@ -21,9 +21,9 @@ from bench.redis_full import run as run_full
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests._redis import CuttableProxy, RedisServer
-from tests._requires_redis import import_redis
-from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
+from tests.helpers.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
+from tests.helpers.redis import CuttableProxy, RedisServer
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

@@ -5,7 +5,7 @@ URLs, a wrong password or an untrusted certificate refused at start in one
 line, and the password never written out.
 
 The bundled ``redis-server`` 6.2 has no TLS: a forwarder that ends TLS
-stands in front of a plain server (:class:`tests._redis.CuttableProxy`),
+stands in front of a plain server (:class:`tests.helpers.redis.CuttableProxy`),
 with a certificate made in the test."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.frontier.redis._glue import async_client, connect
 from scrapy_hostqueue.testing import HostSpec
-from tests._crawl_report import watched_hosts
-from tests._redis import CuttableProxy, RedisClusterServers, RedisServer
-from tests._requires_redis import import_redis
-from tests.crawling import Certificate, crawl_refused_at_start, start_demo_crawl
+from tests.helpers.crawl_report import watched_hosts
+from tests.helpers.crawling import Certificate, crawl_refused_at_start, start_demo_crawl
+from tests.helpers.redis import CuttableProxy, RedisClusterServers, RedisServer
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

@@ -1,5 +1,5 @@
 """The report a crawl test prints when it fails (``crawl_report`` and the
-watch of tests/_crawl_report.py): what it says, read from a crawl in this
+watch of tests/helpers/crawl_report.py): what it says, read from a crawl in this
 process, from a ``scrapy crawl`` log, and in the output of a failed test."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.testing import HostSpec, HostStats, crawl_report
-from tests._crawl_report import WATCHED, ProcessCrawl
-from tests.crawling import HostsFactory, crawl
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+from tests.helpers.crawl_report import WATCHED, ProcessCrawl
+from tests.helpers.crawling import HostsFactory, crawl
 
 
 def test_the_report_names_what_a_host_missed_and_what_the_crawl_counted() -> None:
@@ -139,7 +138,7 @@ def test_a_failed_crawl_test_prints_the_crawl_report_through_xdist(tmp_path: Pat
         textwrap.dedent(
             """\
             from scrapy.utils.defer import deferred_f_from_coro_f
-            from tests.crawling import crawl
+            from tests.helpers.crawling import crawl
 
             @deferred_f_from_coro_f
             async def test_every_page(local_hosts):

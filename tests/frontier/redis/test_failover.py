@@ -31,8 +31,9 @@ from scrapy_hostqueue.frontier.redis._glue import async_client, connect, redis_e
 from scrapy_hostqueue.frontier.redis._store import RedisStore
 from scrapy_hostqueue.testing import HostSpec, HostStats
 from scrapy_hostqueue.testing._redis_server import RedisServer
-from tests._crawl_report import watched_hosts
-from tests._redis import (
+from tests.helpers.crawl_report import watched_hosts
+from tests.helpers.crawling import ended_at_exit, start_demo_crawls
+from tests.helpers.redis import (
     RedisClusterServers,
     StoreProcess,
     crawl_stats,
@@ -40,8 +41,7 @@ from tests._redis import (
     replication,
     wait_pushed,
 )
-from tests._requires_redis import import_redis
-from tests.crawling import ended_at_exit, start_demo_crawls
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

@@ -29,9 +29,9 @@ from scrapy_hostqueue.frontier.redis._db import (
     register,
 )
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests._redis import RedisServer
-from tests._requires_redis import import_redis
-from tests.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
+from tests.helpers.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
+from tests.helpers.redis import RedisServer
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 

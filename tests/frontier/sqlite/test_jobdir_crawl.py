@@ -23,8 +23,8 @@ import pytest
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue.frontier import FRONTIER_FILE
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
-from tests._crawl_report import watched_hosts
-from tests.crawling import start_demo_crawl
+from tests.helpers.crawl_report import watched_hosts
+from tests.helpers.crawling import start_demo_crawl
 
 pytestmark = pytest.mark.crawl
 

@@ -34,9 +34,8 @@ from bench.runner import (
 from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
 from scrapy_hostqueue import GcTuning
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
-from tests.crawling import PageSpider
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
+from tests.helpers.crawling import PageSpider
 
 
 def test_politeness_bounds_from_the_scenario_specs() -> None:

@@ -22,8 +22,8 @@ from scrapy_hostqueue.frontier.redis._db import (
 )
 from scrapy_hostqueue.frontier.redis._link import batched
 from scrapy_hostqueue.frontier.redis._store import RedisStore
-from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
-from tests._requires_redis import import_redis
+from tests.helpers.redis import RedisServer, StoreProcess, crawl_stats, new_store
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 
@@ -443,3 +443,33 @@ def test_a_step_sends_each_run_of_pushes_and_acknowledgements_in_one_script_call
         if op[0] != "push":
             before = {o for o in ops[:n] if o[0] == "push" or o[0] not in ("push", "ack")}
             assert before <= set(out[: out.index(op)]), op
+
+
+@deferred_f_from_coro_f
+async def test_a_process_redis_forgot_says_so_once_and_registers_again(
+    redis_server: RedisServer, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another process's heartbeat reclaimed what this one held (its own
+    heartbeat expired, or a failover lost its registration): its claims find
+    it gone until it is registered again. One WARNING, then its next step
+    renews the heartbeat, which registers it, and it claims the host again,
+    without waiting for its next beat."""
+    a = _process(redis_server.url, _store(redis_client))
+    b = _process(redis_server.url, _store(redis_client))
+    a.store.push("h", 0, "h/0")
+    await a.step(2, totals=False)
+    assert a.store.held_hosts == ["h"]
+    redis_client.zadd(P + "procs", {a.store.proc: 1})  # a's heartbeat expired
+    b.store._claim_after = float("inf")  # b claims nothing: a's share is the host
+    await b.link.step(beat=True, totals=False)  # b's heartbeat takes back what a held
+    assert redis_client.zscore(P + "procs", a.store.proc) is None
+    for _ in range(10):  # between two beats, claims only
+        await a.step(beat=False, totals=False)
+    warnings = [r.getMessage() for r in caplog.records if "heartbeat expired" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert a.store.counts["lost_leases"] == 1
+    assert redis_client.zscore(P + "procs", a.store.proc) is not None
+    assert a.store.held_hosts == ["h"], crawl_stats(redis_client, CRAWL)
+    assert a.pop_all() == ["h/0"]
+    await a.aclose()
+    await b.aclose()

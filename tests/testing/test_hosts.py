@@ -46,8 +46,8 @@ from scrapy_hostqueue.testing import (
 )
 from scrapy_hostqueue.testing.__main__ import main as cli_main
 from scrapy_hostqueue.testing._state import HostState
+from tests.helpers import ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_TIMEOUT = 30.0
 LONG = 60.0  # a latency no test waits out: set_spec releases the requests
 
@@ -772,7 +772,7 @@ def test_cli_help_documents_the_language(capsys: pytest.CaptureFixture[str]) -> 
 
 @pytest.mark.crawl
 def test_cli_serve_stats_reset(capsys: pytest.CaptureFixture[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(
         [
             sys.executable,
@@ -787,7 +787,7 @@ def test_cli_serve_stats_reset(capsys: pytest.CaptureFixture[str]) -> None:
         stdout=subprocess.PIPE,
         text=True,
         env=env,
-        cwd=REPO_ROOT,
+        cwd=ROOT,
     )
     try:
         assert server.stdout is not None

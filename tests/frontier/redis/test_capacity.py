@@ -33,8 +33,9 @@ from scrapy_hostqueue.frontier.redis._capacity import (
 from scrapy_hostqueue.frontier.redis._check import persistence_warning, read
 from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.frontier.redis._glue import async_client, redis_errors
-from tests._redis import RedisServer, StoreProcess, crawl_stats, new_store
-from tests._requires_redis import import_redis
+from tests.helpers.clock import FakeClock
+from tests.helpers.redis import RedisServer, StoreProcess, crawl_stats, new_store
+from tests.helpers.requires_redis import import_redis
 
 redis = import_redis()
 
@@ -79,19 +80,11 @@ def test_held_requests_are_written_and_read_back(tmp_path: Path) -> None:
         list(read_held(['{"host": "h1"}']))
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_full_redis_is_one_warning_per_spell_and_retried_with_a_back_off(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    clock = _Clock()
+    clock = FakeClock(100.0)
     capacity = Capacity(Backlog(10, str(tmp_path / "b.jsonl")), "redis://x", clock)
     capacity.memory(50_000, 100_000)
     assert not capacity.holding

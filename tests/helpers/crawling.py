@@ -31,7 +31,7 @@ from scrapy.utils.test import get_crawler
 from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue.testing import LocalHosts
-from tests._crawl_report import WATCHED
+from tests.helpers.crawl_report import WATCHED
 
 SCRAPY_HTTP11 = "scrapy.core.downloader.handlers.http11.HTTP11DownloadHandler"
 SCRAPY_AIOHTTP = "scrapy.core.downloader.handlers._aiohttp.AiohttpDownloadHandler"
@@ -41,8 +41,8 @@ MIDDLEWARE = {"scrapy_hostqueue.AIMDMiddleware": 560}
 ADDON = {"scrapy_hostqueue.Addon": 0}
 
 # What a failed test's crawl report shows of a crawl is kept by this extension
-# (tests/_crawl_report.py); every crawl a test runs enables it.
-WATCH = {"tests._crawl_report.CrawlWatch": 0}
+# (tests/helpers/crawl_report.py); every crawl a test runs enables it.
+WATCH = {"tests.helpers.crawl_report.CrawlWatch": 0}
 
 # The type of the ``local_hosts`` fixture (conftest.py).
 HostsFactory = Callable[..., LocalHosts]

@@ -1,0 +1,1 @@
+"""Tests of ``scrapy_hostqueue.frontier``: the picker and the in-memory store."""

@@ -1,0 +1,1 @@
+"""Tests of the Redis frontier (``scrapy_hostqueue.frontier.redis``), on real servers."""

@@ -1,0 +1,1 @@
+"""Tests of the SQLite frontier (``scrapy_hostqueue.frontier.sqlite``, JOBDIR)."""

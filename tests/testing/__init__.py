@@ -1,0 +1,2 @@
+"""Tests of ``scrapy_hostqueue.testing``: the local test hosts, the crawl report,
+the Redis server launcher."""
