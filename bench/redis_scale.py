@@ -48,7 +48,7 @@ A version of scrapy-hostqueue that refuses ``HOSTQUEUE_FRONTIER = "redis://..."`
 runs the memory parts only, prints the refusal where the Redis figures would
 be, and exits with status 1. Writes ``bench/results/redis_scale-<timestamp>.json``.
 
-    python -m bench.redis_scale                  # about 3 minutes on 2 cores
+    python -m bench.redis_scale                  # about 6 minutes on 2 cores
     python -m bench.redis_scale --quick          # 1 round, 50 hosts, 5 s, budget 400
     python -m bench.redis_scale --parts a --rounds 3
     python -m bench.redis_scale --parts d        # the busy host only, about 1 minute
