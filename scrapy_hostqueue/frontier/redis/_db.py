@@ -69,7 +69,7 @@ bytes of list overhead. The fingerprint of a request, queued or done, is 8
 bytes in one of many small hashes (linear hashing: one bucket more, split
 from the next one in turn, each time the fingerprints pass :data:`FP_LOAD`
 per bucket, so that a bucket stays a listpack of well under 128 entries):
-about 13-14 bytes each, exact up to the odds of two URLs sharing 64 bits of
+about 14.5 bytes each, exact up to the odds of two URLs sharing 64 bits of
 fingerprint (``n**2 / 2**65``: 2.7e-4 at 1e8 URLs, 2.7e-2 at 1e9). The Bloom
 mode keeps a Bloom filter instead (``BF.ADD``), its false positives being
 pages never fetched.
@@ -115,7 +115,7 @@ FP_BYTES = 8
 #: About what a fingerprint costs in Redis (exact mode), and a request
 #: queued in a list besides its encoded form (bytes, as measured by
 #: ``python -m bench.redis_scale --parts m``).
-FP_COST = 14
+FP_COST = 15
 QUEUED_BYTES = 4
 
 
