@@ -57,7 +57,7 @@ SETTINGS: dict[str, Any] = {
 
 
 def _status(field: str) -> int:
-    """A ``/proc/self/status`` field, in kB."""
+    """Read a ``/proc/self/status`` field, in kB."""
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -74,9 +74,12 @@ def _reset_peak() -> None:
 
 
 def _build(store: str, jobdir: str) -> tuple[Any, Callable[[Any], None], Callable[[], None]]:
-    """The scheduler, opened as far as a crawl-less run allows, what marks a
+    """Open the scheduler, and return what marks a popped request done and commits.
+
+    The scheduler, opened as far as a crawl-less run allows, what marks a
     popped request done, and the SQLite store's group commit (its timer's
-    work; nothing for the others)."""
+    work; nothing for the others).
+    """
     from scrapy import Spider
     from scrapy.core.scheduler import Scheduler
     from scrapy.utils.test import get_crawler

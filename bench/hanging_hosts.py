@@ -1,5 +1,4 @@
-"""Healthy hosts among hosts that hang now and then: a host that hangs should
-slow only itself.
+"""Healthy hosts among hosts that hang now and then: a host that hangs should slow only itself.
 
 ``--healthy`` hosts answering in 20 ms and ``--hanging`` hosts answering in
 20 ms but hanging on every 20th page request (``fault=hang,fault-rate=5%``: the
@@ -80,7 +79,7 @@ QUICK = Size(healthy=40, hanging=4, pages=30, timeout=5.0)
 
 
 def specs(size: Size) -> list[HostSpec]:
-    """The healthy hosts first, then the hanging ones."""
+    """Return the specs of the healthy hosts first, then the hanging ones."""
     healthy = HostSpec(latency=LATENCY, links=0)
     hanging = HostSpec(latency=LATENCY, links=0, fault="hang", fault_rate=HANG_RATE)
     return [healthy] * size.healthy + [hanging] * size.hanging
@@ -186,8 +185,11 @@ def describe(run: Crawl) -> str:
 
 
 def summarise(configs: list[str], runs: list[Crawl]) -> dict[str, dict[str, Any]]:
-    """Per configuration: the medians, the rounds' ratios mixed / alone and their
-    median, the worst in flight, whether every healthy page was fetched every time."""
+    """Summarise the rounds of each configuration.
+
+    The medians, the rounds' ratios mixed / alone and their median, the worst in flight, whether
+    every healthy page was fetched every time.
+    """
     summary: dict[str, dict[str, Any]] = {}
     for config in configs:
         mine = [run for run in runs if run.config == config]

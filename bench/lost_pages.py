@@ -1,4 +1,4 @@
-"""Many small seeded crawls of finite sites: does every page reach the spider?
+"""Many small seeded crawls of finite sites, to check that every page reaches the spider.
 
 Each crawl draws, from ``--seed`` and its number, a few local hosts (finite
 sites of a few pages to a few dozen, linked as a tree from page 0), some with
@@ -80,7 +80,7 @@ class Case:
 
 
 def _host_spec(rng: random.Random, robots: bool) -> tuple[str, int]:
-    """The spec of one host, and how many requests a page of it may fail."""
+    """Draw the spec of one host, and how many requests a page of it may fail."""
     pages = rng.randint(1, 25)
     latency = rng.choice((0, 1, 5, 10, 20, 40))
     fault = rng.choice(FAULTS) if rng.random() < 0.5 else None
@@ -199,8 +199,10 @@ def _spider_class() -> type[Any]:
     import scrapy
 
     class SitesSpider(scrapy.Spider):
-        """Crawls every site from its page 0, following every link; notes the
-        status of every page that reaches it and every failure."""
+        """Crawls every site from its page 0, following every link.
+
+        Notes the status of every page that reaches it and every failure.
+        """
 
         name = "lost_pages"
         start_urls: list[str]
@@ -228,7 +230,7 @@ def _spider_class() -> type[Any]:
 
 
 def _plain_stats(stats: dict[str, Any]) -> dict[str, Any]:
-    """The crawl's stats that JSON carries (not the start and finish times)."""
+    """Return the crawl's stats that JSON carries (not the start and finish times)."""
     return {
         key: value
         for key, value in sorted(stats.items())
@@ -326,8 +328,11 @@ def run_worker(cases: list[Case]) -> None:
 
 
 def format_failure(result: dict[str, Any]) -> str:
-    """A failed crawl: what repeats it, what the spider missed, and the
-    crawl's report (``scrapy_hostqueue.testing.crawl_report``)."""
+    """Describe a failed crawl.
+
+    What repeats it, what the spider missed, and the crawl's report
+    (``scrapy_hostqueue.testing.crawl_report``).
+    """
     from scrapy_hostqueue.testing import HostSpec, HostStats, crawl_report
 
     case = result.get("case") or {}

@@ -84,9 +84,11 @@ def pops_for(implementation: str, hosts: int) -> int:
 
 
 class _Timed:
-    """One implementation holding one number of hosts, ready to be timed:
-    ``pop`` is timed alone, ``recycle`` (untimed) makes the popped request's
-    host ready again and queues the request back."""
+    """One implementation holding one number of hosts, ready to be timed.
+
+    ``pop`` is timed alone, ``recycle`` (untimed) makes the popped request's host ready again and
+    queues the request back.
+    """
 
     def __init__(self, pop: Callable[[], Any], recycle: Callable[[Any], None], pops: int) -> None:
         self.pop = pop
@@ -129,7 +131,7 @@ def prepare_frontier(hosts: int, requests: list[Request]) -> _Timed:
 
 
 def _new_scheduler() -> Any:
-    """A HostQueueScheduler for a crawler made by get_crawler (no crawl)."""
+    """Make a HostQueueScheduler for a crawler made by get_crawler (no crawl)."""
     from scrapy_hostqueue.scheduler import HostQueueScheduler
 
     return HostQueueScheduler.from_crawler(get_crawler(_Spider, SETTINGS))
@@ -213,8 +215,11 @@ PREPARE: dict[str, Callable[[int, list[Request]], _Timed]] = {
 
 
 def memory_requests(hosts: int, total: int = MEMORY_REQUESTS) -> list[Request]:
-    """*total* requests (at least one per host) over *hosts* hosts, ready to be
-    measured by :func:`bytes_per_queued`."""
+    """Make *total* requests over *hosts* hosts, to be measured by :func:`bytes_per_queued`.
+
+    *total* requests (at least one per host) over *hosts* hosts, ready to be
+    measured by :func:`bytes_per_queued`.
+    """
     requests = _requests(hosts, max(1, total // hosts))
     for request in requests:
         urlparse_cached(request)
@@ -245,9 +250,12 @@ def bytes_per_queued(name: str, requests: list[Request]) -> float:
 
 
 def run(host_counts: list[int], rounds: int) -> dict[str, Any]:
-    """``{"ns_per_pop": {impl: {hosts: median}}, "rounds": {...},
+    """Time every implementation's pop and measure its bytes per queued request.
+
+    ``{"ns_per_pop": {impl: {hosts: median}}, "rounds": {...},
     "bytes_per_queued": {impl: {hosts: bytes}}}``; an implementation that cannot
-    run is reported under ``"unavailable"``."""
+    run is reported under ``"unavailable"``.
+    """
     medians: dict[str, dict[str, float]] = {}
     raw: dict[str, dict[str, list[float]]] = {}
     unavailable: dict[str, str] = {}

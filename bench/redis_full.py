@@ -58,8 +58,10 @@ def _memory(server: RedisServer) -> dict[str, int]:
 def crawl(
     server: RedisServer, hosts: LocalHosts, directory: Path, workers: int, timeout: float
 ) -> tuple[list[int], float]:
-    """*workers* crawls of every host on *server*; their exit codes and the
-    seconds they took. Logs, stats and spilled files go to *directory*."""
+    """*workers* crawls of every host on *server*; their exit codes and the seconds they took.
+
+    Logs, stats and spilled files go to *directory*.
+    """
     starts = ",".join(hosts.page_url(i, 0) for i in range(len(hosts)))
     settings = {
         "HOSTQUEUE_FRONTIER": server.url,
@@ -110,7 +112,7 @@ def run(
     timeout: float = 600.0,
     directory: Path | None = None,
 ) -> dict[str, Any]:
-    """The two steps; returns their figures (see the module's docstring)."""
+    """Run the two steps and return their figures (see the module's docstring)."""
     specs = [HostSpec(latency=latency, pages=pages, links=3)] * hosts
     out: dict[str, Any] = {"hosts": hosts, "pages": hosts * pages, "workers": workers}
     with tempfile.TemporaryDirectory() as scratch:

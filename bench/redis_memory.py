@@ -1,5 +1,7 @@
-"""Part (m) of ``python -m bench.redis_scale``: the bytes of Redis memory a
-shared crawl's frontier takes, measured at the server, beside scrapy-redis.
+"""Part (m) of ``python -m bench.redis_scale``: Redis memory per request and fingerprint.
+
+The bytes of Redis memory a shared crawl's frontier takes, measured at the
+server, beside scrapy-redis.
 
 On a fresh local ``redis-server`` (``used_memory`` of ``INFO memory`` before
 and after each step, the server's own figure):
@@ -61,8 +63,11 @@ class MemoryFigures:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def projection(self) -> float | None:
-        """Bytes for :data:`PROJECTED_FETCHED` fetched pages and
-        :data:`PROJECTED_QUEUED` queued requests."""
+        """Project the bytes of fetched pages and queued requests.
+
+        :data:`PROJECTED_FETCHED` fetched pages and :data:`PROJECTED_QUEUED`
+        queued requests.
+        """
         fp = self.fingerprint_bytes or self.queued_fp_bytes
         if fp is None or self.queued_bytes is None:
             return None
@@ -101,8 +106,7 @@ def used_memory(server: RedisServer) -> int:
 
 
 def _delete(client: Any, pattern: str) -> None:
-    """Delete the keys matching *pattern* (a benchmark's cleaning, not the
-    crawl's)."""
+    """Delete the keys matching *pattern* (a benchmark's cleaning, not the crawl's)."""
     batch: list[bytes] = []
     for key in client.scan_iter(match=pattern, count=10_000):
         batch.append(key)
@@ -114,8 +118,10 @@ def _delete(client: Any, pattern: str) -> None:
 
 
 def _drop_queues(client: Any, crawl_id: str) -> None:
-    """What is left of a crawl once its queued requests were fetched: the
-    queues and their per-host records gone, the fingerprints kept."""
+    """Leave what a crawl keeps once its queued requests were fetched.
+
+    The queues and their per-host records gone, the fingerprints kept.
+    """
     p = prefix(crawl_id)
     for pattern in ("l:*", "q:*", "b:*"):
         _delete(client, f"{p}{pattern}".replace("{", "[{]").replace("}", "[}]"))
@@ -125,8 +131,11 @@ def _drop_queues(client: Any, crawl_id: str) -> None:
 def _push_measured(
     server: RedisServer, client: Any, crawl_id: str, urls: Iterator[str], count: int
 ) -> tuple[float, float, float]:
-    """Push *urls*; (bytes per request queued, bytes per fingerprint once
-    the queues are gone, seconds)."""
+    """Push *urls* and measure them.
+
+    Returns (bytes per request queued, bytes per fingerprint once the queues
+    are gone, seconds).
+    """
     before = used_memory(server)
     started = time.monotonic()
     queued, duplicates = push(server.url, crawl_id, urls)
@@ -139,9 +148,11 @@ def _push_measured(
 
 
 def _scrapy_redis(server: RedisServer, urls: list[str]) -> tuple[str, float, float] | str:
-    """scrapy-redis's own scheduler fed *urls*: (version, bytes per queued
-    request with its fingerprint, bytes per fingerprint once its queue is
-    gone), or why it could not run."""
+    """Feed *urls* to scrapy-redis's own scheduler and measure them.
+
+    Returns (version, bytes per queued request with its fingerprint, bytes
+    per fingerprint once its queue is gone), or why it could not run.
+    """
     try:
         import scrapy_redis
         from scrapy_redis.scheduler import Scheduler
@@ -219,7 +230,7 @@ def _b(value: float | None) -> str:
 
 
 def report_lines(figures: MemoryFigures) -> list[str]:
-    """The figures against the targets, as lines."""
+    """Return the figures against the targets, as lines."""
     lines = [
         f"(m) Redis memory at the server ({figures.server}), used_memory growth:",
         f"  {figures.queued:,} queued over {figures.queued_hosts:,} hosts "

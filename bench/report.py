@@ -160,17 +160,23 @@ def _find(summaries: Sequence[Summary], scenario: str, config: str) -> Summary |
 
 
 def _busy(*summaries: Summary) -> str:
-    """The ", CPU-bound" remark for a target whose crawls kept their CPU busy for at least
-    90 % of the measured time (their speed is then their CPU cost per page), else ""."""
+    """Return the ", CPU-bound" remark for a target whose crawls kept their CPU busy.
+
+    The ", CPU-bound" remark for a target whose crawls kept their CPU busy for at least
+    90 % of the measured time (their speed is then their CPU cost per page), else "".
+    """
     busy = [s.cpu_busy for s in summaries if s.cpu_busy is not None]
     return f", CPU-bound ({100 * min(busy):.0f}% busy)" if busy and min(busy) >= 0.9 else ""
 
 
 def paired_changes(a: Summary, b: Summary) -> list[float]:
-    """``b``'s fast-host rate over ``a``'s, minus 1, for every round in which
+    """Return ``b``'s fast-host rate over ``a``'s, minus 1, for every round.
+
+    ``b``'s fast-host rate over ``a``'s, minus 1, for every round in which
     both reached the budget. The two scenarios run back to back in each round
     (see :func:`bench.runner.crawl_order`), so a round's ratio leaves out the
-    machine's drift between rounds, which a ratio of medians takes in."""
+    machine's drift between rounds, which a ratio of medians takes in.
+    """
     return [
         b.fast_rates[round_] / a.fast_rates[round_] - 1
         for round_ in sorted(a.fast_rates.keys() & b.fast_rates.keys())
@@ -179,8 +185,11 @@ def paired_changes(a: Summary, b: Summary) -> list[float]:
 
 
 def _slow_host_target(a: Summary | None, b: Summary | None, config: str) -> Target:
-    """S1 -> S1b: the median over rounds of the change in the fast hosts'
-    pages/s when the 200 ms host becomes a 2 s host."""
+    """Measure the change in the fast hosts' pages/s from S1 to S1b.
+
+    The median over rounds of the change in the fast hosts' pages/s when the 200 ms host becomes a 2
+    s host.
+    """
     name = f"S1 -> S1b {config}: fast hosts' pages/s change < 10 %"
     changes = [] if a is None or b is None else paired_changes(a, b)
     if a is None or b is None or not changes or not a.fast_rate or b.fast_rate is None:
@@ -198,9 +207,11 @@ def _slow_host_target(a: Summary | None, b: Summary | None, config: str) -> Targ
 def targets(
     summaries: Sequence[Summary], micro: dict[str, Any] | None, budget: int
 ) -> list[Target]:
-    """Every target as measured in this run: politeness at the hosts, the
-    fast hosts' pages/s from S1 to S1b, speed against Scrapy and the bound,
-    S7's cost per pop and the memory per queued request."""
+    """Every target as measured in this run.
+
+    Politeness at the hosts, the fast hosts' pages/s from S1 to S1b, speed against Scrapy and the
+    bound, S7's cost per pop and the memory per queued request.
+    """
     found: list[Target] = []
     hq_configs = ("hq-scheduler", "hq-full")
 
@@ -333,10 +344,12 @@ def targets(
 
 
 def reference_lines(summaries: Sequence[Summary]) -> list[str]:
-    """What S3r, S3 without its delayed hosts, says about S3's figures: the
-    speed-up over Scrapy's defaults that the delayed hosts' whole cost is
-    worth on the same download handler, and what they cost the scheduler
-    alone. Empty unless S3 and S3r ran with Scrapy's defaults."""
+    """Say what S3r, S3 without its delayed hosts, says about S3's figures.
+
+    The speed-up over Scrapy's defaults that the delayed hosts' whole cost is worth on the same
+    download handler, and what they cost the scheduler alone. Empty unless S3 and S3r ran with
+    Scrapy's defaults.
+    """
     base, plain = _find(summaries, "S3", "scrapy"), _find(summaries, "S3r", "scrapy")
     if base is None or plain is None or not base.time_to_budget or not plain.time_to_budget:
         return []
@@ -360,8 +373,11 @@ def reference_lines(summaries: Sequence[Summary]) -> list[str]:
 
 
 def gc_lines(summaries: Sequence[Summary]) -> list[str]:
-    """What the GcTuning extension is worth: the add-on with it against the
-    add-on without it, in every scenario that ran both. Empty if none did."""
+    """Say what the GcTuning extension is worth.
+
+    The add-on with it against the add-on without it, in every scenario that ran both. Empty if none
+    did.
+    """
     lines = []
     for with_gc in summaries:
         if with_gc.config != ADDON or with_gc.status != "ok" or not with_gc.time_to_budget:
@@ -396,7 +412,7 @@ def target_lines(targets: Sequence[Target]) -> list[str]:
 
 
 def probe_lines(probes: Sequence[tuple[str, float]]) -> list[str]:
-    """The machine's speed through the run, and a warning when it drifted."""
+    """Report the machine's speed through the run, and warn when it drifted."""
     times = [ms for _, ms in probes]
     lines = [
         "CPU probe (ms for a fixed piece of interpreter work; before each scenario): "
@@ -447,8 +463,11 @@ def write_json(
 def write_chart(
     path: Path, summaries: Sequence[Summary], micro: dict[str, Any] | None, budget: int
 ) -> bool:
-    """Time over the bound per scenario and configuration, and S7's cost per
-    pop against the number of hosts. Returns False without matplotlib."""
+    """Draw the time over the bound, and S7's cost per pop against the number of hosts.
+
+    Time over the bound per scenario and configuration, and S7's cost per
+    pop against the number of hosts. Returns False without matplotlib.
+    """
     try:
         import matplotlib
 

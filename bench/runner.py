@@ -103,9 +103,11 @@ def cpu_model() -> str:
 
 
 def cpu_probe(rounds: int = 5) -> float:
-    """Milliseconds a fixed piece of interpreter work takes (the fastest of
-    *rounds*): a yardstick of the machine's speed at this moment, since the
-    speed of a shared machine drifts and CPU-bound crawls drift with it."""
+    """Milliseconds a fixed piece of interpreter work takes (the fastest of *rounds*).
+
+    A yardstick of the machine's speed at this moment, since the speed of a shared machine drifts
+    and CPU-bound crawls drift with it.
+    """
     best = math.inf
     for _ in range(rounds):
         started = time.perf_counter()
@@ -118,8 +120,11 @@ def cpu_probe(rounds: int = 5) -> float:
 
 
 def child_environment() -> dict[str, str]:
-    """This environment without proxy variables (aiohttp honours them; every
-    request here goes to loopback), with the repository on the path."""
+    """Return this environment without proxy variables, with the repository on the path.
+
+    This environment without proxy variables (aiohttp honours them; every
+    request here goes to loopback), with the repository on the path.
+    """
     env = {name: value for name, value in os.environ.items() if "proxy" not in name.lower()}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
@@ -175,10 +180,12 @@ def server_side(run: Run, stats: list[HostStats], limits: Sequence[int]) -> None
 
 
 def rounds_of(scenario: Scenario, config: str, repeats: int, extra_repeats: int) -> int:
-    """Crawls of *config* in *scenario*: ``repeats`` for the configurations
-    the scenario repeats, plus the scenario's ``extra_rounds`` unless this is
-    a single-round run (``--repeats 1``, ``--quick``); ``extra_repeats`` (at
-    most ``repeats``) for the others; none for those it does not run."""
+    """Crawls of *config* in *scenario*.
+
+    ``repeats`` for the configurations the scenario repeats, plus the scenario's ``extra_rounds``
+    unless this is a single-round run (``--repeats 1``, ``--quick``); ``extra_repeats`` (at most
+    ``repeats``) for the others; none for those it does not run.
+    """
     if not scenario.runs(config):
         return 0
     if config in scenario.repeated:
@@ -189,11 +196,12 @@ def rounds_of(scenario: Scenario, config: str, repeats: int, extra_repeats: int)
 def crawl_order(
     scenarios: Sequence[Scenario], configs: Sequence[str], *, repeats: int, extra_repeats: int
 ) -> list[tuple[int, str, int]]:
-    """The crawls of :func:`run_scenarios`, in order: ``(round, configuration,
-    index of the scenario)``. Configurations alternate (A B C A B C ...); in
-    each, the scenarios run back to back, in reverse order every other round,
-    so that a machine speeding up or slowing down through the run favours
-    neither scenario of a pair (S1 and S1b)."""
+    """List the crawls of :func:`run_scenarios`, in order.
+
+    ``(round, configuration, index of the scenario)``. Configurations alternate (A B C A B C ...);
+    in each, the scenarios run back to back, in reverse order every other round, so that a machine
+    speeding up or slowing down through the run favours neither scenario of a pair (S1 and S1b).
+    """
     rounds = max(
         (
             rounds_of(scenario, name, repeats, extra_repeats)
@@ -222,7 +230,9 @@ def run_scenarios(
     time_limits: dict[str, float],
     progress: Callable[[str], None] = print,
 ) -> tuple[list[Run], dict[str, str]]:
-    """Run every available configuration, alternating (A B C A B C ...), in
+    """Run every available configuration, alternating, in each scenario.
+
+    Run every available configuration, alternating (A B C A B C ...), in
     each scenario against its own set of local hosts, reset between crawls:
     the scenario's repeated configurations ``repeats`` times, the others
     ``extra_repeats`` times (in the first rounds). Several scenarios run
@@ -269,8 +279,10 @@ def crawl_scenario(
     time_limit: float,
     settings: dict[str, Any] | None = None,
 ) -> Run:
-    """One crawl of configuration *name* in *scenario*, measured on both sides;
-    *settings* go on top of the configuration's."""
+    """One crawl of configuration *name* in *scenario*, measured on both sides.
+
+    *settings* go on top of the configuration's.
+    """
     hosts.reset()
     child = {
         "settings": {**scenario.settings(), **CONFIGS[name].settings, **(settings or {})},

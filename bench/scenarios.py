@@ -19,8 +19,10 @@ ADDON_JOBDIR = "hq-full-jobdir"
 
 @dataclass(frozen=True)
 class Config:
-    """One way to run Scrapy: settings on top of the scenario's, and the import
-    paths that must load for it to run at all."""
+    """One way to run Scrapy.
+
+    Settings on top of the scenario's, and the import paths that must load for it to run at all.
+    """
 
     name: str
     description: str
@@ -165,7 +167,7 @@ class Scenario:
         return [host_address(index) for index in range(len(self.specs))]
 
     def settings(self) -> dict[str, Any]:
-        """The scenario's Scrapy settings (configurations add theirs on top)."""
+        """Return the scenario's Scrapy settings (configurations add theirs on top)."""
         names = self.hostnames()
         settings: dict[str, Any] = {
             "CONCURRENT_REQUESTS": self.concurrent_requests,
@@ -182,9 +184,11 @@ class Scenario:
         return [self.per_host_limit] * len(self.specs)
 
     def host_rates(self) -> list[tuple[float, float]]:
-        """``(max pages/s, latency)`` of every host under politeness alone: the
-        limit over the latency, the throttle threshold standing in for the limit
-        when lower, one request per delay for a delayed host."""
+        """``(max pages/s, latency)`` of every host under politeness alone.
+
+        The limit over the latency, the throttle threshold standing in for the limit when lower, one
+        request per delay for a delayed host.
+        """
         delays = dict(self.slot_delays)
         rates = []
         for index, (spec, limit) in enumerate(zip(self.specs, self.limits(), strict=True)):
@@ -196,15 +200,18 @@ class Scenario:
         return rates
 
     def per_host_bound(self, budget: int) -> float:
-        """budget / Σ per-host rate: the scenario's politeness bound."""
+        """Return the scenario's politeness bound: budget / Σ per-host rate."""
         return budget / sum(rate for rate, _ in self.host_rates())
 
     def bound(self, budget: int) -> float:
-        """The least time to the budget under the per-host limits *and*
+        """Return the least time to the budget under the per-host and global limits.
+
+        The least time to the budget under the per-host limits *and*
         ``CONCURRENT_REQUESTS``: each request in flight holds one of the global
         slots for a latency, so the best use of the slots fills the hosts with
         the shortest latency first (a fractional knapsack). Equals
-        :meth:`per_host_bound` when the global limit does not bind."""
+        :meth:`per_host_bound` when the global limit does not bind.
+        """
         slots = float(self.concurrent_requests)
         total = 0.0
         for rate, latency in sorted(self.host_rates(), key=lambda item: item[1]):

@@ -1,5 +1,6 @@
-"""A long crawl of many hosts, some of them troubled: does the crawl keep
-moving, fetch every page and keep its connections in check?
+"""A long crawl of many hosts, some of them troubled.
+
+Does the crawl keep moving, fetch every page and keep its connections in check?
 
 400 hosts by default, in groups: healthy (360, answering in 20 ms), slow (20,
 half at 1 s and half at 2 s), throttling (10, answering 429 with
@@ -183,8 +184,10 @@ class Crawl:
 
 
 def gaps(times: list[float], until: float) -> tuple[float, float, int]:
-    """The longest interval between 0 (the first request), the *times* up to
-    *until* and *until*; when it began; how many lasted GAP_TARGET or more."""
+    """Return the longest gap between 0, the *times* up to *until*, and *until*.
+
+    When it began; how many lasted GAP_TARGET or more.
+    """
     moments = [0.0, *sorted(t for t in times if t <= until), until]
     longest, at, long_ones = 0.0, 0.0, 0
     for before, after in itertools.pairwise(moments):
@@ -196,8 +199,11 @@ def gaps(times: list[float], until: float) -> tuple[float, float, int]:
 
 
 class SocketSampler:
-    """Sums the hosts' open connections every SAMPLE_EVERY seconds in a thread
-    and keeps the peak."""
+    """Sums the hosts' open connections every SAMPLE_EVERY seconds and keeps the peak.
+
+    Sums the hosts' open connections every SAMPLE_EVERY seconds in a thread
+    and keeps the peak.
+    """
 
     def __init__(self, hosts: LocalHosts) -> None:
         self._hosts = hosts

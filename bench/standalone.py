@@ -1,6 +1,7 @@
-"""What the standalone scenarios (``bench.hanging_hosts``, ``bench.soak``) share:
-the choice of configurations, the crawl order, the run's description and its
-JSON file."""
+"""What the standalone scenarios (``bench.hanging_hosts``, ``bench.soak``) share.
+
+The choice of configurations, the crawl order, the run's description and its JSON file.
+"""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def configs_argument(value: str) -> list[str]:
 
 
 def runnable(configs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """The configurations that can run here, and why each other one cannot."""
+    """Return the configurations that can run here, and why each other one cannot."""
     unavailable = {
         name: reason
         for name in configs
@@ -59,10 +60,12 @@ def runnable(configs: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 def crawl_order(
     configs: Sequence[str], modes: Sequence[str], rounds: int
 ) -> list[tuple[int, str, str]]:
-    """``(round, configuration, mode)`` in crawl order: the configurations
-    rotate from round to round (A B, B A, ...), and each one's modes run back
-    to back, in reverse order every other round, so that the machine's drift
-    favours neither a configuration nor a mode."""
+    """``(round, configuration, mode)`` in crawl order.
+
+    The configurations rotate from round to round (A B, B A, ...), and each one's modes run back to
+    back, in reverse order every other round, so that the machine's drift favours neither a
+    configuration nor a mode.
+    """
     order = []
     for round_ in range(rounds):
         shift = round_ % len(configs)
@@ -73,8 +76,10 @@ def crawl_order(
 
 
 def spread(hosts: Sequence[str], others: Sequence[str]) -> list[str]:
-    """*hosts* with *others* spread evenly among them: the order of the hosts in
-    each round of start URLs."""
+    """*hosts* with *others* spread evenly among them.
+
+    The order of the hosts in each round of start URLs.
+    """
     order: list[str] = []
     step = len(hosts) / len(others) if others else 0.0
     left = list(others)
@@ -106,7 +111,7 @@ def _commit() -> str | None:
 
 
 def run_meta(prog: str, argv: Sequence[str]) -> dict[str, Any]:
-    """What the run was and where it ran: stored with its results."""
+    """Describe the run and where it ran, to be stored with its results."""
     return {
         "timestamp": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": " ".join([f"python -m {prog}", *argv]),

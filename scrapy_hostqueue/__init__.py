@@ -1,5 +1,7 @@
-"""Per-host queues, adaptive per-host concurrency and a connection pool sized to
-match: Scrapy crawls that are polite per site and fast overall."""
+"""Per-host queues, adaptive per-host concurrency and a connection pool sized to match.
+
+Scrapy crawls that are polite per site and fast overall.
+"""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ The rule, for a host with limit ``L``, floor ``F`` and ceiling ``C``:
   given up as one that refuses connections is, instead of being waited for
   ever longer. A response that is not a back-off status resets the count of
   failures in a row and the cool-downs. Failures of requests that started
-  before the host was parked do not count toward the next budget.
+  before the host was parked do not count toward the next error budget.
 
 What the rule learned about a host outlives the process with a frontier file:
 :meth:`AimdTable.export` gives it as a small dict of numbers (the limit, the
@@ -218,11 +218,11 @@ class AimdTable:
         return key in self._hosts
 
     def get(self, key: str) -> AimdHost | None:
-        """The state of *key* if known, without creating or touching it."""
+        """Return the state of *key* if known, without creating or touching it."""
         return self._hosts.get(key)
 
     def host(self, key: str, ceiling: int | None = None) -> AimdHost:
-        """The state of *key*, created at ``start`` on first sight.
+        """Return the state of *key*, created at ``start`` on first sight.
 
         *ceiling* replaces the global ceiling for this host, above or below
         it (a ``DOWNLOAD_SLOTS`` concurrency); it applies to a known host too.
@@ -248,9 +248,12 @@ class AimdTable:
         self._hosts.pop(key, None)
 
     def export(self, key: str) -> dict[str, float] | None:
-        """What the rule learned about *key*, as numbers a JSON object holds
+        """Return what the rule learned about *key*, as JSON numbers.
+
+        What the rule learned about *key*, as numbers a JSON object holds
         (None if the host is unknown); fields at their starting value are
-        left out."""
+        left out.
+        """
         state = self._hosts.get(key)
         if state is None:
             return None
@@ -267,11 +270,14 @@ class AimdTable:
         return data
 
     def restore(self, key: str, data: dict[str, float], ceiling: int | None = None) -> AimdHost:
-        """Take back what :meth:`export` gave for *key* (in a resumed crawl):
+        """Take back what :meth:`export` gave for *key* in the run before.
+
+        Take back what :meth:`export` gave for *key* (in a resumed crawl):
         the host's state is made, or updated, from *data*. Values out of
         range (the settings changed since) are brought within the rule's
         bounds; unknown or unusable fields are ignored. *ceiling* as for
-        :meth:`host`."""
+        :meth:`host`.
+        """
         state = self.host(key, ceiling)
         s = self.settings
         limit = _count(data, "limit")
@@ -296,10 +302,13 @@ class AimdTable:
     def on_success(
         self, key: str, started: float, latency: float, limited: bool = True
     ) -> Adjustment | None:
-        """A response that is not a back-off status, *latency* seconds long,
+        """Learn from a response that asks for no back-off.
+
+        A response that is not a back-off status, *latency* seconds long,
         for a request that started at *started*. *limited*: the host had as
         many requests in flight as its limit at some moment while this one
-        was in flight. None when nothing changed."""
+        was in flight. None when nothing changed.
+        """
         state = self.host(key)
         if state.given_up:
             return None
@@ -339,8 +348,10 @@ class AimdTable:
         return Adjustment(key, old, state.limit, FAST)
 
     def on_backoff(self, key: str, started: float, retry_after: float | None) -> Adjustment | None:
-        """A back-off status (429, 503); *retry_after* is the parsed header
-        (seconds, uncapped) or None when missing or unusable."""
+        """Learn from a back-off status (429, 503).
+
+        *retry_after* is the parsed header (seconds, uncapped) or None when missing or unusable.
+        """
         state = self.host(key)
         if state.given_up:
             return None
@@ -375,10 +386,11 @@ class AimdTable:
         return adjustment
 
     def overdue_after(self, key: str) -> float:
-        """Seconds after which a request of *key* in flight is overdue: four
-        times the host's usual latency (smoothed latency plus four mean
-        deviations), within ``[fast_latency, slow_latency]``; ``slow_latency``
-        for a host not heard from yet."""
+        """Seconds after which a request of *key* in flight is overdue.
+
+        Four times the host's usual latency (smoothed latency plus four mean deviations), within
+        ``[fast_latency, slow_latency]``; ``slow_latency`` for a host not heard from yet.
+        """
         s = self.settings
         state = self._hosts.get(key)
         if state is None or state.srtt is None:
@@ -387,17 +399,20 @@ class AimdTable:
         return min(s.slow_latency, max(s.fast_latency, OVERDUE_FACTOR * usual))
 
     def on_overdue(self, key: str, started: float) -> Adjustment | None:
-        """A request of *key* that started at *started* is still in flight
+        """Decrease the limit of *key* for a request still in flight past its overdue time.
+
+        A request of *key* that started at *started* is still in flight
         after :meth:`overdue_after`: a decrease now, not at its timeout, so a
         host that hangs now and then does not pile up hung requests. The
-        error budget is spent when (if) it fails."""
+        error budget is spent when (if) it fails.
+        """
         state = self.host(key)
         if state.given_up:
             return None
         return self._decrease(key, state, started, OVERDUE)
 
     def on_failure(self, key: str, started: float) -> Adjustment | None:
-        """A connection failure or timeout of a request started at *started*."""
+        """Learn from a connection failure or timeout of a request started at *started*."""
         state = self.host(key)
         if state.given_up:
             return None
@@ -415,9 +430,11 @@ class AimdTable:
     # -- internals -------------------------------------------------------
 
     def _spend_budget(self, state: AimdHost, adjustment: Adjustment) -> None:
-        """The error budget is spent: park the host, or give it up after
-        ``error_max_cooldowns`` cool-downs. A longer block already in
-        *adjustment* (a Retry-After) is kept."""
+        """Act on a spent error budget.
+
+        Park the host, or give it up after ``error_max_cooldowns`` cool-downs. A longer block
+        already in *adjustment* (a Retry-After) is kept.
+        """
         s = self.settings
         state.failures = 0
         state.cooldowns += 1
@@ -479,8 +496,10 @@ def _seconds(data: dict[str, float], name: str) -> float | None:
 
 
 def _observe_latency(state: AimdHost, latency: float) -> None:
-    """Fold one answer's *latency* into the host's smoothed latency and
-    deviation (the estimator TCP uses for its retransmission timeout)."""
+    """Fold one answer's *latency* into the host's smoothed latency and deviation.
+
+    This is the estimator TCP uses for its retransmission timeout.
+    """
     if state.srtt is None:
         state.srtt = latency
         state.rttvar = latency / 2

@@ -8,6 +8,7 @@ error messages live in one place.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import math
 import os
@@ -35,11 +36,14 @@ UNUSED_QUEUE_SETTINGS = (
 
 
 def warn_unused_queue_settings(settings: BaseSettings, logger: logging.Logger) -> None:
-    """One line naming the queue settings the project set, since this
+    """Return the line naming the queue settings the scheduler ignores, if any.
+
+    One line naming the queue settings the project set, since this
     scheduler keeps its own queues and would silently ignore them: INFO when
     each is a FIFO queue class (the breadth-first recipe of Scrapy's docs,
     which these queues already follow), else a WARNING. On *logger*: the
-    scheduler's, which the line is about."""
+    scheduler's, which the line is about.
+    """
     default = SETTINGS_PRIORITIES["default"]
     named = [name for name in UNUSED_QUEUE_SETTINGS if (settings.getpriority(name) or 0) > default]
     if not named:
@@ -89,7 +93,7 @@ def _number(
     strict: bool = False,
     maximum: float | None = None,
 ) -> float:
-    """A finite number of seconds (or of anything else) in range."""
+    """Read a finite number of seconds (or of anything else) in range."""
     value = _raw(settings, name)
     if value is None:
         return default
@@ -115,8 +119,11 @@ _MIN_INTERVAL = 0.01
 
 
 def _interval(settings: BaseSettings, name: str, default: float, *, off: bool = False) -> float:
-    """Seconds between two periodic writes, at least :data:`_MIN_INTERVAL`
-    (or ``0``, for "never", when *off* allows it)."""
+    """Read the seconds between two periodic writes.
+
+    Seconds between two periodic writes, at least :data:`_MIN_INTERVAL`
+    (or ``0``, for "never", when *off* allows it).
+    """
     number = _number(settings, name, default, maximum=_MAX_WAIT)
     if number == 0 and off:
         return 0.0
@@ -129,8 +136,11 @@ def _interval(settings: BaseSettings, name: str, default: float, *, off: bool = 
 
 
 def _logstats_interval(settings: BaseSettings) -> float:
-    """The default of HOSTQUEUE_LOG_INTERVAL: Scrapy's LOGSTATS_INTERVAL, held
-    to :data:`_MIN_INTERVAL` (0, or anything Scrapy would not run, means none)."""
+    """Return the default of HOSTQUEUE_LOG_INTERVAL.
+
+    Scrapy's LOGSTATS_INTERVAL, held to :data:`_MIN_INTERVAL` (0, or anything Scrapy would not run,
+    means none).
+    """
     try:
         value = settings.getfloat("LOGSTATS_INTERVAL", 60.0)
     except (TypeError, ValueError):
@@ -145,8 +155,11 @@ _SLOT_NUMBERS = (("concurrency", int), ("delay", float), ("jitter", float))
 
 
 def _check_download_slots(settings: BaseSettings) -> None:
-    """Refuse, at start, the ``DOWNLOAD_SLOTS`` entries that would fail the
-    requests of their host when the first one is queued."""
+    """Refuse the ``DOWNLOAD_SLOTS`` entries that would fail their host's requests.
+
+    Refuse, at start, the ``DOWNLOAD_SLOTS`` entries that would fail the
+    requests of their host when the first one is queued.
+    """
     try:
         slots = settings.getdict("DOWNLOAD_SLOTS")
     except (TypeError, ValueError):
@@ -203,9 +216,12 @@ def _integer(
 
 
 def _boolean(settings: BaseSettings, name: str, default: bool) -> bool:
-    """``True``/``False``, ``1``/``0``, or one of their usual spellings in a
+    """Read a boolean setting, refusing what is not a spelling of one.
+
+    ``True``/``False``, ``1``/``0``, or one of their usual spellings in a
     string (as from the command line); anything else is refused rather than
-    read as ``bool(int(value))``."""
+    read as ``bool(int(value))``.
+    """
     value = _raw(settings, name)
     if value is None:
         return default
@@ -280,7 +296,7 @@ def _frontier_path(settings: BaseSettings) -> str | None:
 
 
 def _frontier_url(settings: BaseSettings) -> str | None:
-    """The Redis URL of a shared frontier, or None."""
+    """Return the Redis URL of a shared frontier, or None."""
     value = _raw(settings, "HOSTQUEUE_FRONTIER")
     if isinstance(value, str) and is_shared(value):
         return value
@@ -299,8 +315,7 @@ def _crawl_id(settings: BaseSettings) -> str | None:
 
 
 def _spill_dir(settings: BaseSettings) -> str:
-    """HOSTQUEUE_REDIS_SPILL_DIR: a directory, "" for JOBDIR or else the
-    temporary directory."""
+    """HOSTQUEUE_REDIS_SPILL_DIR: a directory, "" for JOBDIR or else the temporary directory."""
     value = _raw(settings, "HOSTQUEUE_REDIS_SPILL_DIR")
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -311,6 +326,21 @@ def _spill_dir(settings: BaseSettings) -> str:
             f"HOSTQUEUE_REDIS_SPILL_DIR must be a directory, got {value!r}"
         )
     return value
+
+
+def _bind_address(settings: BaseSettings) -> str:
+    """HOSTQUEUE_MONITOR_BIND: an IP address to listen on (loopback by default)."""
+    value = _raw(settings, "HOSTQUEUE_MONITOR_BIND")
+    if value is None or value == "":
+        return "127.0.0.1"
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise HostQueueSettingsError(
+            f"HOSTQUEUE_MONITOR_BIND must be an IP address such as '127.0.0.1', got {value!r}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -329,7 +359,7 @@ class HostQueueConfig:
     # may carry a password.
     frontier_url: str | None = dataclasses.field(repr=False)
     crawl_id: str | None  # None: the spider's name
-    lease_timeout: float  # seconds a dead process's hosts and requests stay leased
+    lease_timeout: float  # seconds a dead process's hosts stay held, its requests leased
     redis_finish_grace: float  # seconds the shared crawl must be empty before closing
     redis_wait_for_urls: bool  # never close when the shared crawl is empty
     redis_share_hosts: bool  # lend a part of a busy host to a process with no host
@@ -368,6 +398,12 @@ class HostQueueConfig:
     log_interval: float  # 0 = no periodic log line
     timeline_file: str | None
     timeline_interval: float
+    # The live monitor
+    monitor: bool
+    monitor_bind: str
+    monitor_port: int  # 0 = a free port
+    monitor_hosts: int  # hosts the snapshot shows one by one; the rest add up
+    monitor_interval: float  # seconds a snapshot is served before the next
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> HostQueueConfig:
@@ -485,4 +521,9 @@ class HostQueueConfig:
             ),
             timeline_file=timeline or None,
             timeline_interval=_interval(settings, "HOSTQUEUE_TIMELINE_INTERVAL", 1.0),
+            monitor=_boolean(settings, "HOSTQUEUE_MONITOR", True),
+            monitor_bind=_bind_address(settings),
+            monitor_port=_integer(settings, "HOSTQUEUE_MONITOR_PORT", 0, maximum=65_535),
+            monitor_hosts=_integer(settings, "HOSTQUEUE_MONITOR_HOSTS", 50, minimum=1),
+            monitor_interval=_interval(settings, "HOSTQUEUE_MONITOR_INTERVAL", 1.0),
         )

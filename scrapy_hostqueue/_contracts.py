@@ -24,22 +24,30 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.http import Response
 
+    from scrapy_hostqueue._aimd import Adjustment
+    from scrapy_hostqueue._direct import DirectDownloads
     from scrapy_hostqueue.frontier import HostState
 
 
 class PolicyHook(Protocol):
-    """The limit of a host the scheduler meets, the moment the scheduler
+    """Hear of a host's limit, of a host forgotten, and of every response.
+
+    The limit of a host the scheduler meets, the moment the scheduler
     forgets a host (so that what the middleware learned about it is kept
-    exactly as long), and every downloaded response."""
+    exactly as long), and every downloaded response.
+    """
 
     def initial_limit(self, host: str, configured: int) -> int: ...
 
     def forget_host(self, host: str) -> None: ...
 
     def learned(self, host: str) -> dict[str, float] | None:
-        """What was learned about *host* (a small dict of numbers a JSON
+        """Return what was learned about *host*, for a store that outlives the process.
+
+        What was learned about *host* (a small dict of numbers a JSON
         object holds), for a store that outlives the process; None if
-        nothing."""
+        nothing.
+        """
 
     def relearn(self, host: str, data: dict[str, float]) -> None:
         """Take back what :meth:`learned` gave for *host* before a resume."""
@@ -76,53 +84,59 @@ class HostView(Protocol):
     def sent_back_from_gate(self, request: Request) -> bool: ...
 
 
-class HostControl(HostView, Protocol):
-    """What the AIMD middleware asks of and tells the scheduler."""
+class HostControl(Protocol):
+    """What the AIMD middleware asks of and tells the scheduler.
+
+    A few queries about a request or a host, one command per decision of the AIMD
+    rule (:meth:`adjust`), the Crawl-delay's spacing, and the room for
+    requests that did not come from the scheduler (:attr:`direct`).
+    """
 
     @property
-    def prefetch(self) -> int: ...
+    def direct(self) -> DirectDownloads:
+        """Room for requests that reach the downloader without the scheduler."""
 
-    def attach_policy(self, hook: PolicyHook) -> None: ...
+    def attach_policy(self, hook: PolicyHook) -> None:
+        """Let *hook* choose the limit of every host, those known already included."""
 
     def host_of(self, request: Request) -> str: ...
 
     def host_state(self, host: str) -> HostState:
-        """The state of *host*, made known to the scheduler if it is not."""
+        """Return the state of *host*, made known to the scheduler if it is not."""
 
-    def inflight(self, host: str) -> int: ...
+    def known_state(self, host: str) -> HostState | None: ...
 
-    def handed_out(self, request: Request) -> bool: ...
+    def handed_out_for(self, request: Request) -> str | None:
+        """Return the host *request* was handed out for, None if it was not."""
 
-    def handed_out_for(self, request: Request) -> str | None: ...
-
-    def given_up_host(self, request: Request) -> str | None: ...
-
-    def host_given_up(self, host: str) -> bool: ...
-
-    def is_full(self, host: str) -> bool: ...
-
-    def note_full(self, host: str, now: float) -> None: ...
+    def given_up_host(self, request: Request) -> str | None:
+        """Return the host of *request* if it was handed out only to fail."""
 
     def requeues(self, request: Request) -> int: ...
 
     def requeued(self, old: Request, new: Request) -> None: ...
 
+    def note_full(self, host: str, now: float) -> None: ...
+
+    def held_back_since(self, host: str, started: float) -> bool:
+        """Whether *host* had its whole limit in flight since *started*."""
+
+    def held_below_limit(self, host: str) -> bool:
+        """Whether *host* is held below a limit with room by its in-flight cap.
+
+        The cap is one request at a time while the host is silent, or its share.
+        """
+
     def answered(self, request: Request) -> str | None: ...
 
     def host_silent(self, host: str) -> None: ...
 
-    def set_limit(self, host: str, limit: int) -> None: ...
+    def adjust(self, adjustment: Adjustment, now: float) -> int:
+        """Apply the AIMD rule's *adjustment* (limit, block, give-up).
+
+        Returns the number of queued requests given up.
+        """
 
     def block_until(self, host: str, when: float, reason: str) -> None: ...
 
     def set_interval(self, host: str, interval: float) -> None: ...
-
-    def give_up(self, host: str) -> int: ...
-
-    def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float: ...
-
-    def has_room(self, host: str) -> bool: ...
-
-    async def wait_for_room(self, host: str, timeout: float) -> bool: ...
-
-    def adopt(self, request: Request, host: str, now: float) -> None: ...

@@ -6,7 +6,7 @@ until their host may take one more (:meth:`DirectDownloads.delay`,
 :meth:`~DirectDownloads.has_room`, :meth:`~DirectDownloads.wait_for_room`);
 then they count for the host like a handed-out request
 (:meth:`~DirectDownloads.adopt`) until they leave the downloader. The
-scheduler's hosts (``_hosts``) offer these as part of ``HostControl``.
+scheduler's hosts (``_hosts``) offer it as ``HostControl.direct``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 
 
 class DirectDownloads:
-    """Room for direct downloads on each host; *gated* when the send gate
-    holds the on-the-wire limit (prefetch on)."""
+    """Room for direct downloads on each host.
+
+    *gated* when the send gate holds the on-the-wire limit (prefetch on).
+    """
 
     def __init__(
         self,
@@ -44,9 +46,11 @@ class DirectDownloads:
         self._room_waiters: dict[str, deque[asyncio.Future[None]]] = {}
 
     def delay(self, host: str, now: float, *, spacing: bool = True) -> float:
-        """Seconds such a request must wait before it starts on *host*: until
-        the host's block ends and, with *spacing*, its interval since the last
-        start has passed."""
+        """Seconds such a request must wait before it starts on *host*.
+
+        Until the host's block ends and, with *spacing*, its interval since the last start has
+        passed.
+        """
         state = self._store.host_state(host)
         when = state.ready_at() if spacing else state.blocked_until
         if spacing and self._gated:
@@ -63,17 +67,21 @@ class DirectDownloads:
         still be in a downloader middleware, perhaps waiting for this very
         download (a login or token middleware), and a host not heard from yet
         would keep such a download waiting for its first answer, which waits
-        for the download."""
+        for the download.
+        """
         if self._gated:
             return self._gate.may_send(host)
         store = self._store
         state = store.host_state(host)
         reached = self._records.reached_per_host.get(host, 0)
-        return store.inflight(host) < state.limit and reached < store.in_flight_cap(state)
+        return store.in_flight(host) < state.limit and reached < store.in_flight_cap(state)
 
     async def wait_for_room(self, host: str, timeout: float) -> bool:
-        """Wait until a request of *host* leaves the downloader or its limit
-        changes (True, see :meth:`wake`), or *timeout* seconds (False)."""
+        """Wait until *host* may have room, or *timeout* seconds.
+
+        Wait until a request of *host* leaves the downloader or its limit
+        changes (True, see :meth:`wake`), or *timeout* seconds (False).
+        """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiters = self._room_waiters.get(host)
         if waiters is None:
@@ -93,8 +101,11 @@ class DirectDownloads:
         return True
 
     def adopt(self, request: Request, host: str, now: float) -> None:
-        """Count *request*, which did not come from next_request, for *host*
-        from now until it leaves the downloader."""
+        """Count *request* for *host* until it leaves the downloader.
+
+        Count *request*, which did not come from next_request, for *host*
+        from now until it leaves the downloader.
+        """
         self._store.adopt(host, now)
         record = self._records.adopt(request, host)
         if self._gated:
@@ -106,8 +117,11 @@ class DirectDownloads:
             record.sent_at = now
 
     def wake(self, host: str) -> None:
-        """*host* may have room now (a request of it left the downloader, its
-        limit grew, it answered): end the waits of :meth:`wait_for_room`."""
+        """End the waits of :meth:`wait_for_room` for *host*, which may have room now.
+
+        *host* may have room now (a request of it left the downloader, its
+        limit grew, it answered): end the waits of :meth:`wait_for_room`.
+        """
         waiters = self._room_waiters.pop(host, None)
         while waiters:
             future = waiters.popleft()

@@ -29,25 +29,34 @@ class HostQueueSettingsError(HostQueueError, ValueError):
 
 
 class UnsupportedDependencyError(HostQueueError, ImportError):
-    """The installed Scrapy or aiohttp is older than this package's floors,
-    or lacks a private name it uses."""
+    """The installed Scrapy or aiohttp cannot be used.
+
+    The installed Scrapy or aiohttp is older than this package's floors,
+    or lacks a private name it uses.
+    """
 
 
 class FrontierFileError(HostQueueError):
-    """A frontier file cannot be used (damaged, foreign, of another version,
-    locked by another crawl, not writable, a full disk). The message is one
-    line naming the file and what to do."""
+    """A frontier file cannot be used.
+
+    Damaged, foreign, of another version, locked by another crawl, not writable, a full disk. The
+    message is one line naming the file and what to do.
+    """
 
 
 class RedisFrontierError(HostQueueError):
-    """The shared frontier cannot be used (Redis unreachable, a crawl id of
-    another layout, the client missing). The message is one line saying
-    what to do."""
+    """The shared frontier cannot be used.
+
+    Redis unreachable, a crawl id of another layout, the client missing. The message is one line
+    saying what to do.
+    """
 
 
 class RedisFrontierLost(RedisFrontierError):
-    """Redis no longer holds the crawl this process joined (restarted
-    without its data, flushed, or the URL names another server)."""
+    """Redis no longer holds the crawl this process joined.
+
+    Restarted without its data, flushed, or the URL names another server.
+    """
 
 
 class TimelineError(HostQueueError, ValueError):

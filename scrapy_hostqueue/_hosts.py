@@ -40,19 +40,23 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.utils.asyncio import CallLaterResult
 
+    from scrapy_hostqueue._aimd import Adjustment
     from scrapy_hostqueue._config import HostQueueConfig
-    from scrapy_hostqueue._contracts import HostControl, PolicyHook
+    from scrapy_hostqueue._contracts import HostControl, HostView, PolicyHook
 
 logger = logging.getLogger(__name__)
 
 
 class Hosts:
-    """The per-host query and command API of :class:`HostQueueScheduler`
+    """The scheduler's hosts: the per-host queries and commands over its request store.
+
+    The per-host query and command API of :class:`HostQueueScheduler`
     (``HostControl``, ``HostView``) over its request store.
 
     *open_store* makes the store, given the factory of a new host's state and
     the options of its ring of ready hosts; the scheduler chooses which store
-    it is."""
+    it is.
+    """
 
     def __init__(
         self,
@@ -89,7 +93,7 @@ class Hosts:
             ring_granularity=2,
         )
         self.records = RequestTable()
-        self._budget = max(0, config.global_concurrency)
+        self._global_limit = max(0, config.global_concurrency)
         self.gate = SendGate(
             self.store,
             self.records,
@@ -99,7 +103,9 @@ class Hosts:
             may_send_back=self._may_send_back,
             room_changed=self._room_changed,
         )
-        self._direct = DirectDownloads(
+        #: Room for the requests that reach the downloader without the
+        #: scheduler (the AIMD middleware holds them there).
+        self.direct = DirectDownloads(
             self.store, self.records, self.gate, gated=bool(self.prefetch)
         )
         self._overdue = OverdueRequests(
@@ -124,12 +130,12 @@ class Hosts:
         self._wakeup_at = 0.0
 
     def open(self) -> None:
-        """The crawl starts: the handler and the stats extension may find us."""
+        """Start with the crawl: the handler and the stats extension may find us."""
         self.gate.register(self.crawler)
         self.recorder.host_view = self
 
     def stop(self) -> None:
-        """The crawl stops: cancel every timer."""
+        """Stop with the crawl: cancel every timer."""
         if self._wakeup is not None:
             self._wakeup.cancel()
             self._wakeup = None
@@ -137,20 +143,21 @@ class Hosts:
         self._overdue.stop()
 
     def left_over(self) -> LeftOver:
-        """What the parts still hold (O(hosts + requests left): for a
-        crawl's close)."""
+        """Count what the parts still hold (O(hosts + requests left): for a crawl's close)."""
         return left_over(self.store, self.records, self.gate, self.given_up_requests)
 
-    def refuse(self, host: str, request: Request) -> None:
-        """*request* came in for *host*, which was given up: it goes to its
-        errback (see :meth:`give_up`)."""
+    def give_up_request(self, host: str, request: Request) -> None:
+        """Give up *request*, which came in for *host*, a host given up.
+
+        It goes to its errback (see :meth:`give_up`).
+        """
         self.recorder.requests_dropped(host)
         if self.debug:
-            logger.debug("Refusing %s: host %s was given up", request, host)
+            logger.debug("Giving up %s: host %s was given up", request, host)
         self.given_up_requests.append((host, request))
 
     def next_given_up(self) -> Request:
-        """The next request of a given-up host, handed out to fail."""
+        """Return the next request of a given-up host, handed out to fail."""
         host, request = self.given_up_requests.popleft()
         self.records.give_up(request, host)
         return request
@@ -175,31 +182,37 @@ class Hosts:
         return self.store.in_flight_cap(state)
 
     def overdue(self, host: str) -> int:
-        """Requests of *host* in flight and overdue."""
+        """Count the requests of *host* in flight and overdue."""
         return self.store.overdue(host)
 
     def on_wire(self, host: str) -> int:
-        """Requests of *host* sent and not yet answered: with prefetch, those
-        past the send gate; without, those handed out and not yet back (with
-        prefetch in the downloader slot, at most the limit of them)."""
+        """Count the requests of *host* sent and not yet answered.
+
+        With prefetch, those past the send gate; without, those handed out and not yet back (with
+        prefetch in the downloader slot, at most the limit of them).
+        """
         if self.prefetch:
             return self.gate.on_wire(host)
-        inflight = self.store.inflight(host)
+        in_flight = self.store.in_flight(host)
         if self.slot_prefetch:
-            return min(inflight, self.store.host_state(host).limit)
-        return inflight
+            return min(in_flight, self.store.host_state(host).limit)
+        return in_flight
 
     def sent_back_from_gate(self, request: Request) -> bool:
-        """Whether *request* left the download handler because the send gate
+        """Whether the send gate sent *request* back to the scheduler.
+
+        Whether *request* left the download handler because the send gate
         sent it back to the scheduler (its host got blocked), not because the
-        download failed."""
+        download failed.
+        """
         return request in self.records.sent_back
 
     # -- HostControl (the AIMD middleware) -------------------------------------
 
     def attach_policy(self, hook: PolicyHook) -> None:
-        """Let *hook* choose the limit of every host from now on, and tell it
-        when a host is forgotten.
+        """Let *hook* choose the limit of every host from now on.
+
+        It is told when a host is forgotten.
 
         From then on a silent host (not heard from yet, or whose last request
         failed to connect or timed out) also gets one request at a time until
@@ -207,11 +220,12 @@ class Hosts:
         one holds one download slot, not its whole limit. Only with a policy
         (the AIMD middleware), whose error budget gives up a host that never
         answers: without one, a dead host's every request is tried, and one
-        at a time they would keep the crawl going long after the rest."""
+        at a time they would keep the crawl going long after the rest.
+        """
         self._policy_hook = hook
         self.store.silent_limit = 1
-        # A host's share of the budget among the active hosts caps it too.
-        self.store.budget = self._budget
+        # A host's share of the global limit among the active hosts caps it too.
+        self.store.global_limit = self._global_limit
         # A request waiting in Scrapy's downloader slot is past the
         # middleware that holds a blocked host's requests back (a Retry-After
         # that comes in meanwhile): only the send gate can send it back.
@@ -227,6 +241,11 @@ class Hosts:
         self.store.export_learned = hook.learned
         self.store.import_learned = hook.relearn
         self._overdue.start(hook)
+        # The scheduler opens before the spider does; with JOBDIR it may
+        # already know hosts (resumed requests) with their configured limits.
+        for host, _queued, _in_flight, _state in list(self.store.hosts()):
+            configured = internals.configured_slot(self.crawler.settings, host)[0]
+            self.set_limit(host, hook.initial_limit(host, configured))
 
     def host_of(self, request: Request) -> str:
         return internals.host_key(self.crawler, request)
@@ -234,22 +253,30 @@ class Hosts:
     def host_state(self, host: str) -> HostState:
         return self.store.host_state(host)
 
-    def inflight(self, host: str) -> int:
-        return self.store.inflight(host)
-
-    def handed_out(self, request: Request) -> bool:
-        """Whether *request* was handed out by ``next_request`` and has not
-        left the downloader yet."""
-        return self.records.handed_out(request) is not None
-
     def handed_out_for(self, request: Request) -> str | None:
-        """The host *request* was handed out for (and counts for), or None if
-        it was not handed out or has left the downloader."""
+        """Return the host *request* was handed out for, if it is still out.
+
+        The host ``next_request`` handed it out for (and that it counts for), or
+        None if it was not handed out or has left the downloader.
+        """
         record = self.records.handed_out(request)
         return None if record is None else record.host
 
-    def is_full(self, host: str) -> bool:
-        return self.store.is_full(host)
+    def held_back_since(self, host: str, started: float) -> bool:
+        """Whether *host* had its whole limit in flight since *started*, or has now."""
+        return self.store.host_state(host).full_at >= started or self.store.is_full(host)
+
+    def held_below_limit(self, host: str) -> bool:
+        """Whether *host*'s in-flight cap is below its limit, and the limit has room.
+
+        The cap is one request at a time while the host is silent, or its share.
+        With prefetch, the send gate holds the cap; without, fewer requests than
+        the limit are handed out and not back.
+        """
+        state = self.store.host_state(host)
+        if self.store.in_flight_cap(state) >= state.limit:
+            return False
+        return bool(self.prefetch) or self.store.in_flight(host) < state.limit
 
     def note_full(self, host: str, now: float) -> None:
         self.store.note_full(host, now)
@@ -261,9 +288,25 @@ class Hosts:
         self.records.requeued(old, new)
 
     def host_silent(self, host: str) -> None:
-        """*host*'s last request failed to connect or timed out: until it
-        answers again, hosts that answer go before it (see the store)."""
+        """*host*'s last request failed to connect or timed out.
+
+        Until it answers again, hosts that answer go before it (see the store).
+        """
         self.store.set_answering(host, False)
+
+    def adjust(self, adjustment: Adjustment, now: float) -> int:
+        """Apply what the AIMD rule decided for a host at *now*.
+
+        Its new limit, a block, giving it up. Returns the number of its queued
+        requests given up (see :meth:`give_up`).
+        """
+        host = adjustment.host
+        if adjustment.limit_changed:
+            self.set_limit(host, adjustment.new_limit)
+        block, reason = adjustment.block, adjustment.block_reason
+        if block is not None and block > 0 and reason is not None:
+            self.block_until(host, now + block, reason)
+        return self.give_up(host) if adjustment.give_up else 0
 
     def set_limit(self, host: str, limit: int) -> None:
         self.store.set_limit(host, limit)
@@ -272,21 +315,28 @@ class Hosts:
         self._room_changed(host)
 
     def block_until(self, host: str, when: float, reason: str) -> None:
-        """Start no request for *host* before *when* (``time.monotonic()``);
-        its requests waiting at the send gate go back to the queue."""
+        """Start no request for *host* before *when* (``time.monotonic()``).
+
+        Its requests waiting at the send gate go back to the queue.
+        """
         self.store.block_until(host, when, reason)
         self.gate.blocked(host, when, reason)
 
     def set_interval(self, host: str, interval: float) -> None:
-        """Minimum time between two request starts on *host*, without jitter
-        (a robots.txt Crawl-delay is a minimum)."""
+        """Set the minimum time between two request starts on *host*.
+
+        Minimum time between two request starts on *host*, without jitter
+        (a robots.txt Crawl-delay is a minimum).
+        """
         self.store.set_interval(host, interval, jitter=0.0)
 
     def give_up(self, host: str) -> int:
-        """Refuse the requests of *host*: those queued, returned (their
-        number), and any that come later. Each is handed out once more, for
-        the AIMD middleware to fail it with ``HostGivenUp``, so that its
-        errback hears of it."""
+        """Give up *host* and its requests.
+
+        Those queued, returned (their number), and any that come later. Each is
+        handed out once more, for the AIMD middleware to fail it with
+        ``HostGivenUp``, so that its errback hears of it.
+        """
         dropped = self.store.give_up(host)
         self.given_up_requests.extend((host, request) for request in dropped)
         if dropped:
@@ -294,24 +344,23 @@ class Hosts:
         return len(dropped)
 
     def given_up_host(self, request: Request) -> str | None:
-        """The host of *request* if it was handed out only to fail with
-        HostGivenUp (its host was given up)."""
+        """Return the host of *request* if it was handed out only to fail.
+
+        The host of *request* if it was handed out only to fail with
+        HostGivenUp (its host was given up).
+        """
         record = self.records.get(request)
         if record is None or not record.given_up:
             return None
         self.records.leave(request)
         return record.host
 
-    def host_given_up(self, host: str) -> bool:
-        """Whether *host* was given up (see :meth:`give_up`)."""
-        state = self.store.known_state(host)
-        return state is not None and state.given_up
-
     def answered(self, request: Request) -> str | None:
-        """*request* was answered: its host may now have its whole limit in
-        flight. The host it was handed out (or adopted) for, which a
-        downloader middleware after the AIMD one may have given another
-        download_slot (a proxy's). Returns that host if it was silent."""
+        """*request* was answered: its host may now have its whole limit in flight.
+
+        The host it was handed out (or adopted) for, which a downloader middleware after the AIMD
+        one may have given another download_slot (a proxy's). Returns that host if it was silent.
+        """
         record = self.records.get(request)
         host = record.host if record is not None and not record.given_up else self.host_of(request)
         state = self.store.known_state(host)
@@ -319,20 +368,6 @@ class Hosts:
             return None
         self.store.set_answering(host, True)
         return host
-
-    # -- requests the scheduler did not hand out (see _direct) ---------------
-
-    def direct_delay(self, host: str, now: float, *, spacing: bool = True) -> float:
-        return self._direct.delay(host, now, spacing=spacing)
-
-    def has_room(self, host: str) -> bool:
-        return self._direct.has_room(host)
-
-    async def wait_for_room(self, host: str, timeout: float) -> bool:
-        return await self._direct.wait_for_room(host, timeout)
-
-    def adopt(self, request: Request, host: str, now: float) -> None:
-        self._direct.adopt(request, host, now)
 
     # -- Scrapy's signals, as the scheduler connects them -----------------------
 
@@ -346,21 +381,21 @@ class Hosts:
         if self.debug:
             logger.debug("%s left the downloader (host %s, %s)", request, host, record.stage.value)
         if record.given_up:
-            # Answered or refused by a downloader middleware before the AIMD
+            # Answered or dropped by a downloader middleware before the AIMD
             # one: never counted.
             self.records.leave(request)
             return
         if record.unsent_at is not None:
-            # Answered or refused by a downloader middleware (a cache hit,
+            # Answered or dropped by a downloader middleware (a cache hit,
             # robots.txt): it never went to the host.
             self.store.unstart(host, record.unsent_at)
         # The per-host request stats are taken here, off the engine's
         # next_request path: every request handed out leaves exactly once,
         # and the in-flight counts just before a leave reach every
         # high-water mark the hand-outs set.
-        self.recorder.request_done(host, self.store.inflight(host), self.store.active)
+        self.recorder.request_done(host, self.store.in_flight(host), self.store.active)
         if record.on_wire:
-            self.gate.release(request)
+            self.gate.off_the_wire(request)
         elif not self.prefetch:
             # A request stops being on the wire when it gives back its send
             # slot, or, without the send gate, when it leaves.
@@ -368,7 +403,7 @@ class Hosts:
         self.records.leave(request)
         self.store.finish(host, record.overdue)
         self._overdue.left(record)
-        self._direct.wake(host)
+        self.direct.wake(host)
 
     def on_reached_downloader(self, request: Request, spider: Spider) -> None:
         key = internals.host_key(self.crawler, request)
@@ -380,7 +415,7 @@ class Hosts:
             # request only, with Scrapy's delay. Left there, that delay would
             # make the downloader hold the host's first handed-out request
             # (a page waiting for robots.txt) a whole delay in the downloader,
-            # holding the global budget, while the scheduler counts the delay
+            # holding part of the global limit, while the scheduler counts the delay
             # from handing it out: the next page would follow at once.
             if not self.autothrottle:
                 internals.apply_to_slot(self.crawler, key, delay=0.0)
@@ -401,7 +436,7 @@ class Hosts:
             self.schedule_wakeup()
         # Scrapy recreates garbage-collected slots from the settings: re-apply
         # the host's current limit, and keep delays out of the downloader,
-        # where a waiting request would hold the global budget.
+        # where a waiting request would hold part of the global limit.
         internals.apply_to_slot(
             self.crawler,
             host,
@@ -451,8 +486,10 @@ class Hosts:
     # -- internals -----------------------------------------------------------
 
     def schedule_wakeup(self) -> None:
-        """Wake the engine when the earliest blocked or spaced host becomes
-        ready (it would otherwise wait for its 5-second heartbeat)."""
+        """Wake the engine when the earliest blocked or spaced host becomes ready.
+
+        It would otherwise wait for its 5-second heartbeat.
+        """
         when = self.store.next_wakeup()
         if when is None:
             return
@@ -480,23 +517,26 @@ class Hosts:
         return HostState(limit, delay, jitter)
 
     def _room_changed(self, host: str) -> None:
-        """*host* may have more on the wire now (a send slot freed, a higher
-        limit, its first answer): let through what waits for that."""
+        """Let through what waits for *host*, which may have more on the wire now.
+
+        A request went off the wire, its limit rose, or its first answer came.
+        """
         self.gate.open(host)
-        self._direct.wake(host)
+        self.direct.wake(host)
 
     def _may_send_back(self, request: Request) -> bool:
-        """Whether a request held at the send gate by a block may go back to
-        the scheduler: only the AIMD middleware (the policy hook) takes it
-        there, at most MAX_REQUEUES times."""
+        """Whether a request held at the send gate by a block may go back to the scheduler.
+
+        Only the AIMD middleware (the policy hook) takes it there, at most MAX_REQUEUES times.
+        """
         return self._policy_hook is not None and self.records.requeues(request) < MAX_REQUEUES
 
 
 if TYPE_CHECKING:
 
-    def _keeps_the_contract(hosts: Hosts) -> HostControl:
+    def _keeps_the_contracts(hosts: Hosts) -> tuple[HostControl, HostView]:
         # For mypy: Hosts is what the middleware and the stats expect.
-        return hosts
+        return hosts, hosts
 
 
 __all__ = ["Hosts"]

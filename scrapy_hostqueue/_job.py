@@ -41,8 +41,7 @@ JOBDIR_OF_SCRAPY_SCHEDULER = "hostqueue_jobdir_of_scrapy_scheduler"
 
 
 class Job:
-    """Opens, resumes and saves the job of a crawl on *frontier* (in *jobdir*
-    if set)."""
+    """Opens, resumes and saves the job of a crawl on *frontier* (in *jobdir* if set)."""
 
     def __init__(self, crawler: Crawler, frontier: Frontier, jobdir: str | None) -> None:
         self._crawler = crawler
@@ -59,8 +58,10 @@ class Job:
         return self._spider is not None
 
     def accept(self, spider: Spider) -> bool:
-        """Whether the crawl may go on with this JOBDIR; if not, it is
-        refused (see :meth:`refuse`)."""
+        """Whether the crawl may go on with this JOBDIR.
+
+        If not, it is refused (see :meth:`refuse`).
+        """
         refusal = scrapy_job_refusal(self.jobdir)
         if refusal is not None:
             logger.error(refusal)
@@ -76,17 +77,23 @@ class Job:
         return True
 
     def resume(self, push: Callable[[Request], bool]) -> tuple[int, int]:
-        """Queue what the job saved with *push* (its requests, already seen
+        """Resume the job: queue what it saved and restore its hosts.
+
+        Queue what the job saved with *push* (its requests, already seen
         by the dupefilter) and restore its host blocks and spacing; start the
         frontier file's commits, or join the shared crawl. Returns the
-        requests resumed and the host blocks still in force."""
+        requests resumed and the host blocks still in force.
+        """
         assert self._spider is not None
         return self._frontier.resume(self._spider, push, self.refuse)
 
     def refuse(self, reason: str) -> None:
-        """Close the crawl with *reason* once every component is open (the
+        """Close the crawl with *reason* before its first request.
+
+        Close the crawl with *reason* once every component is open (the
         engine's way for a spider_opened handler that raises CloseSpider),
-        before any request; :meth:`save` then leaves the job as it was."""
+        before any request; :meth:`save` then leaves the job as it was.
+        """
         self.refusal = reason
         self._crawler.signals.connect(self._close_refused, signal=signals.spider_opened)
 
@@ -99,14 +106,16 @@ class Job:
         self._frontier.stop()
 
     def close(self, dupefilter: BaseDupeFilter, reason: str) -> Deferred[None] | None:
-        """Close *dupefilter*, in a shared crawl once this process has handed
-        back what it holds."""
+        """Close *dupefilter*, in a shared crawl once this process has handed back what it holds."""
         return self._frontier.close(dupefilter, reason)
 
     def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
-        """At the stop, keep what the store holds (and *given_up*, the
+        """Keep what the store holds at the stop.
+
+        At the stop, keep what the store holds (and *given_up*, the
         requests of given-up hosts) where the frontier does not keep every
-        change itself. Returns how many requests could not be serialised."""
+        change itself. Returns how many requests could not be serialised.
+        """
         if self._spider is None or self.refusal is not None:
             return 0  # the job is left as it was
         return self._frontier.save(given_up)

@@ -4,7 +4,7 @@ A crawl closes with ``finished`` once the engine sees nothing in progress and
 nothing pending in the scheduler. Every request the spider asked for has then
 been downloaded or has failed to its errback: nothing may be left queued in
 the store, handed out and not back (counted in flight by the store, recorded,
-waiting at the send gate or on the wire past it, overdue), or refused for a
+waiting at the send gate or on the wire past it, overdue), or given up with a
 given-up host and not yet failed. Whatever is left is a request the crawl
 lost without a word; :func:`left_over` counts it per part, so that the
 scheduler can say so (one ERROR, a stat) instead of a clean finish.
@@ -41,8 +41,7 @@ class _Gate(Protocol):
 
 @dataclass
 class LeftOver:
-    """Requests left in each part of the scheduler, and the hosts concerned
-    (in the order met)."""
+    """Requests left in each part of the scheduler, and the hosts concerned (in the order met)."""
 
     parts: dict[str, int] = field(default_factory=dict)
     hosts: dict[str, None] = field(default_factory=dict)
@@ -56,9 +55,12 @@ class LeftOver:
 
     @property
     def lost(self) -> int:
-        """The requests left: queued, refused and not yet failed, and handed
-        out and not back (the most any part counts of those: the parts that
-        follow a handed-out request count it each)."""
+        """Return the requests left.
+
+        Queued, given up and not yet failed, and handed out and not back (the
+        most any part counts of those: the parts that follow a handed-out
+        request count it each).
+        """
         parts = self.parts
         handed_out = max(
             parts.get("in flight", 0),
@@ -82,14 +84,17 @@ def left_over(
     gate: _Gate,
     given_up: Iterable[tuple[str, Any]],
 ) -> LeftOver:
-    """Count what *store*, *records* (the requests counted for a host until
+    """Count what the scheduler's parts still hold.
+
+    Count what *store*, *records* (the requests counted for a host until
     they leave the downloader), *gate* and *given_up* (requests of given-up
-    hosts waiting to fail) still hold. O(hosts + requests left)."""
+    hosts waiting to fail) still hold. O(hosts + requests left).
+    """
     left = LeftOver()
     queued = len(store)
-    for host, host_queued, inflight, _state in store.hosts():
+    for host, host_queued, in_flight, _state in store.hosts():
         left.add("queued", host_queued, host)
-        left.add("in flight", inflight, host)
+        left.add("in flight", in_flight, host)
         left.add("overdue", store.overdue(host), host)
     # Requests queued where no live host shows them (a store's backlog on
     # disk, the shared part of a crawl).

@@ -1,5 +1,4 @@
-"""The overdue watch: requests in flight far longer than their host usually
-takes.
+"""The overdue watch: requests in flight far longer than their host usually takes.
 
 A host that hangs now and then keeps answering most requests fast, so its
 limit stays up while its hung requests pile up until their timeout, and with
@@ -7,7 +6,7 @@ them the crawl's ``CONCURRENT_REQUESTS`` and active-host places. A request in
 flight past its host's overdue time (from the host's own latency history,
 see ``AimdTable.overdue_after``) is marked overdue at once: the AIMD rule
 backs its host off, the host gives its active place up when it has nothing
-else in flight, and the request stops counting against the budget the other
+else in flight, and the request stops counting against the global limit the other
 hosts share (up to ``HOSTQUEUE_MAX_OVERDUE`` such requests at once). It
 still counts against its own host's limit until it leaves.
 
@@ -44,10 +43,11 @@ WATCH_INTERVAL = 0.25
 
 
 class OverdueWatch:
-    """Marks overdue requests (:meth:`check`, called every
-    :data:`WATCH_INTERVAL`); *threshold* gives a host's overdue time,
-    *on_overdue* hears of each request marked, with the seconds it has been
-    in flight."""
+    """Marks overdue requests.
+
+    :meth:`check` runs every :data:`WATCH_INTERVAL`; *threshold* gives a host's overdue time,
+    *on_overdue* hears of each request marked, with the seconds it has been in flight.
+    """
 
     def __init__(
         self,
@@ -69,13 +69,11 @@ class OverdueWatch:
         self.count = 0
 
     def excused(self) -> int:
-        """How many requests in the downloader do not count against
-        ``CONCURRENT_REQUESTS`` now."""
+        """How many requests in the downloader do not count against ``CONCURRENT_REQUESTS`` now."""
         return min(self.count, self.max_excused)
 
     def check(self) -> None:
-        """Mark the requests past their host's overdue time (O(requests in
-        flight))."""
+        """Mark the requests past their host's overdue time (O(requests in flight))."""
         now = self.clock()
         thresholds: dict[str, float] = {}
         marked: list[tuple[Request, RequestRecord, float]] = []
@@ -97,18 +95,21 @@ class OverdueWatch:
             self.on_overdue(request, record, seconds)
 
     def left(self, record: RequestRecord) -> None:
-        """*record*'s request left the downloader."""
+        """Stop watching *record*'s request, which left the downloader."""
         if record.overdue:
             self.count -= 1
 
 
 class OverdueRequests:
-    """The overdue watch in a crawl. It runs with the AIMD middleware only
-    (:meth:`start`), whose hosts' latency gives the overdue times; an answer
-    stops counting as overdue at its headers. Each request marked backs its
-    host off (the policy hook hears of it), sends the requests waiting at a
-    full send gate back to the queue, and wakes the engine: the host's place
-    and a share of the budget are free for other hosts."""
+    """The overdue watch in a crawl.
+
+    It runs with the AIMD middleware only (:meth:`start`), whose hosts'
+    latency gives the overdue times; an answer stops counting as overdue at
+    its headers. Each request marked backs its host off (the policy hook
+    hears of it), sends the requests waiting at a full send gate back to the
+    queue, and wakes the engine: the host's place and a share of the global
+    limit are free for other hosts.
+    """
 
     def __init__(
         self,
@@ -140,8 +141,7 @@ class OverdueRequests:
         self.watch.left(record)
 
     def start(self, hook: PolicyHook) -> None:
-        """Look for overdue requests from now on, with the hosts' latency
-        *hook* learns."""
+        """Look for overdue requests from now on, with the hosts' latency *hook* learns."""
         self._hook = hook
         self._loop = create_looping_call(self.watch.check)
         self._loop.start(WATCH_INTERVAL, now=False)
@@ -163,7 +163,7 @@ class OverdueRequests:
         self._hook.overdue(request, host, seconds)
         if self._gated and not self._gate.may_send(host):
             # Requests waiting at the gate behind overdue ones would wait for
-            # them to time out, holding download budget: back to the queue.
+            # them to time out, holding part of the global limit: back to the queue.
             self._gate.blocked(host, math.inf, "overdue")
-        # Its place and a share of the budget are free for other hosts.
+        # Its place and a share of the global limit are free for other hosts.
         internals.wake_engine(self._crawler)

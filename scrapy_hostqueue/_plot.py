@@ -68,11 +68,14 @@ def load(path: str, max_lines: int = 10) -> Series:
 
 
 def _join_short_last_interval(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The last interval, cut short by the spider closing, joins the one
+    """Join a short last interval to the one before it.
+
+    The last interval, cut short by the spider closing, joins the one
     before it when it is shorter than half the usual interval: its responses
     are then a rate over both, so a few responses in a few milliseconds do
     not draw a spike, and every stair of the rate panel still has the
-    interval's responses as its area."""
+    interval's responses as its area.
+    """
     times = sorted({float(row["t"]) for row in rows})
     if len(times) < 2:
         return rows
@@ -264,7 +267,9 @@ li {{ margin: 0.2em 0; white-space: nowrap; }}
 
 def plot(source: str, out: str, *, max_lines: int = 10) -> None:
     """Draw the timeline *source* into *out* (``.html``: SVG page, else PNG).
-    Raises :class:`~scrapy_hostqueue._timeline.TimelineError` or :class:`PlotError`."""
+
+    Raises :class:`~scrapy_hostqueue._timeline.TimelineError` or :class:`PlotError`.
+    """
     html = out.lower().endswith((".html", ".htm"))
     if not html and not out.lower().endswith(".png"):
         # matplotlib would pick the format from any other name, or add ".png"

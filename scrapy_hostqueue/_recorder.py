@@ -1,5 +1,6 @@
-"""Per-host stats in Scrapy's stats collector: the key helpers and the
-recorder every component reports to.
+"""Per-host stats in Scrapy's stats collector.
+
+The key helpers and the recorder every component reports to.
 
 Every key is built by :func:`stat_key` / :func:`host_stat_key`. The scheduler,
 the AIMD middleware and the download handler report events to one
@@ -27,7 +28,9 @@ import heapq
 import itertools
 import logging
 import math
+import time
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING
 
 from scrapy import signals
@@ -55,21 +58,30 @@ NO_HOST = "_nohost"
 HOSTS_PREFIX = f"{PREFIX}/hosts/"
 #: Hosts named in the periodic log line.
 LOG_BUSIEST = 5
+#: Limit changes, blocks and give-ups kept per tracked host, for the monitor.
+EVENTS_PER_HOST = 12
+
+#: One host event: ``(time.monotonic(), kind, reason, before, after)``. Kinds:
+#: ``limit`` (*before* and *after* are the limits), ``block`` (*after* is its
+#: length in seconds), ``given-up`` (*after* is the requests dropped).
+HostEvent = tuple[float, str, str, float, float]
 
 
 def stat_key(name: str) -> str:
-    """A global key: ``hostqueue/{name}``."""
+    """Return the global key ``hostqueue/{name}``."""
     return f"{PREFIX}/{name}"
 
 
 def host_stat_key(host: str, name: str) -> str:
-    """A per-host key: ``hostqueue/hosts/{host}/{name}``."""
+    """Return the per-host key ``hostqueue/hosts/{host}/{name}``."""
     return f"{HOSTS_PREFIX}{host or NO_HOST}/{name}"
 
 
 class LatencyHistogram:
-    """Latencies in fixed logarithmic buckets: bounded memory whatever the
-    number of samples, quantiles within 4.4 % (16 buckets per doubling)."""
+    """Latencies in fixed logarithmic buckets.
+
+    Bounded memory whatever the number of samples, quantiles within 4.4 % (16 buckets per doubling).
+    """
 
     __slots__ = ("buckets", "count", "high", "total")
 
@@ -107,8 +119,11 @@ class LatencyHistogram:
         return self.total / self.count if self.count else None
 
     def quantile(self, q: float) -> float | None:
-        """The upper bound of the bucket holding the *q* quantile (capped at
-        the largest sample), or None without samples."""
+        """Return the upper bound of the bucket holding the *q* quantile.
+
+        The upper bound of the bucket holding the *q* quantile (capped at
+        the largest sample), or None without samples.
+        """
         if not self.count:
             return None
         rank = max(1, math.ceil(q * self.count))
@@ -125,7 +140,7 @@ class LatencyHistogram:
 class HostCounters:
     """What the recorder knows about one host (or the aggregate)."""
 
-    __slots__ = ("base", "counts", "highs", "latency", "limit", "lows", "weight")
+    __slots__ = ("base", "counts", "events", "highs", "latency", "limit", "lows", "weight")
 
     def __init__(self, base: int = 0) -> None:
         #: Additive values (``*_count``, ``blocked_seconds``), by key name.
@@ -139,6 +154,13 @@ class HostCounters:
         #: floor it inherited then (see the module docstring).
         self.base = base
         self.weight = 0
+        #: The host's last limit changes, blocks and give-up (made at the first).
+        self.events: deque[HostEvent] | None = None
+
+    def event(self, kind: str, reason: str, before: float, after: float) -> None:
+        if self.events is None:
+            self.events = deque(maxlen=EVENTS_PER_HOST)
+        self.events.append((time.monotonic(), kind, reason, before, after))
 
     @property
     def priority(self) -> int:
@@ -208,8 +230,10 @@ class HostStatsRecorder:
     # -- the bounded table ---------------------------------------------------
 
     def counters(self, host: str, weight: int = 1) -> HostCounters:
-        """The entry that events of *host* go to (its own, or the aggregate);
-        the event adds *weight* to the host's busyness."""
+        """Return the entry that events of *host* go to (its own, or the aggregate).
+
+        The event adds *weight* to the host's busyness.
+        """
         host = host or NO_HOST
         entry = self._table.get(host)
         if entry is None:
@@ -240,9 +264,12 @@ class HostStatsRecorder:
         table = self._table
         return heapq.nlargest(self.max_hosts, table, key=lambda host: table[host].priority)
 
+    def entry(self, host: str) -> HostCounters | None:
+        """*host*'s own entry if the table tracks it, without counting an event."""
+        return self._table.get(host or NO_HOST)
+
     def table_size(self) -> int:
-        """Entries held (the tracked hosts and their heap entries), for tests
-        of boundedness."""
+        """Entries held (the tracked hosts and their heap entries), for tests of boundedness."""
         return len(self._table) + len(self._heap)
 
     def host_stats(self) -> dict[str, float]:
@@ -302,9 +329,11 @@ class HostStatsRecorder:
             self._global_inc("hosts_seen_count")
 
     def request_done(self, host: str, handed_out: int, active_hosts: int) -> None:
-        """A request handed out for *host* left the downloader; *handed_out*
-        and *active_hosts* are the counts just before it left (every
-        high-water mark is seen at the next leave)."""
+        """Count a request handed out for *host* that left the downloader.
+
+        *handed_out* and *active_hosts* are the counts just before it left (every high-water mark is
+        seen at the next leave).
+        """
         if not self.enabled:
             return
         entry = self.counters(host)
@@ -313,9 +342,12 @@ class HostStatsRecorder:
         self.stats.max_value(stat_key("max_active_hosts"), active_hosts)
 
     def in_flight_seen(self, host: str, on_wire: int) -> None:
-        """*on_wire* requests of *host* were sent and not yet answered, just
+        """Note the requests of *host* on the wire, as one of them stops counting.
+
+        *on_wire* requests of *host* were sent and not yet answered, just
         before one of them stopped counting (every high-water mark is seen
-        then)."""
+        then).
+        """
         if self.enabled:
             # Not an event of its own for the busyness ranking: request_done
             # counts the request.
@@ -347,6 +379,14 @@ class HostStatsRecorder:
         entry.high("max_limit", limit)
         entry.low("min_limit", limit)
 
+    def limit_event(self, host: str, old: int, new: int, reason: str) -> None:
+        """Keep a limit change of the AIMD rule among *host*'s events.
+
+        For the monitor; not counted as an event of its own.
+        """
+        if self.enabled:
+            self.counters(host, weight=0).event("limit", reason, old, new)
+
     def backoff(self, host: str, reason: str) -> None:
         if self.enabled:
             self.counters(host).inc(f"backoff_count/{reason}")
@@ -355,12 +395,12 @@ class HostStatsRecorder:
         if not self.enabled:
             return
         entry = self.counters(host)
+        entry.event("block", reason, 0, max(0.0, float(seconds)))
         entry.inc(f"block_count/{reason}")
         entry.inc("blocked_seconds", max(0.0, float(seconds)))
 
     def overdue(self, host: str, overdue_now: int) -> None:
-        """A request of *host* became overdue; *overdue_now* are overdue in
-        the whole crawl."""
+        """Count a request of *host* that became overdue; *overdue_now* are overdue in the crawl."""
         if not self.enabled:
             return
         self._global_inc("overdue_count")
@@ -377,12 +417,16 @@ class HostStatsRecorder:
         if not self.enabled:
             return
         self._global_inc("hosts_given_up_count")
-        self.counters(host).inc("given_up_count")
+        entry = self.counters(host)
+        entry.inc("given_up_count")
+        entry.event("given-up", "error-budget", 0, dropped)
         self.requests_dropped(host, dropped)
 
     def requests_dropped(self, host: str, count: int = 1) -> None:
-        """Requests of a given-up host: its queue when it was given up, and any
-        request for it that arrives later."""
+        """Count requests of a given-up host, dropped.
+
+        Its queue when it was given up, and any request for it that arrives later.
+        """
         if not self.enabled or not count:
             return
         self._global_inc("dropped_request_count", count)
@@ -393,8 +437,10 @@ _recorders: weakref.WeakKeyDictionary[Crawler, HostStatsRecorder] = weakref.Weak
 
 
 def get_recorder(crawler: Crawler) -> HostStatsRecorder:
-    """The crawler's one recorder, shared by every component. Its per-host
-    keys are written to the stats when the spider closes."""
+    """Return the crawler's one recorder, shared by every component.
+
+    Its per-host keys are written to the stats when the spider closes.
+    """
     recorder = _recorders.get(crawler)
     if recorder is None:
         assert crawler.stats is not None

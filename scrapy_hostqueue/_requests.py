@@ -35,12 +35,15 @@ class Stage(Enum):
 
 
 class AutoSlot(str):
-    """The ``download_slot`` the scheduler writes into a request's meta at
+    """Return the ``download_slot`` the scheduler writes into a request without one.
+
+    The ``download_slot`` the scheduler writes into a request's meta at
     hand-out when the request had none: the key Scrapy's downloader would
     compute (and write there) from the URL. A request built from
     ``response.meta`` carries the same object, so the scheduler knows the slot
     is inherited, not chosen, and keys the new request by its own URL, while a
-    slot the spider set (a plain ``str``) is kept."""
+    slot the spider set (a plain ``str``) is kept.
+    """
 
     __slots__ = ()
 
@@ -84,8 +87,10 @@ class RequestRecord:
 
 
 class RequestTable:
-    """The records of the requests counted now, and what must outlive them:
-    requests the send gate sent back, and how often each went back."""
+    """The records of the requests counted now, and what must outlive them.
+
+    Requests the send gate sent back, and how often each went back.
+    """
 
     def __init__(self) -> None:
         self._records: dict[Request, RequestRecord] = {}
@@ -112,7 +117,7 @@ class RequestTable:
         return self._records.get(request)
 
     def handed_out(self, request: Request) -> RequestRecord | None:
-        """The record of *request* if :meth:`hand_out` made it."""
+        """Return the record of *request* if :meth:`hand_out` made it."""
         record = self._records.get(request)
         if record is None or record.adopted or record.given_up:
             return None
@@ -143,14 +148,16 @@ class RequestTable:
         return self._requeues.get(request, 0)
 
     def requeued(self, old: Request, new: Request) -> None:
-        """*new* replaces *old*, sent back to the scheduler once more."""
+        """Let *new* replace *old*, sent back to the scheduler once more."""
         self._requeues[new] = self._requeues.get(old, 0) + 1
 
 
 def request_rank(request: Request) -> int:
-    """Serving order within a host: higher priority first, and among equal
-    priorities other requests before start requests, as Scrapy's own scheduler
-    does. Across hosts, only the priority (``rank // 2``) counts."""
+    """Return the serving order of *request* within its host.
+
+    Higher priority first, and among equal priorities other requests before start requests, as
+    Scrapy's own scheduler does. Across hosts, only the priority (``rank // 2``) counts.
+    """
     return request.priority * 2 + (0 if request.meta.get("is_start_request") else 1)
 
 

@@ -79,7 +79,7 @@ def parse_retry_after(value: str | bytes | None, now: float) -> float | None:
 
 
 def _parse_http_date(text: str, now: float) -> float | None:
-    """The POSIX timestamp of an HTTP-date, or None if *text* is not one."""
+    """Return the POSIX timestamp of an HTTP-date, or None if *text* is not one."""
     match = _IMF_FIXDATE.fullmatch(text) or _ASCTIME.fullmatch(text)
     two_digit_year = False
     if match is None:

@@ -95,9 +95,10 @@ def _release(installed: str) -> tuple[int, ...] | None:
 
 
 def _assigned_in_init(cls: type, name: str) -> bool:
-    """Whether an ``__init__`` in *cls*'s MRO assigns (or reads) the
-    attribute *name*: instance attributes exist only on instances, which
-    cannot be built before the event loop runs."""
+    """Whether an ``__init__`` in *cls*'s MRO assigns (or reads) the attribute *name*.
+
+    Instance attributes exist only on instances, which cannot be built before the event loop runs.
+    """
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         code = getattr(init, "__code__", None)
@@ -107,8 +108,11 @@ def _assigned_in_init(cls: type, name: str) -> bool:
 
 
 def _missing_names(*, handler: bool) -> list[str]:
-    """The private names this module uses that the installed Scrapy and
-    aiohttp lack (those of the download handler only with *handler*)."""
+    """Return the private names this module uses that are missing.
+
+    The private names this module uses that the installed Scrapy and
+    aiohttp lack (those of the download handler only with *handler*).
+    """
     missing = []
     if not _assigned_in_init(ExecutionEngine, "_slot"):
         missing.append("scrapy.core.engine.ExecutionEngine._slot")
@@ -142,11 +146,14 @@ _warned_untested: set[str] = set()
 
 
 def check_compatible(*, handler: bool = False) -> None:
-    """Refuse to start with a Scrapy or aiohttp older than this package's
+    """Refuse to start with a Scrapy or aiohttp this package cannot use.
+
+    Refuse to start with a Scrapy or aiohttp older than this package's
     floors, or one without a private name it uses (*handler*: also those of
     the download handler): better one clear line at start-up than an
     AttributeError in the middle of a crawl. A release newer than those the
-    tests run against, with every name in place, starts with one WARNING."""
+    tests run against, with every name in place, starts with one WARNING.
+    """
     releases = [(name, module.__version__, tested) for name, module, tested in _LIBRARIES]
     if any((_release(version) or ()) < tested[0] for _, version, tested in releases):
         floors = " and ".join(f"{name} >= {_dotted(tested[0])}" for name, _, tested in releases)
@@ -190,9 +197,10 @@ _REFUSALS = (
 
 
 def refuses_at_start_up(func: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Wrap a component's ``from_crawler`` (or the add-on's
-    ``update_settings``): check the installed versions first, and have a
-    refusal (a bad setting, an unknown version) reported as one ERROR line.
+    """Wrap a component's ``from_crawler`` (or the add-on's ``update_settings``).
+
+    Check the installed versions first, and have a refusal (a bad setting, an unknown version)
+    reported as one ERROR line.
 
     ``scrapy crawl`` runs each crawl in an asyncio task that re-raises what
     the crawl's start-up raised and leaves it to asyncio, which logs "Task
@@ -215,9 +223,12 @@ def refuses_at_start_up(func: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 def report_refusal(error: BaseException) -> None:
-    """If this runs in the task of a crawl started by Scrapy's
+    """Have ``scrapy crawl``'s task log *error* as one ERROR line.
+
+    If this runs in the task of a crawl started by Scrapy's
     ``AsyncCrawlerRunner`` (``scrapy crawl``), have that task log *error*
-    as one ERROR line when it ends with it."""
+    as one ERROR line when it ends with it.
+    """
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running event loop
@@ -267,9 +278,12 @@ def _report_crawl_end(error: BaseException, task: asyncio.Task[Any]) -> None:
 
 
 def crawl_task() -> asyncio.Task[Any] | None:
-    """The task of the crawl being built, when ``scrapy crawl`` (Scrapy's
+    """Return the task of the crawl being built by ``scrapy crawl``.
+
+    The task of the crawl being built, when ``scrapy crawl`` (Scrapy's
     ``AsyncCrawlerRunner``) runs it: called from a component's
-    ``from_crawler``. None otherwise."""
+    ``from_crawler``. None otherwise.
+    """
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running event loop
@@ -278,16 +292,17 @@ def crawl_task() -> asyncio.Task[Any] | None:
 
 
 def fail_crawl(crawler: Crawler, error: BaseException, task: asyncio.Task[Any] | None) -> None:
-    """Have the crawl end with *error* once its engine has stopped (its
-    spider closed, its stats written): ``scrapy crawl`` then exits with
-    status 1, and ``Crawler.crawl_async()`` raises *error*. *task* is the
-    crawl's task (:func:`crawl_task`), whose end reports nothing more: the
-    caller logged *error* already.
+    """Have the crawl end with *error* once its engine has stopped.
+
+    Once its spider closed and its stats are written, ``scrapy crawl`` exits with status 1, and
+    ``Crawler.crawl_async()`` raises *error*. *task* is the crawl's task (:func:`crawl_task`), whose
+    end reports nothing more: the caller logged *error* already.
 
     Scrapy 2.19's ``ExecutionEngine.start_async()`` waits on the private
     ``_closewait`` deferred, which ``stop_async()`` fires after the
     ``engine_stopped`` signal; failed here first with *error* (and taken
-    away, so that it is not fired twice), it makes the crawl raise."""
+    away, so that it is not fired twice), it makes the crawl raise.
+    """
 
     def stopped() -> None:
         engine = _engine(crawler)
@@ -312,8 +327,11 @@ def _quiet_crawl_end(error: BaseException, task: asyncio.Task[Any]) -> None:
 
 
 def _engine(crawler: Crawler) -> Any:
-    """The crawler's engine, or None before the crawl starts (Scrapy 2.19's
-    ``Crawler.engine`` raises then)."""
+    """Return the crawler's engine, or None before the crawl starts.
+
+    The crawler's engine, or None before the crawl starts (Scrapy 2.19's
+    ``Crawler.engine`` raises then).
+    """
     try:
         return crawler.engine
     except RuntimeError:
@@ -321,7 +339,7 @@ def _engine(crawler: Crawler) -> Any:
 
 
 def host_key(crawler: Crawler, request: Request) -> str:
-    """The key of the host a request belongs to.
+    """Return the key of the host a request belongs to.
 
     This is the one definition of "host" in the package: the downloader slot
     key, i.e. ``request.meta["download_slot"]`` when set, else the URL's
@@ -359,10 +377,11 @@ def configured_slot(settings: BaseSettings, key: str) -> tuple[int, float, float
 
 
 def _default_jitter(settings: BaseSettings) -> float:
-    """The jitter of slots without their own, as Scrapy 2.19's downloader reads
-    it: ``DOWNLOAD_DELAY_JITTER``, unless the deprecated
-    ``RANDOMIZE_DOWNLOAD_DELAY`` was set at a higher priority (``True``: the
-    historical +/-50 %, ``False``: none)."""
+    """Return the jitter of slots without their own, as Scrapy 2.19's downloader reads it.
+
+    ``DOWNLOAD_DELAY_JITTER``, unless the deprecated ``RANDOMIZE_DOWNLOAD_DELAY`` was set at a
+    higher priority (``True``: the historical +/-50 %, ``False``: none).
+    """
     randomize = settings.getpriority("RANDOMIZE_DOWNLOAD_DELAY") or 0
     jitter = settings.getpriority("DOWNLOAD_DELAY_JITTER") or 0
     if randomize > max(SETTINGS_PRIORITIES["default"], jitter):
@@ -396,9 +415,12 @@ def apply_to_slot(
 
 
 def hold_slot_concurrency(crawler: Crawler, key: str) -> None:
-    """Make the downloader slot *key*, if it exists, hold its concurrency
+    """Make the downloader slot *key* hold its concurrency exactly.
+
+    Make the downloader slot *key*, if it exists, hold its concurrency
     exactly (see :class:`_StartingQueue`). Call it before the slot's first
-    request is queued (``request_reached_downloader`` fires just before)."""
+    request is queued (``request_reached_downloader`` fires just before).
+    """
     engine = _engine(crawler)
     if engine is None:
         return
@@ -408,7 +430,9 @@ def hold_slot_concurrency(crawler: Crawler, key: str) -> None:
 
 
 class _StartingQueue(deque):  # type: ignore[type-arg]
-    """A downloader slot's queue that counts a request as transferring as
+    """A downloader slot's queue that counts a request as transferring at once.
+
+    A downloader slot's queue that counts a request as transferring as
     soon as the downloader takes it off the queue.
 
     Scrapy 2.19's downloader takes queued requests off while the slot has
@@ -416,7 +440,8 @@ class _StartingQueue(deque):  # type: ignore[type-arg]
     when its download task first runs, a loop turn later: several taken off
     together all pass the check, and the host gets more than the slot's
     concurrency (on the asyncio reactor, without a download delay). Added
-    here at once, the check holds."""
+    here at once, the check holds.
+    """
 
     __slots__ = ("_transferring",)
 
@@ -435,9 +460,10 @@ def on_request_leaving_downloader(
     callback: Callable[[Request], None],
     excused: Callable[[], int] | None = None,
 ) -> Callable[[], None]:
-    """Call *callback* whenever a request leaves the downloader, whatever the
-    outcome: response, exception, a middleware short-circuit (cache hit,
-    IgnoreRequest, robots.txt), or a redirect/retry returned as a new request.
+    """Call *callback* whenever a request leaves the downloader, whatever the outcome.
+
+    Response, exception, a middleware short-circuit (cache hit, IgnoreRequest, robots.txt), or a
+    redirect/retry returned as a new request.
 
     ``Downloader.fetch`` adds every request to ``downloader.active`` before the
     downloader middlewares run and removes it in a ``finally`` clause; no
@@ -446,7 +472,7 @@ def on_request_leaving_downloader(
     *excused* says how many of the requests in the downloader do not count
     against ``CONCURRENT_REQUESTS`` (the downloader's ``needs_backout`` is
     ``len(active) >= CONCURRENT_REQUESTS``): overdue requests, which must not
-    hold the budget of the hosts that answer.
+    hold the global limit the hosts that answer need.
     """
     engine = _engine(crawler)
     assert engine is not None
@@ -463,11 +489,11 @@ def on_request_leaving_downloader(
 
 
 def on_request_done(crawler: Crawler, callback: Callable[[Request], None]) -> Callable[[], None]:
-    """Call *callback* when the engine is done with a request it downloaded:
-    its callback or errback has run and what it produced has been taken over
-    (the requests it yielded are in the scheduler, its items went through
-    the item pipelines), or the downloader answered it with a new request
-    (a redirect, a retry), now in the scheduler.
+    """Call *callback* when the engine is done with a request it downloaded.
+
+    Its callback or errback has run and what it produced has been taken over (the requests it
+    yielded are in the scheduler, its items went through the item pipelines), or the downloader
+    answered it with a new request (a redirect, a retry), now in the scheduler.
 
     The engine keeps such requests in ``engine._slot.inprogress`` from the
     download until then, and removes them there; no signal marks that
@@ -539,9 +565,11 @@ def wake_engine(crawler: Crawler) -> None:
 
 
 def engine_closing(crawler: Crawler) -> bool:
-    """Whether the crawl is stopping (or not running): no request should
-    start waiting for anything then, since the engine waits for every request
-    in progress before it closes."""
+    """Whether the crawl is stopping (or not running).
+
+    No request should start waiting for anything then, since the engine waits for every request in
+    progress before it closes.
+    """
     engine = _engine(crawler)
     slot = getattr(engine, "_slot", None)
     return not getattr(engine, "running", False) or getattr(slot, "closing", None) is not None
@@ -553,7 +581,7 @@ def current_scheduler(crawler: Crawler) -> Any:
 
 
 def slot_delay(crawler: Crawler, key: str) -> float | None:
-    """The current delay of *key*'s downloader slot, if the slot exists."""
+    """Return the current delay of *key*'s downloader slot, if the slot exists."""
     engine = _engine(crawler)
     if engine is None:
         return None
@@ -565,10 +593,11 @@ def slot_delay(crawler: Crawler, key: str) -> float | None:
 
 
 class _HandlerUnavailable:
-    """Stands in for Scrapy's handler when its private module is missing, so
-    that the package still imports and the handler refuses with a clear
-    message when the crawl starts rather than with an ImportError at
-    settings load."""
+    """Stands in for Scrapy's handler when its private module is missing.
+
+    The package still imports, and the handler refuses with a clear message when the crawl starts
+    rather than with an ImportError at settings load.
+    """
 
     lazy: ClassVar[bool] = False
 
@@ -603,8 +632,7 @@ CLIENT_RESPONSE_CLASS: type[aiohttp.ClientResponse] = _ClientResponse
 
 
 class ScrapyAiohttpHandler(_ScrapyAiohttpHandler):
-    """Scrapy's aiohttp download handler, with public names for what a
-    subclass changes.
+    """Scrapy's aiohttp download handler, with public names for what a subclass changes.
 
     Scrapy's ``__init__`` creates the ``ClientSession`` at once, which needs a
     running event loop (absent under ``CrawlerProcess`` until the crawl
@@ -630,16 +658,18 @@ class ScrapyAiohttpHandler(_ScrapyAiohttpHandler):
 
     @staticmethod
     def response_headers(response: Any) -> Headers:
-        """The headers of an aiohttp response as a Scrapy ``Headers``."""
+        """Return the headers of an aiohttp response as a Scrapy ``Headers``."""
         return Headers(list(response.headers.items()))
 
     def _extract_headers(self, response: Any) -> Headers:  # type: ignore[override]
         return self.response_headers(response)
 
     async def read_response(self, response: Any, request: Request) -> Response:
-        """Read a response whose status line and headers have arrived: its
-        headers, the ``headers_received`` / ``bytes_received`` signals, the
-        body within the size limits."""
+        """Read a response whose status line and headers have arrived.
+
+        Its headers, the ``headers_received`` / ``bytes_received`` signals, the body within the size
+        limits.
+        """
         return await super()._read_response(response, request)
 
     async def _read_response(self, response: Any, request: Request) -> Response:
@@ -650,7 +680,9 @@ class ScrapyAiohttpHandler(_ScrapyAiohttpHandler):
 
 
 class TCPConnector(aiohttp.TCPConnector):
-    """aiohttp's ``TCPConnector`` with public names for opening a connection
+    """aiohttp's ``TCPConnector`` with public names for what the handler needs.
+
+    aiohttp's ``TCPConnector`` with public names for opening a connection
     and for the pool's connections (aiohttp offers no public view of them).
 
     Reads two private attributes of aiohttp's ``BaseConnector`` (``_conns``,
@@ -670,22 +702,30 @@ class TCPConnector(aiohttp.TCPConnector):
         return await self.create_connection(req, traces, timeout)
 
     def idle_connections(self) -> dict[Any, Any] | None:
-        """The idle kept-alive connections by endpoint key (with ``host`` and
+        """Return the idle kept-alive connections by endpoint key.
+
+        The idle kept-alive connections by endpoint key (with ``host`` and
         ``port``), each a list of ``(protocol, released_at)``, oldest first;
-        the pool's own dict, for closing some. None if aiohttp changed it."""
+        the pool's own dict, for closing some. None if aiohttp changed it.
+        """
         pools = getattr(self, "_conns", None)
         return pools if isinstance(pools, dict) else None
 
     def connections_in_use(self) -> set[Any] | None:
-        """The connections in use (and those being opened). None if aiohttp
-        changed it."""
+        """Return the connections in use (and those being opened).
+
+        None if aiohttp changed it.
+        """
         acquired = getattr(self, "_acquired", None)
         return acquired if isinstance(acquired, set) else None
 
 
 def disable_session_retry(session: aiohttp.ClientSession) -> None:
-    """Keep *session* from sending an idempotent request again by itself
+    """Keep *session* from sending an idempotent request again by itself.
+
+    Keep *session* from sending an idempotent request again by itself
     after a disconnection (a private switch, read at each request since
-    aiohttp 3.10)."""
+    aiohttp 3.10).
+    """
     if hasattr(session, "_retry_connection"):
         session._retry_connection = False

@@ -40,9 +40,10 @@ if TYPE_CHECKING:
 
 
 class UsesSendGate:
-    """Marks a download handler that asks the send gate before it sends
-    (:func:`gate_of`); the scheduler hands such a handler's hosts
-    ``HOSTQUEUE_PREFETCH`` requests beyond their limit."""
+    """Marks a download handler that asks the send gate before it sends (:func:`gate_of`).
+
+    The scheduler hands such a handler's hosts ``HOSTQUEUE_PREFETCH`` requests beyond their limit.
+    """
 
 
 class GateClient(Protocol):
@@ -52,19 +53,21 @@ class GateClient(Protocol):
         """Wait until *request*'s host may have one more request on the wire."""
 
     def status_read(self, request: Request, status: int) -> None:
-        """The handler has read *request*'s status line."""
+        """Hear that the handler has read *request*'s status line."""
 
     def body_read(self, request: Request, status: int) -> None:
-        """The handler has read *request*'s whole response."""
+        """Hear that the handler has read *request*'s whole response."""
 
     def host_busy(self, host: str) -> bool:
         """Whether *host* has requests in flight (keep its idle connections)."""
 
 
 def handlers_gate_sends(crawler: Crawler) -> bool:
-    """Whether the http and https handlers ask the send gate before sending
-    (:class:`~scrapy_hostqueue._sendgate.UsesSendGate`; this project's handler
-    does), which prefetch needs to hold the limit."""
+    """Whether the http and https handlers ask the send gate before sending.
+
+    Such a handler is a :class:`~scrapy_hostqueue._sendgate.UsesSendGate` (this project's handler
+    is); prefetch needs one to hold the limit.
+    """
     handlers = crawler.settings.getwithbase("DOWNLOAD_HANDLERS")
     for scheme in ("http", "https"):
         path = handlers.get(scheme)
@@ -83,24 +86,31 @@ _gates: weakref.WeakKeyDictionary[Crawler, SendGate] = weakref.WeakKeyDictionary
 
 
 def gate_of(crawler: Crawler) -> GateClient | None:
-    """The send gate of *crawler*'s scheduler, or None if it has none (another
-    scheduler, or not open yet)."""
+    """Return the send gate of *crawler*'s scheduler, or None.
+
+    The send gate of *crawler*'s scheduler, or None if it has none (another
+    scheduler, or not open yet).
+    """
     return _gates.get(crawler)
 
 
 def gate_opens_at(state: HostState) -> float:
-    """When the gate may let the host's next request onto the wire: not before
-    its block ends, nor before the shortest gap its interval allows
+    """When the gate may let the host's next request onto the wire.
+
+    Not before its block ends, nor before the shortest gap its interval allows
     (``DOWNLOAD_DELAY``, Crawl-delay; the jitter's low end) since the last
     request it let through. A request handed out on time may have had to wait
-    for a send slot, so the gap between hand-outs is not enough."""
+    for room on the wire, so the gap between hand-outs is not enough.
+    """
     gap = state.interval * max(0.0, 1.0 - state.jitter) if state.interval else 0.0
     return max(state.blocked_until, state.last_sent + gap)
 
 
 class SendGate:
-    """Per-host send slots, for the requests :class:`HostQueueScheduler`
-    handed out (or counted, see ``adopt``), when prefetch is on.
+    """Per-host room on the wire, when prefetch is on.
+
+    For the requests :class:`HostQueueScheduler` handed out (or counted, see
+    ``adopt``).
 
     *may_send_back* says whether a request held at the gate by a block may go
     back to the scheduler (:class:`HostBlocked`) instead of waiting there;
@@ -173,10 +183,11 @@ class SendGate:
         await future
 
     def status_read(self, request: Request, status: int) -> None:
-        """A status that asks the host to back off (429, 503) closes the
-        host's gate at once: a silent host gets its limit at its first
-        headers, and a slow or large body must not let its limit through
-        before the AIMD middleware has blocked the host."""
+        """Close the host's gate at once on a status that asks it to back off (429, 503).
+
+        A silent host gets its limit at its first headers, and a slow or large body must not let its
+        limit through before the AIMD middleware has blocked the host.
+        """
         backoff = status in self.backoff_codes
         if self.notes_status:
             self._status_read = (request, backoff)
@@ -189,25 +200,30 @@ class SendGate:
             self._hold_back(request)
 
     def body_read(self, request: Request, status: int) -> None:
-        """Free the request's send slot now, before the response crosses the
-        downloader middlewares, unless its status asks the host to back off:
-        then the host sends nothing until that request leaves the downloader."""
+        """Take the request off the wire now, unless its status asks the host to back off.
+
+        This happens before the response crosses the downloader middlewares. A
+        host asked to back off sends nothing until that request leaves the
+        downloader.
+        """
         record = self.records.get(request)
         if record is None or not record.on_wire or record.backing_off:
             return
         if status in self.backoff_codes:
             self._hold_back(request)
         else:
-            self.release(request)
+            self.off_the_wire(request)
 
     def host_busy(self, host: str) -> bool:
-        return self.store.inflight(host) > 0
+        return self.store.in_flight(host) > 0
 
     # -- the scheduler's side --------------------------------------------
 
     def take_status_read(self, request: Request) -> bool | None:
-        """Whether *request*'s status, read last by the handler, asks to back
-        off; None if the handler did not read it last."""
+        """Whether *request*'s status, read last by the handler, asks to back off.
+
+        None if the handler did not read it last.
+        """
         read = self._status_read
         if read is None or read[0] is not request:
             return None
@@ -215,8 +231,7 @@ class SendGate:
         return read[1]
 
     def forget_status(self, request: Request) -> None:
-        """*request* left without its headers_received (a body over
-        ``DOWNLOAD_MAXSIZE``)."""
+        """*request* left without its headers_received (a body over ``DOWNLOAD_MAXSIZE``)."""
         if self._status_read is not None and self._status_read[0] is request:
             self._status_read = None
 
@@ -224,9 +239,12 @@ class SendGate:
         return self._sending.get(host, 0)
 
     def holding(self) -> Iterator[tuple[str, int, int]]:
-        """``(host, waiting, on the wire)`` of every host with requests
+        """List the hosts with requests waiting here or on the wire.
+
+        ``(host, waiting, on the wire)`` of every host with requests
         waiting here or past the gate and not done (O(hosts): for a crawl's
-        close)."""
+        close).
+        """
         for host in self._waiters.keys() | self._sending.keys():
             waiters = self._waiters.get(host, ())
             waiting = sum(not future.done() for future, _ in waiters)
@@ -246,7 +264,8 @@ class SendGate:
         self.records.put_on_wire(request, now)
         self.store.host_state(host).last_sent = now
 
-    def release(self, request: Request) -> None:
+    def off_the_wire(self, request: Request) -> None:
+        """Take *request* off the wire (answered, or gone): its host has room for another."""
         record = self.records.get(request)
         if record is None or not record.on_wire:
             return
@@ -260,8 +279,10 @@ class SendGate:
         self.room_changed(host)
 
     def open(self, host: str) -> None:
-        """Let through the waiters of *host* it may send now; come back when
-        its block or interval ends."""
+        """Let through the waiters of *host* it may send now.
+
+        Come back when its block or interval ends.
+        """
         waiters = self._waiters.get(host)
         while waiters and self.may_send(host):
             future, request = waiters.popleft()
@@ -276,9 +297,12 @@ class SendGate:
             self._timers[host] = call_later(opens_at - time.monotonic(), self._timer, host)
 
     def blocked(self, host: str, when: float, reason: str) -> None:
-        """*host* got blocked until *when*: its requests waiting here go back
-        to the scheduler (see :class:`HostBlocked`) rather than wait for the
-        block's end, holding download budget and keeping the crawl open."""
+        """Send *host*'s waiting requests back: it got blocked until *when*.
+
+        They go back to the scheduler (see :class:`HostBlocked`) rather than wait
+        for the block's end, holding part of the global limit and keeping the
+        crawl open.
+        """
         waiters = self._waiters.get(host)
         if not waiters or when <= time.monotonic():
             return

@@ -210,9 +210,11 @@ def _natural(name: str) -> list[tuple[int, int | str]]:
 
 
 def build_series(rows: list[dict[str, Any]], max_lines: int = 10) -> Series:
-    """The *max_lines* hosts with the most responses get a line each; every
-    other host (and the file's own aggregate rows) adds up into ``_other``,
-    which gets a line only if it is not all zeros."""
+    """Give the *max_lines* hosts with the most responses a line each.
+
+    Every other host (and the file's own aggregate rows) adds up into ``_other``, which gets a line
+    only if it is not all zeros.
+    """
     times = sorted({float(row["t"]) for row in rows})
     index = {t: i for i, t in enumerate(times)}
     totals: dict[str, float] = {}

@@ -23,6 +23,7 @@ MIDDLEWARE = "scrapy_hostqueue.AIMDMiddleware"
 HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
 GC_EXTENSION = "scrapy_hostqueue.GcTuning"
+MONITOR_EXTENSION = "scrapy_hostqueue.monitor.extension.HostQueueMonitor"
 START_MIDDLEWARE = "scrapy_hostqueue.StartRequestsMiddleware"
 #: Nearest the engine of Scrapy's spider middlewares (StartSpiderMiddleware is
 #: at 25), so that its time slice covers the whole start chain.
@@ -40,9 +41,10 @@ CONCURRENT_ITEMS = 16
 
 
 def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
-    """Refuse to start, naming *component*, unless the crawl runs on asyncio:
-    the asyncio reactor, or no Twisted reactor at all
-    (``TWISTED_REACTOR_ENABLED = False``)."""
+    """Refuse to start, naming *component*, unless the crawl runs on asyncio.
+
+    The asyncio reactor, or no Twisted reactor at all (``TWISTED_REACTOR_ENABLED = False``).
+    """
     if not settings.getbool("TWISTED_REACTOR_ENABLED", True):
         return
     reactor = settings.get("TWISTED_REACTOR")
@@ -54,17 +56,22 @@ def require_asyncio_reactor(settings: BaseSettings, component: str) -> None:
 
 
 def _import_path(key: Any) -> str:
-    """The import path a component key stands for: Scrapy takes classes as
-    keys as well as strings."""
+    """Return the import path a component key stands for.
+
+    Scrapy takes classes as keys as well as strings.
+    """
     if isinstance(key, str):
         return key
     return f"{getattr(key, '__module__', '')}.{getattr(key, '__qualname__', '')}"
 
 
 def _enable(components: BaseSettings, order: int, path: str, module_path: str) -> None:
-    """Add *path* to a component dict at add-on priority unless the user placed
+    """Add *path* to a component dict unless the user placed it.
+
+    Add *path* to a component dict at add-on priority unless the user placed
     it (or disabled it with ``None``) under either of its import paths, or as
-    the class itself."""
+    the class itself.
+    """
     if not any(_import_path(key) in (path, module_path) for key in components):
         components.set(path, order, priority="addon")
 
@@ -79,13 +86,17 @@ def _is_hostqueue_scheduler(value: Any) -> bool:
 
 
 class Addon:
-    """Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
+    """Wires every component of scrapy-hostqueue in with one line.
+
+    Wires :class:`~scrapy_hostqueue.HostQueueScheduler`,
     :class:`~scrapy_hostqueue.AIMDMiddleware`,
     :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``),
     :class:`~scrapy_hostqueue.StartRequestsMiddleware`, the
-    ``HostQueueStats`` extension (periodic log line, timeline) and the
+    ``HostQueueStats`` extension (periodic log line, timeline), the
     :class:`~scrapy_hostqueue.GcTuning` extension (off with
-    ``HOSTQUEUE_GC_FREEZE = False`` and ``HOSTQUEUE_GC_YOUNG_THRESHOLD = 0``),
+    ``HOSTQUEUE_GC_FREEZE = False`` and ``HOSTQUEUE_GC_YOUNG_THRESHOLD = 0``)
+    and the live monitor (``HostQueueMonitor``, off with
+    ``HOSTQUEUE_MONITOR = False``),
     and sets ``CONCURRENT_ITEMS`` to 16, at add-on priority. A value the user set
     (another ``SCHEDULER``, a middleware disabled with ``None``, another
     handler for a scheme, ``CONCURRENT_ITEMS``) is kept, whether a component
@@ -128,6 +139,8 @@ class Addon:
         # Off (NotConfigured) with HOSTQUEUE_GC_FREEZE = False and
         # HOSTQUEUE_GC_YOUNG_THRESHOLD = 0.
         _enable(settings["EXTENSIONS"], 0, GC_EXTENSION, "scrapy_hostqueue.gc_tuning.GcTuning")
+        # Off (NotConfigured) with HOSTQUEUE_MONITOR = False.
+        _enable(settings["EXTENSIONS"], 0, MONITOR_EXTENSION, MONITOR_EXTENSION)
 
         settings.set("CONCURRENT_ITEMS", CONCURRENT_ITEMS, priority="addon")
 

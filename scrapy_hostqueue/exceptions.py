@@ -1,5 +1,6 @@
-"""Every error scrapy-hostqueue raises for its users to see, under one base,
-:class:`HostQueueError`.
+"""Every error scrapy-hostqueue raises for its users to see.
+
+Under one base, :class:`HostQueueError`.
 
 What errbacks and downloader middlewares of a crawl may see
 (:class:`HostBlocked`, :class:`HostGivenUp`, both Scrapy's ``IgnoreRequest``
@@ -41,7 +42,9 @@ __all__ = [
 
 
 class HostBlocked(HostQueueError, IgnoreRequest):
-    """Raised at the send gate for a request whose host got blocked (a
+    """A request's host got blocked while the request waited at the send gate.
+
+    Raised at the send gate for a request whose host got blocked (a
     Retry-After, a back-off) while the request waited there; the AIMD
     middleware sends it back to the scheduler, which holds it until the block
     ends.
@@ -61,10 +64,11 @@ class HostBlocked(HostQueueError, IgnoreRequest):
 
 
 class HostGivenUp(HostQueueError, IgnoreRequest):
-    """What the errback of a request gets when its host was given up (too
-    many connection failures in a row, see ``HOSTQUEUE_ERROR_MAX_COOLDOWNS``):
-    the request was queued when that happened, or came later. A subclass of
-    Scrapy's ``IgnoreRequest``, as for requests robots.txt forbids.
+    """What the errback of a request gets when its host was given up.
+
+    The host had too many connection failures in a row (``HOSTQUEUE_ERROR_MAX_COOLDOWNS``). The
+    request was queued when that happened, or came later. A subclass of Scrapy's ``IgnoreRequest``,
+    as for requests robots.txt forbids.
 
     ``last_error`` names the host's last failure
     (``"DownloadConnectionRefusedError: ..."``, ``"HTTP 503"``), or is None if

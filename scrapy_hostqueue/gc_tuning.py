@@ -1,5 +1,7 @@
-"""``GcTuning``: an extension that keeps a crawl's start-up heap out of
-Python's full garbage collections and collects the young generation less often.
+"""``GcTuning``.
+
+An extension that keeps a crawl's start-up heap out of Python's full garbage collections and
+collects the young generation less often.
 
 A crawl allocates fast, and every object that outlives two young collections
 (a request in flight, a queued request, a response being parsed) is promoted
@@ -97,9 +99,11 @@ _raised_to = 0
 
 
 def raise_young_threshold(young: int) -> int:
-    """Collect the young generation at most every *young* allocations while
-    this crawl runs; returns the threshold in force. A higher threshold, or 0
-    (automatic collection off), is left as it is."""
+    """Collect the young generation at most every *young* allocations while this crawl runs.
+
+    Returns the threshold in force. A higher threshold, or 0 (automatic collection off), is left as
+    it is.
+    """
     global _young_holders, _saved_thresholds, _raised_to
     with _lock:
         current = gc.get_threshold()
@@ -113,8 +117,10 @@ def raise_young_threshold(young: int) -> int:
 
 
 def restore_young_threshold() -> None:
-    """This crawl no longer needs the raised threshold; the last one restores
-    the thresholds, unless they were changed since it raised them."""
+    """Give back the raised threshold, which this crawl no longer needs.
+
+    The last one restores the thresholds, unless they were changed since it raised them.
+    """
     global _young_holders, _saved_thresholds
     with _lock:
         if not _young_holders:
@@ -128,7 +134,9 @@ def restore_young_threshold() -> None:
 
 
 class GcTuning:
-    """Freezes the heap alive when the spider opens (``HOSTQUEUE_GC_FREEZE``)
+    """Keeps the start-up heap out of full garbage collections while the crawl runs.
+
+    Freezes the heap alive when the spider opens (``HOSTQUEUE_GC_FREEZE``)
     and raises the young generation's threshold (``HOSTQUEUE_GC_YOUNG_THRESHOLD``)
     while the crawl runs; both are undone when the spider closes. Not
     configured when both settings are off.

@@ -137,8 +137,8 @@ def _pool_limits(config: HostQueueConfig, settings: BaseSettings) -> tuple[int, 
     # Room for the requests in flight plus the overdue ones kept out of
     # CONCURRENT_REQUESTS (HOSTQUEUE_MAX_OVERDUE), which hold their
     # connections until they time out.
-    budget = config.global_concurrency
-    in_flight = (min(budget, active) if budget > 0 else active) + config.max_overdue
+    global_limit = config.global_concurrency
+    in_flight = (min(global_limit, active) if global_limit > 0 else active) + config.max_overdue
     return max(active, per_host, in_flight), per_host
 
 
@@ -151,9 +151,12 @@ _SSL_CONTEXT_REPR = re.compile(r" ssl:<ssl\.SSLContext object at 0x[0-9a-fA-F]+>
 
 
 def _readable(error: Exception) -> Exception:
-    """*error* with aiohttp's ``ssl:<ssl.SSLContext object at 0x...>`` taken out
+    """Return *error* without aiohttp's ``SSLContext`` address in its message.
+
+    *error* with aiohttp's ``ssl:<ssl.SSLContext object at 0x...>`` taken out
     of its message (an address that tells the user nothing), as a new
-    exception of the same class; *error* itself if there is none."""
+    exception of the same class; *error* itself if there is none.
+    """
     message = str(error)
     readable = _SSL_CONTEXT_REPR.sub("", message)
     if readable == message or len(error.args) != 1:
@@ -173,9 +176,11 @@ _RESEND_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "TRACE"})
 def _stale_connection(
     request: Request, download: _Download, error: DownloadFailedError, previous_latency: Any
 ) -> bool:
-    """Whether *error* is a kept-alive connection that failed before any
-    answer (Scrapy sets ``download_latency`` when the headers arrive), for a
-    request that may go again on a new one."""
+    """Whether *error* is a kept-alive connection that failed before any answer.
+
+    Such a request may go again on a new connection (Scrapy sets ``download_latency`` when the
+    headers arrive).
+    """
     cause = error.__cause__
     return (
         download.connected
@@ -225,8 +230,10 @@ class _Download:
 
     @property
     def pool_wait(self) -> float:
-        """Time spent getting a connection other than opening one: waiting for
-        a free slot under the pool's limits (near 0 when one was free)."""
+        """Time spent getting a connection other than opening one.
+
+        Waiting for a free slot under the pool's limits (near 0 when one was free).
+        """
         return max(self.connect_seconds - self.create_seconds, 0.0)
 
 
@@ -355,8 +362,10 @@ class _BoundedTCPConnector(internals.TCPConnector):
 
     @staticmethod
     def host_busy(host: str) -> bool:
-        """Whether *host* has requests in flight (replaced by the handler with
-        the scheduler's view when there is one)."""
+        """Whether *host* has requests in flight.
+
+        Replaced by the handler with the scheduler's view when there is one.
+        """
         return False
 
     async def connect(
@@ -403,9 +412,11 @@ class _BoundedTCPConnector(internals.TCPConnector):
         return protocol
 
     def close_idle(self, host: str, port: int | None) -> None:
-        """Close the idle kept-alive connections to *host*:*port*: one of them
-        has just turned out closed by the server, and the others, idle as
-        long, may be too."""
+        """Close the idle kept-alive connections to *host*:*port*.
+
+        One of them has just turned out closed by the server, and the others, idle as long, may be
+        too.
+        """
         idle_pools = self.idle_connections()
         if idle_pools is None:
             return
@@ -480,8 +491,9 @@ def _ipv4_without_trailing_dot(url: Any) -> Any:
 
 
 class _ClientRequest(aiohttp.ClientRequest):
-    """Sends no ``Content-Length: 0`` on a bodiless request other than POST and
-    PUT, as Scrapy's HTTP/1.1 handler does.
+    """Sends no ``Content-Length: 0`` on a bodiless request other than POST and PUT.
+
+    As Scrapy's HTTP/1.1 handler does.
 
     Scrapy passes every request's body, ``b""`` when there is none, and
     aiohttp announces any body it is given, even an empty one (and, for
@@ -562,8 +574,10 @@ _pools: weakref.WeakKeyDictionary[Crawler, _SharedPool] = weakref.WeakKeyDiction
 
 
 def _dns_threads(settings: BaseSettings) -> int:
-    """Threads for name resolution: ``REACTOR_THREADPOOL_MAXSIZE``, the
-    setting Scrapy's docs have broad crawls raise for DNS."""
+    """Threads for name resolution.
+
+    ``REACTOR_THREADPOOL_MAXSIZE``, the setting Scrapy's docs have broad crawls raise for DNS.
+    """
     threads = settings.getint("REACTOR_THREADPOOL_MAXSIZE", 10)
     if threads < 1:
         raise HostQueueSettingsError(
@@ -574,7 +588,9 @@ def _dns_threads(settings: BaseSettings) -> int:
 
 
 class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
-    """Scrapy's aiohttp download handler with a connection pool that backstops
+    """Scrapy's aiohttp download handler with a pool that backstops the per-host limits.
+
+    Scrapy's aiohttp download handler with a connection pool that backstops
     the per-host limits of ``HostQueueScheduler``.
 
     Use it for the ``http`` and ``https`` schemes in ``DOWNLOAD_HANDLERS`` (the
@@ -663,7 +679,7 @@ class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
         self.use_session(self._pool.get_session(self))
         # With HOSTQUEUE_PREFETCH, the scheduler hands a host one more
         # request than its limit; it waits here, before Scrapy's handler starts
-        # its clock, for the host to have a free send slot.
+        # its clock, for the host to have room on the wire.
         gate = gate_of(self.crawler)
         if gate is not None:
             await gate.acquire(request)

@@ -1,10 +1,12 @@
-"""``AIMDMiddleware``: adaptive per-host concurrency, Retry-After, Crawl-delay
-and an error budget, applied through :class:`~scrapy_hostqueue.HostQueueScheduler`.
+"""``AIMDMiddleware``.
+
+Adaptive per-host concurrency, Retry-After, Crawl-delay and an error budget, applied through
+:class:`~scrapy_hostqueue.HostQueueScheduler`.
 
 The rule itself is pure and lives in :mod:`scrapy_hostqueue._aimd`; this
 module turns Scrapy events into its inputs and its adjustments into scheduler
 calls. Nothing here sleeps: a host that must wait is blocked in the scheduler,
-so its requests hold no global download budget meanwhile.
+so its requests hold no part of the global limit meanwhile.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._aimd import Adjustment, AimdSettings, AimdTable
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._contracts import HostControl
+from scrapy_hostqueue._crawl_delay import (
+    CRAWL_DELAY_MARGIN,
+    CRAWL_DELAY_REASON,
+    CrawlDelays,
+    asked_delay,
+    interval_for,
+)
 from scrapy_hostqueue._requests import MAX_REQUEUES
 from scrapy_hostqueue._retry_after import parse_retry_after
 from scrapy_hostqueue.exceptions import HostQueueSettingsError
@@ -51,10 +60,11 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from scrapy.robotstxt import RobotParser
     from typing_extensions import Self
 
-__all__ = ["CONNECTION_ERRORS", "AIMDMiddleware"]
+    from scrapy_hostqueue._crawl_delay import RobotRules
+
+__all__ = ["CONNECTION_ERRORS", "CRAWL_DELAY_MARGIN", "AIMDMiddleware"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +100,12 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def _malformed_answer(exception: BaseException) -> bool:
-    """Whether the host did answer, in something aiohttp's HTTP parser refused
-    (a header line without a colon, two Content-Length headers, a bad chunk
-    size): the host is up, so this is no connection failure. Scrapy's aiohttp
-    handler raises DownloadFailedError for it, as for a reset connection."""
+    """Whether the host did answer, in something aiohttp's HTTP parser refused.
+
+    The parser refused, for instance, a header line without a colon, two Content-Length headers or a
+    bad chunk size: the host is up, so this is no connection failure. Scrapy's aiohttp handler
+    raises DownloadFailedError for it, as for a reset connection.
+    """
     aiohttp = sys.modules.get("aiohttp")
     return aiohttp is not None and isinstance(exception.__cause__, aiohttp.ClientResponseError)
 
@@ -101,12 +113,7 @@ def _malformed_answer(exception: BaseException) -> bool:
 #: ``request.meta`` key: ``time.monotonic()`` when the request passed this
 #: middleware on its way to the download handler.
 META_START = "hostqueue_start"
-#: Seconds added to a Crawl-delay: the time from the scheduler's hand-out to
-#: the wire varies by a few tens of milliseconds on a busy event loop, and a
-#: Crawl-delay is a minimum at the server.
-CRAWL_DELAY_MARGIN = 0.05
 
-_CRAWL_DELAY = "crawl-delay"
 _DOWNLOAD_SLOT = "download_slot"
 
 
@@ -116,17 +123,12 @@ def _is_hostqueue_scheduler(cls: object) -> bool:
     return isinstance(cls, type) and HostQueueScheduler in cls.__mro__
 
 
-class _CrawlDelay:
-    __slots__ = ("delay", "last_sent")
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.last_sent = float("-inf")
-
-
 def _longest_retry_after(response: Response) -> float | None:
-    """The longest wait the response's ``Retry-After`` headers ask for (a
-    response may carry several), or None if none is usable."""
+    """Return the longest wait the response's ``Retry-After`` headers ask for.
+
+    The longest wait the response's ``Retry-After`` headers ask for (a
+    response may carry several), or None if none is usable.
+    """
     now = time.time()
     waits = [
         seconds
@@ -141,13 +143,15 @@ _SHOWN_WAIT_MAX = 365 * 86_400.0
 
 
 def _header_text(response: Response) -> str:
-    """The response's first ``Retry-After`` value as text, cut short."""
+    """Return the response's first ``Retry-After`` value as text, cut short."""
     value = response.headers.get(b"Retry-After") or b""
     return value[:40].decode("latin-1")
 
 
 class AIMDMiddleware:
-    """A downloader middleware that learns how much concurrency each host
+    """A downloader middleware that learns how much concurrency each host tolerates.
+
+    A downloader middleware that learns how much concurrency each host
     tolerates and holds hosts back when they ask for it.
 
     * AIMD: a host starts at ``HOSTQUEUE_AIMD_START`` requests in flight,
@@ -208,10 +212,7 @@ class AIMDMiddleware:
         self._per_ip = settings.getint("CONCURRENT_REQUESTS_PER_IP") > 0
         self._robots_user_agent: str | None = settings.get("ROBOTSTXT_USER_AGENT") or None
         self._default_user_agent: str = settings.get("USER_AGENT") or ""
-        #: robots.txt Crawl-delays, for the whole crawl: Scrapy parses a site's
-        #: robots.txt once per crawl (and keeps every parser), so a delay
-        #: forgotten here would never come back.
-        self._crawl_delays: dict[str, _CrawlDelay] = {}
+        self._crawl_delays = CrawlDelays()
         #: The last failure of each given-up host, for HostGivenUp.
         self._last_errors: dict[str, str] = {}
         self._warned_no_room: set[str] = set()
@@ -259,11 +260,6 @@ class AIMDMiddleware:
         hosts: HostControl = scheduler.hosts
         self.hosts = hosts
         hosts.attach_policy(self)
-        # The scheduler opens before spider_opened is sent; with JOBDIR it may
-        # already know hosts (resumed requests) with their configured limits.
-        for host, _queued, _inflight, _state in hosts.hosts():
-            configured = internals.configured_slot(self.crawler.settings, host)[0]
-            hosts.set_limit(host, self.initial_limit(host, configured))
         cfg = self.config
         logger.info(
             "AIMDMiddleware: per-host limit %d..%d starting at %d; fast below %gs, "
@@ -290,7 +286,7 @@ class AIMDMiddleware:
         )
 
     def initial_limit(self, host: str, configured: int) -> int:
-        """The limit of a host the scheduler meets (the policy hook).
+        """Return the limit of a host the scheduler meets (the policy hook).
 
         ``HOSTQUEUE_AIMD_START``, or what was learnt if the host is still
         remembered. A ``DOWNLOAD_SLOTS`` concurrency is the host's ceiling,
@@ -302,7 +298,7 @@ class AIMDMiddleware:
         return limit
 
     def _ceiling(self, host: str, configured: int) -> int | None:
-        """The ceiling of *host* when it is not ``HOSTQUEUE_AIMD_CEILING``."""
+        """Return the ceiling of *host* when it is not ``HOSTQUEUE_AIMD_CEILING``."""
         if host in self._slot_ceilings:
             return configured
         if self._per_ip:
@@ -310,31 +306,40 @@ class AIMDMiddleware:
         return None
 
     def learned(self, host: str) -> dict[str, float] | None:
-        """What was learned about *host* (the policy hook), for a frontier
-        file to keep: its limit, smoothed latency, error budget spent."""
+        """Return what was learned about *host* (the policy hook), for a frontier file to keep.
+
+        Its limit, smoothed latency, error budget spent.
+        """
         return self.table.export(host)
 
     def relearn(self, host: str, data: dict[str, float]) -> None:
-        """Take back what :meth:`learned` gave for *host* in the run before
-        (the policy hook; a resumed crawl): the host goes on from there
-        instead of from ``HOSTQUEUE_AIMD_START``."""
+        """Take back what :meth:`learned` gave for *host* in the run before.
+
+        The policy hook, in a resumed crawl: the host goes on from there instead of from
+        ``HOSTQUEUE_AIMD_START``.
+        """
         configured = internals.configured_slot(self.crawler.settings, host)[0]
         self.table.restore(host, data, self._ceiling(host, configured))
         self._relearned += 1
 
     def forget_host(self, host: str) -> None:
-        """The scheduler forgot *host* (idle, beyond ``HOSTQUEUE_REMEMBER_HOSTS``):
-        forget what was learned about it too (the policy hook)."""
+        """Forget *host*, which the scheduler forgot (idle, beyond ``HOSTQUEUE_REMEMBER_HOSTS``).
+
+        Forget what was learned about it too (the policy hook).
+        """
         self.table.forget(host)
         self._last_errors.pop(host, None)
         self._warned_no_room.discard(host)
 
     @staticmethod
     def _known_host(hosts: HostControl, request: Request) -> str:
-        """The host of *request*, made known to the scheduler if it is not (a
+        """Return the host of *request*, made known to the scheduler if it is not.
+
+        The host of *request*, made known to the scheduler if it is not (a
         robots.txt of a site whose requests share a ``download_slot``), so that
         what the table learns about it is forgotten when the scheduler
-        forgets the host."""
+        forgets the host.
+        """
         host = hosts.host_of(request)
         hosts.host_state(host)
         return host
@@ -354,30 +359,30 @@ class AIMDMiddleware:
         self, request: Request
     ) -> Request | Coroutine[Any, Any, Request | None] | None:
         hosts = self._hosts()
-        refused = hosts.given_up_host(request)
-        if refused is not None:
-            raise HostGivenUp(refused, self._last_errors.get(refused))
+        given_up = hosts.given_up_host(request)
+        if given_up is not None:
+            raise HostGivenUp(given_up, self._last_errors.get(given_up))
         host = hosts.host_of(request)
         now = self.clock()
-        crawl_delay = self._crawl_delays.get(host) if self._crawl_delays else None
-        if not hosts.handed_out(request):
+        handed_out_for = hosts.handed_out_for(request)
+        if handed_out_for is None:
             # Not from the scheduler (engine.download_async: media pipelines,
             # robots.txt, a spider's own downloads): it waits here for the
             # host's block, delay and a free place under its limit instead,
             # then counts for the host until it leaves. Not robots.txt, which
             # the host's first requests wait for, beyond the block.
-            if hosts.host_given_up(host):
+            if hosts.host_state(host).given_up:
                 raise HostGivenUp(host, self._last_errors.get(host))
             counted = urlparse_cached(request).path != "/robots.txt"
-            if self._direct_delay(hosts, host, crawl_delay, now, counted) > 0 or (
-                counted and not hosts.has_room(host)
+            if self._direct_delay(hosts, host, now, counted) > 0 or (
+                counted and not hosts.direct.has_room(host)
             ):
                 # A coroutine: Scrapy awaits what process_request returns.
-                return self._wait_for_host(hosts, request, host, crawl_delay, counted)
+                return self._wait_for_host(hosts, request, host, counted)
             if counted:
-                hosts.adopt(request, host, now)
+                hosts.direct.adopt(request, host, now)
         elif hosts.requeues(request) < MAX_REQUEUES:
-            if _DOWNLOAD_SLOT in request.meta and host != hosts.handed_out_for(request):
+            if _DOWNLOAD_SLOT in request.meta and host != handed_out_for:
                 # A downloader middleware before this one set the slot after
                 # the request was queued under another host: it goes back, to
                 # be queued, limited and blocked under its slot.
@@ -389,37 +394,31 @@ class AIMDMiddleware:
             state = hosts.host_state(host)
             if state.blocked_until > now:
                 return self._requeue(request, host, state.block_reason)
-            if crawl_delay is not None:
-                if state.interval < crawl_delay.delay:
+            delay = self._crawl_delays.delay(host) if self._crawl_delays else None
+            if delay is not None:
+                if state.interval < delay:
                     # The scheduler forgot the host (idle, beyond its memory).
-                    self._apply_crawl_delay(hosts, host, crawl_delay.delay)
-                if now < crawl_delay.last_sent + crawl_delay.delay:
+                    self._apply_crawl_delay(hosts, host, delay)
+                if self._crawl_delays.wait(host, now) > 0:
                     # Too soon after the last one. No block: that would also
                     # hold, at the scheduler's send gate, a request that passed
                     # here earlier and is not on the wire yet. The scheduler
                     # spaces its hand-outs by the interval.
-                    return self._requeue(request, host, _CRAWL_DELAY)
-        if crawl_delay is not None:
-            crawl_delay.last_sent = now
+                    return self._requeue(request, host, CRAWL_DELAY_REASON)
+        if self._crawl_delays:
+            self._crawl_delays.sent(host, now)
         request.meta[META_START] = now
-        # The frontier noted when a hand-out filled the host's limit; requests
+        # The store noted when a hand-out filled the host's limit; requests
         # handed out together pass here a moment later, each one after that
         # note: noted again, each counts as sent while the limit was filled
-        # (see _limit_held_back).
+        # (see HostControl.held_back_since).
         hosts.note_full(host, now)
         return None
 
-    @staticmethod
-    def _direct_delay(
-        hosts: HostControl,
-        host: str,
-        crawl_delay: _CrawlDelay | None,
-        now: float,
-        spacing: bool,
-    ) -> float:
-        wait = hosts.direct_delay(host, now, spacing=spacing)
-        if spacing and crawl_delay is not None:
-            wait = max(wait, crawl_delay.last_sent + crawl_delay.delay - now)
+    def _direct_delay(self, hosts: HostControl, host: str, now: float, spacing: bool) -> float:
+        wait = hosts.direct.delay(host, now, spacing=spacing)
+        if spacing and self._crawl_delays:
+            wait = max(wait, self._crawl_delays.wait(host, now))
         return wait
 
     async def _wait_for_host(
@@ -427,22 +426,22 @@ class AIMDMiddleware:
         hosts: HostControl,
         request: Request,
         host: str,
-        crawl_delay: _CrawlDelay | None,
         counted: bool,
     ) -> None:
-        """Hold a request that did not come from the scheduler until its host
-        may take it. Given up when the crawl starts closing, since the engine
-        waits for it (a Retry-After block may be minutes long). Sent beyond
-        the limit if no request of the host leaves for ``_DIRECT_PATIENCE``
-        seconds: a downloader middleware may be downloading it while one of
-        the host's requests, which fill the limit, waits for the answer."""
+        """Hold a request that did not come from the scheduler until its host may take it.
+
+        Given up when the crawl starts closing, since the engine waits for it (a Retry-After block
+        may be minutes long). Sent beyond the limit if no request of the host leaves for
+        ``_DIRECT_PATIENCE`` seconds: a downloader middleware may be downloading it while one of the
+        host's requests, which fill the limit, waits for the answer.
+        """
         waited_for_room = 0.0
         while True:
-            if hosts.host_given_up(host):
+            if hosts.host_state(host).given_up:
                 raise HostGivenUp(host, self._last_errors.get(host))
             now = self.clock()
-            wait = self._direct_delay(hosts, host, crawl_delay, now, counted)
-            if wait <= 0 and (not counted or hosts.has_room(host)):
+            wait = self._direct_delay(hosts, host, now, counted)
+            if wait <= 0 and (not counted or hosts.direct.has_room(host)):
                 break
             if internals.engine_closing(self.crawler):
                 raise IgnoreRequest(f"the crawl closed while host {host} was held back")
@@ -453,24 +452,22 @@ class AIMDMiddleware:
                 self._warn_no_room(hosts, host)
                 break
             began = self.clock()
-            if await hosts.wait_for_room(host, _DIRECT_WAIT_SLICE):
+            if await hosts.direct.wait_for_room(host, _DIRECT_WAIT_SLICE):
                 # A request of the host left: the patience starts anew.
                 waited_for_room = 0.0
             else:
                 waited_for_room += self.clock() - began
         if counted:
-            hosts.adopt(request, host, now)
-        if crawl_delay is not None:
-            crawl_delay.last_sent = now
+            hosts.direct.adopt(request, host, now)
+        if self._crawl_delays:
+            self._crawl_delays.sent(host, now)
         request.meta[META_START] = now
 
     def _warn_no_room(self, hosts: HostControl, host: str) -> None:
         if host in self._warned_no_room:
             return
         self._warned_no_room.add(host)
-        state = hosts.host_state(host)
-        silent = hosts.in_flight_cap(state) < state.limit
-        if silent and (hosts.prefetch or hosts.inflight(host) < state.limit):
+        if hosts.held_below_limit(host):
             # Without the send gate the host's limit may also be filled by
             # requests still in downloader middlewares (see
             # DirectDownloads.has_room): the other message then.
@@ -481,7 +478,7 @@ class AIMDMiddleware:
                 "time on the wire, and goes as one more, within the limit of %d.",
                 host,
                 _DIRECT_PATIENCE,
-                state.limit,
+                hosts.host_state(host).limit,
             )
             return
         logger.warning(
@@ -507,12 +504,15 @@ class AIMDMiddleware:
         return response
 
     def learn(self, request: Request, response: Response) -> None:
-        """The download handler brought *response* (the scheduler calls this
+        """Learn from *response*, which the download handler brought.
+
+        The download handler brought *response* (the scheduler calls this
         on ``response_downloaded``, before the host counts as answered). It is
         learnt from here, not in process_response: a downloader middleware
         above this one may turn it into a new request first (RedirectMiddleware
         a 3xx, MetaRefreshMiddleware a refresh page, a ban middleware a 429),
-        and the host would keep its limit whatever its pace."""
+        and the host would keep its limit whatever its pace.
+        """
         started = request.meta.get(META_START)
         if started is None:
             return  # not sent through this middleware
@@ -521,8 +521,11 @@ class AIMDMiddleware:
     def _learn_from(
         self, hosts: HostControl, request: Request, response: Response, started: float
     ) -> None:
-        """Adjust the host's limit and blocks to a downloaded *response* to a
-        request that passed here at *started*."""
+        """Adjust the host's limit and blocks to a downloaded *response*.
+
+        Adjust the host's limit and blocks to a downloaded *response* to a
+        request that passed here at *started*.
+        """
         host = self._known_host(hosts, request)
         now = self.clock()
         latency = request.meta.get("download_latency")
@@ -545,32 +548,32 @@ class AIMDMiddleware:
                 # wait as long as its header seemed to ask.
                 detail += f", Retry-After {_header_text(response)!r} unreadable"
         else:
+            # Only a host whose limit held it back while the request was in
+            # flight may have its limit raised by a run of fast answers: one
+            # held back by its delay, or with too few URLs queued, would climb
+            # to the ceiling on answers to one request at a time, and meet the
+            # next burst of its URLs with the whole ceiling at once.
             adjustment = self.table.on_success(
-                host, started, latency, self._limit_held_back(hosts, host, started)
+                host, started, latency, hosts.held_back_since(host, started)
             )
         if adjustment is not None:
             self._apply(hosts, adjustment, now, latency, detail)
         self._keep_only_known(hosts, host)
 
-    @staticmethod
-    def _limit_held_back(hosts: HostControl, host: str, started: float) -> bool:
-        """Whether *host* had its limit in flight while a request that
-        started at *started* was: now (the request still counts until it
-        leaves the downloader), or when a later request filled the limit.
-        Only then may a run of fast answers raise the limit. A host held back
-        by its delay, or with too few URLs queued, would otherwise climb to
-        the ceiling on answers to one request at a time, and meet the next
-        burst of its URLs with the whole ceiling at once."""
-        return hosts.host_state(host).full_at >= started or hosts.is_full(host)
-
     def overdue_after(self, host: str) -> float:
-        """Seconds after which a request of *host* in flight is overdue (the
-        policy hook; see ``AimdTable.overdue_after``)."""
+        """Return the seconds after which a request of *host* in flight is overdue.
+
+        Seconds after which a request of *host* in flight is overdue (the
+        policy hook; see ``AimdTable.overdue_after``).
+        """
         return self.table.overdue_after(host)
 
     def overdue(self, request: Request, host: str, seconds: float) -> None:
-        """*request* has been in flight *seconds*, past its host's overdue
-        time (the policy hook): the host backs off now, not at the timeout."""
+        """Back the host of *request*, overdue after *seconds*, off now.
+
+        *request* has been in flight *seconds*, past its host's overdue
+        time (the policy hook): the host backs off now, not at the timeout.
+        """
         started = request.meta.get(META_START)
         if started is None:
             return  # not sent through this middleware
@@ -605,12 +608,13 @@ class AIMDMiddleware:
         return None
 
     def _keep_only_known(self, hosts: HostControl, host: str) -> None:
-        """Forget *host* if the scheduler no longer knows it. With
-        ``HOSTQUEUE_REMEMBER_HOSTS = 0`` the scheduler forgets an idle host at
-        once, before the answer to a request it did not hand out (a
-        robots.txt) reaches this middleware: what was learned from that
-        answer would stay in the table, which only the scheduler's forgetting
-        empties, for the rest of the crawl."""
+        """Forget *host* if the scheduler no longer knows it.
+
+        With ``HOSTQUEUE_REMEMBER_HOSTS = 0`` the scheduler forgets an idle host at once, before the
+        answer to a request it did not hand out (a robots.txt) reaches this middleware: what was
+        learned from that answer would stay in the table, which only the scheduler's forgetting
+        empties, for the rest of the crawl.
+        """
         if hosts.known_state(host) is None:
             self.forget_host(host)
 
@@ -626,8 +630,9 @@ class AIMDMiddleware:
     ) -> None:
         host = adj.host
         debug = self.config.aimd_debug
+        dropped = hosts.adjust(adj, now)
         if adj.limit_changed:
-            hosts.set_limit(host, adj.new_limit)
+            self.recorder.limit_event(host, adj.old_limit, adj.new_limit, adj.reason)
         if adj.decreased:
             self.recorder.backoff(host, adj.reason)
         if debug and (adj.limit_changed or adj.decreased):
@@ -651,7 +656,6 @@ class AIMDMiddleware:
                 f", paused {adj.block:.1f}s" if adj.block else "",
             )
         if adj.block is not None and adj.block > 0 and adj.block_reason is not None:
-            hosts.block_until(host, now + adj.block, adj.block_reason)
             self.recorder.blocked(host, adj.block, adj.block_reason)
             if debug:
                 logger.info("AIMD %s: blocked for %.2fs (%s)", host, adj.block, adj.block_reason)
@@ -666,7 +670,6 @@ class AIMDMiddleware:
             )
         if adj.give_up:
             self._last_errors[host] = detail
-            dropped = hosts.give_up(host)
             self.recorder.host_given_up(host, dropped)
             # ERROR, as Scrapy's RetryMiddleware logs each request it gives up:
             # the host's pages are lost.
@@ -708,50 +711,38 @@ class AIMDMiddleware:
 
     # -- signals -------------------------------------------------------------
 
-    def _robots_parsed(self, robotparser: RobotParser, request: Request) -> None:
+    def _robots_parsed(self, robotparser: RobotRules, request: Request) -> None:
         user_agent: str | bytes | None = self._robots_user_agent
         if not user_agent:
             user_agent = request.headers.get(b"User-Agent") or self._default_user_agent
-        delay = robotparser.crawl_delay(user_agent)
-        if delay is None:
-            return
-        try:
-            asked = float(delay)
-        except (TypeError, ValueError):
+        asked = asked_delay(robotparser, user_agent)
+        if asked is None:
             return
         seconds = min(asked, self.config.crawl_delay_max)
         if not seconds > 0:
             return
         hosts = self._hosts()
-        # robots.txt is per netloc (with port), hosts are per hostname: the
-        # strictest Crawl-delay among a host's ports wins.
         host = hosts.host_of(request)
-        entry = self._crawl_delays.get(host)
-        if entry is None:
-            entry = self._crawl_delays[host] = _CrawlDelay(seconds)
-            if self.crawler.stats is not None:
-                self.crawler.stats.inc_value(stat_key("crawl_delay_host_count"))
-        else:
-            entry.delay = max(entry.delay, seconds)
-        self._apply_crawl_delay(hosts, host, entry.delay)
-        # The robots.txt fetch that just ended counts as the previous request.
+        now = self.clock()
+        delay, new = self._crawl_delays.learn(host, seconds, now)
+        if new and self.crawler.stats is not None:
+            self.crawler.stats.inc_value(stat_key("crawl_delay_host_count"))
+        self._apply_crawl_delay(hosts, host, delay)
         # Page requests handed out before the delay was known are waiting for
         # robots.txt right now, past the scheduler: blocking the host sends
         # them all back to it (process_request), to be handed out spaced.
-        now = self.clock()
-        entry.last_sent = max(entry.last_sent, now)
-        hosts.block_until(host, now + entry.delay + CRAWL_DELAY_MARGIN, _CRAWL_DELAY)
+        hosts.block_until(host, now + delay + CRAWL_DELAY_MARGIN, CRAWL_DELAY_REASON)
         capped = f" (it asks {asked:g}s; HOSTQUEUE_CRAWL_DELAY_MAX)" if asked > seconds else ""
-        logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, entry.delay, capped)
+        logger.info("Host %s: robots.txt Crawl-delay %gs is obeyed%s", host, delay, capped)
 
-    def _apply_crawl_delay(self, hosts: HostControl, host: str, delay: float) -> None:
+    @staticmethod
+    def _apply_crawl_delay(hosts: HostControl, host: str, delay: float) -> None:
         state = hosts.host_state(host)
-        interval = delay + CRAWL_DELAY_MARGIN
-        if interval <= state.interval * (1 - state.jitter):
-            return  # DOWNLOAD_DELAY already spaces requests at least as much
-        # A Crawl-delay is a minimum: set_interval drops the DOWNLOAD_DELAY_JITTER
-        # (default 0.5) that would start some requests at half the delay.
-        hosts.set_interval(host, max(interval, state.interval))
+        interval = interval_for(delay, state.interval, state.jitter)
+        if interval is not None:
+            # Without the DOWNLOAD_DELAY_JITTER (default 0.5) that would start
+            # some requests at half the delay.
+            hosts.set_interval(host, interval)
 
     def __repr__(self) -> str:
         return f"<AIMDMiddleware hosts={len(self.table)}>"

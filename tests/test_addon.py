@@ -1,5 +1,7 @@
-"""The add-on's merging with what the user set: values the user gave win,
-whether components are named by import path or given as classes."""
+"""The add-on's merging with what the user set.
+
+Values the user gave win, whether components are named by import path or given as classes.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def applied(**overrides: Any) -> Settings:
 
 
 def resolved(components: Any, cls: type) -> list[Any]:
-    """The orders under which *cls* is placed, by path or as a class."""
+    """Return the orders under which *cls* is placed, by path or as a class."""
     path = f"{cls.__module__}.{cls.__qualname__}"
     short = f"scrapy_hostqueue.{cls.__qualname__}"
     return [order for key, order in dict(components).items() if key is cls or key in (path, short)]
@@ -174,8 +176,11 @@ def test_an_older_scrapy_or_aiohttp_is_refused_naming_the_versions(
 def untested_warnings(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> Callable[[], list[str]]:
-    """The WARNINGs about untested versions logged so far, starting from a
-    process that has logged none."""
+    """Return the WARNINGs about untested versions logged so far.
+
+    The WARNINGs about untested versions logged so far, starting from a
+    process that has logged none.
+    """
     monkeypatch.setattr(internals, "_warned_untested", set())
     caplog.set_level(logging.WARNING, logger=internals.__name__)
 

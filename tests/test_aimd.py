@@ -174,8 +174,11 @@ def test_slow_responses_decrease() -> None:
 
 
 def test_a_level_that_pushed_back_is_probed_ever_more_rarely() -> None:
-    """A host that refuses a 4th concurrent request: the limit settles at 3 and
-    each probe of 4 needs a longer run than the one before, up to a bound."""
+    """A host that refuses a 4th concurrent request.
+
+    The limit settles at 3 and each probe of 4 needs a longer run than the one before, up to a
+    bound.
+    """
     table, clock = make(start=4)
     table.on_backoff("h", clock.advance(TICK), 0)  # 4 -> 2, level 4 remembered
     runs = []

@@ -1,5 +1,8 @@
-"""HostQueueConfig: every bad value of a setting is refused at start with an
-error naming the setting and the value; good spellings are read as meant."""
+"""HostQueueConfig: every bad value of a setting is refused at start.
+
+Every bad value of a setting is refused at start with an error naming the setting and the value;
+good spellings are read as meant.
+"""
 
 from __future__ import annotations
 

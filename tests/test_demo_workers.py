@@ -1,6 +1,8 @@
-"""The demo's shared mode (``--workers N``): N ``scrapy crawl`` processes on one
-crawl, and the hosts' table that shows whether the per-host limits held across
-them and which pages were fetched twice."""
+"""The demo's shared mode (``--workers N``).
+
+N ``scrapy crawl`` processes on one crawl, and the hosts' table that shows whether the per-host
+limits held across them and which pages were fetched twice.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""The README is valid reStructuredText whose links work off the checkout, the settings
+"""The README, the settings reference and the user docs hold what they should.
+
+The README is valid reStructuredText whose links work off the checkout, the settings
 reference documents every setting the package reads exactly once, and the user docs name
-no commit or run."""
+no commit or run.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ def settings_read_by_the_package() -> set[str]:
 
 
 def settings_reference_problems(read: set[str], page: str) -> list[str]:
-    """What is wrong between the settings the package reads and their entries."""
+    """Say what is wrong between the settings the package reads and their entries."""
     entries = Counter(_ENTRY.findall(page))
     problems = [f"{name}: no '.. setting::' entry" for name in sorted(read - set(entries))]
     problems += [f"{name}: {count} entries" for name, count in sorted(entries.items()) if count > 1]
@@ -60,7 +63,7 @@ def test_readme_is_valid_restructuredtext() -> None:
 
 
 def relative_links(source: str) -> list[str]:
-    """The link and image targets of reStructuredText *source* that name no scheme.
+    """List the link and image targets of *source* that name no scheme.
 
     README.rst is also the package's long description (setup.cfg), shown where
     ``docs/...`` leads nowhere: each of its targets must be an absolute URL.

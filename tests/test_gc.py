@@ -1,6 +1,9 @@
-"""The GcTuning extension keeps the start-up heap out of full garbage
+"""The GcTuning extension keeps the start-up heap out of full garbage collections.
+
+The GcTuning extension keeps the start-up heap out of full garbage
 collections while crawls run, and gives it back when the last one closes; the
-scheduler alone leaves the interpreter as it is."""
+scheduler alone leaves the interpreter as it is.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +32,11 @@ WITH_GC_TUNING = {
 
 @pytest.fixture(autouse=True)
 def _unfrozen() -> Iterator[None]:
-    """Every test starts and ends with nothing frozen, no holder and Python's
-    thresholds as they were."""
+    """Start and end every test with nothing frozen and Python's thresholds as they were.
+
+    Every test starts and ends with nothing frozen, no holder and Python's
+    thresholds as they were.
+    """
     assert gc_tuning.holders() == 0
     thresholds = gc.get_threshold()
     gc.unfreeze()
@@ -118,8 +124,11 @@ def test_a_threshold_changed_during_the_crawl_is_not_undone(
 
 
 class _Watcher(PageSpider):
-    """Records, when the first start request is read and at every response,
-    how many crawls hold the freeze, and the young generation's threshold."""
+    """Records how many crawls hold the freeze, and the young generation's threshold.
+
+    Records, when the first start request is read and at every response,
+    how many crawls hold the freeze, and the young generation's threshold.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -136,7 +136,7 @@ def _crawler(settings: dict[str, Any] | None = None, spider: Any = None) -> Craw
 
 @asynccontextmanager
 async def _handler(settings: dict[str, Any] | None = None) -> AsyncIterator[AiohttpDownloadHandler]:
-    """The handler of a crawler that is not crawling, for direct downloads."""
+    """Make the handler of a crawler that is not crawling, for direct downloads."""
     handler = AiohttpDownloadHandler.from_crawler(_crawler(settings))
     try:
         yield handler
@@ -181,8 +181,10 @@ class ListSpider(scrapy.Spider):
 
 
 class FollowSpider(ListSpider):
-    """Each response asks for two more pages of its host, up to ``budget`` requests
-    in all: link-following, where stock Scrapy overshoots per-host limits."""
+    """Each response asks for two more pages of its host, up to ``budget`` requests in all.
+
+    Link-following, where stock Scrapy overshoots per-host limits.
+    """
 
     name = "follow"
     budget: int
@@ -361,8 +363,11 @@ def _contract_route(received: Received) -> Reply:
 
 @deferred_f_from_coro_f
 async def test_long_response_headers_are_read() -> None:
-    """aiohttp's default refuses a header line over 8,190 bytes (a long
-    Set-Cookie or Content-Security-Policy); Scrapy's HTTP/1.1 handler reads it."""
+    """Response header lines longer than aiohttp's default limit are read.
+
+    aiohttp's default refuses a header line over 8,190 bytes (a long
+    Set-Cookie or Content-Security-Policy); Scrapy's HTTP/1.1 handler reads it.
+    """
     value = "x" * 20_000
 
     def long_header(received: Received) -> Reply:
@@ -375,8 +380,11 @@ async def test_long_response_headers_are_read() -> None:
 
 @deferred_f_from_coro_f
 async def test_response_header_bytes_are_kept_as_sent() -> None:
-    """A header byte that is not UTF-8 (here a Latin-1 file name) failed the
-    download through Scrapy's aiohttp handler; HTTP/1.1 keeps the bytes."""
+    """Response header bytes that are not UTF-8 are kept as sent.
+
+    A header byte that is not UTF-8 (here a Latin-1 file name) failed the
+    download through Scrapy's aiohttp handler; HTTP/1.1 keeps the bytes.
+    """
     disposition = 'attachment; filename="caf\u00e9.pdf"'
 
     def latin1(received: Received) -> Reply:
@@ -391,10 +399,12 @@ async def test_response_header_bytes_are_kept_as_sent() -> None:
 
 @deferred_f_from_coro_f
 async def test_bodiless_get_announces_no_content_length() -> None:
-    """RFC 9110: no Content-Length on a request without content whose method
-    expects none; requests with a body, an empty POST or PUT, and a length
-    the request sets itself keep theirs. The same as Scrapy's HTTP/1.1
-    handler, where Twisted announces an empty body for POST and PUT only."""
+    """RFC 9110: no Content-Length on a request without content whose method expects none.
+
+    Requests with a body, an empty POST or PUT, and a length the request sets itself keep theirs.
+    The same as Scrapy's HTTP/1.1 handler, where Twisted announces an empty body for POST and PUT
+    only.
+    """
     async with serving(["127.0.0.2"], _contract_route) as hosts, _handler() as handler:
         for path, method, body, headers in (
             ("/get", "GET", b"", {}),
@@ -428,8 +438,10 @@ async def test_bodiless_get_announces_no_content_length() -> None:
 
 
 def _drop_first(*targets: str) -> Route:
-    """Close the connection without answering the first request for each of
-    *targets*; answer everything else."""
+    """Close the connection without answering the first request for each of *targets*.
+
+    Answer everything else.
+    """
     dropped: set[str] = set()
 
     def route(received: Received) -> Reply:
@@ -443,9 +455,11 @@ def _drop_first(*targets: str) -> Route:
 
 @deferred_f_from_coro_f
 async def test_a_request_goes_again_on_a_new_connection_when_its_kept_alive_one_fails() -> None:
-    """As Twisted's pool for the HTTP/1.1 handler: a kept-alive connection the
-    server closed without answering (it may have timed it out while idle)
-    costs the request one more try on a new connection, counted per host."""
+    """As Twisted's pool for the HTTP/1.1 handler.
+
+    A kept-alive connection the server closed without answering (it may have timed it out while
+    idle) costs the request one more try on a new connection, counted per host.
+    """
     crawler = _crawler()
     handler = AiohttpDownloadHandler.from_crawler(crawler)
     try:
@@ -473,10 +487,12 @@ async def test_a_request_goes_again_on_a_new_connection_when_its_kept_alive_one_
 async def test_a_failed_request_is_not_sent_again_unseen(
     path: str, method: str, body: bytes
 ) -> None:
-    """aiohttp sends an idempotent request again after any disconnection; the
-    crawl's stats, retries and error budget would never see a host that
-    drops requests. Only a kept-alive connection's failure of a request that
-    may go twice is tried again."""
+    """A failed request is not sent again by aiohttp unseen.
+
+    aiohttp sends an idempotent request again after any disconnection, so the crawl's stats, retries
+    and error budget would never see a host that drops requests. Only a kept-alive connection's
+    failure of a request that may go twice is tried again.
+    """
     crawler = _crawler()
     handler = AiohttpDownloadHandler.from_crawler(crawler)
     try:
@@ -498,9 +514,12 @@ async def test_a_failed_request_is_not_sent_again_unseen(
 async def test_a_trailing_dot_after_an_ipv4_address_or_a_name_reaches_the_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``127.0.0.2.`` is the address 127.0.0.2 (aiohttp refused it as not
+    """A trailing dot after an IPv4 address or a name is understood.
+
+    ``127.0.0.2.`` is the address 127.0.0.2 (aiohttp refused it as not
     canonical, which Scrapy reported as an unsupported URL scheme); a name
-    with a trailing dot is a fully qualified name, resolved as such."""
+    with a trailing dot is a fully qualified name, resolved as such.
+    """
     real = socket.getaddrinfo
     asked: list[str] = []
 
@@ -571,7 +590,7 @@ async def test_download_latency_leaves_out_the_wait_for_a_pooled_connection() ->
     async with serving(["127.0.0.2"], slow) as hosts, _handler(settings) as handler:
         first, second = (Request(hosts.url("127.0.0.2", f"/{n}")) for n in (1, 2))
         await asyncio.gather(_download(handler, first), _download(handler, second))
-    assert hosts.max_inflight["127.0.0.2"] == 1
+    assert hosts.max_in_flight["127.0.0.2"] == 1
     served, waited = sorted((first, second), key=lambda r: r.meta["hostqueue_pool_wait"])
     assert served.meta["hostqueue_pool_wait"] < 0.2
     # The second one waited for the first (0.4 s) in the pool, then 0.4 s for
@@ -787,7 +806,7 @@ async def test_pool_holds_per_host_limit_for_direct_downloads() -> None:
         url = hosts.url("127.0.0.2")
         await asyncio.gather(*(_download(handler, Request(url)) for _ in range(12)))
     assert len(hosts.received) == 12
-    assert hosts.max_inflight["127.0.0.2"] == 3
+    assert hosts.max_in_flight["127.0.0.2"] == 3
     assert hosts.accepted["127.0.0.2"] == 3
 
 
@@ -807,8 +826,8 @@ async def test_stock_scheduler_crawl_holds_four_per_host() -> None:
     # With Scrapy's HTTP11 handler this crawl has 12-17 requests in flight per
     # host (Scrapy's downloader lets every request queued in a slot in one loop
     # turn through); the pool alone holds every host to 4.
-    assert all(hosts.max_inflight[a] <= 4 for a in addresses)
-    assert max(hosts.max_inflight.values()) == 4
+    assert all(hosts.max_in_flight[a] <= 4 for a in addresses)
+    assert max(hosts.max_in_flight.values()) == 4
     assert _connection_stats(crawler)["127.0.0.2"]["connections_opened_count"] <= 4
 
 
@@ -843,9 +862,12 @@ async def test_open_sockets_stay_within_pool_total_over_500_hosts() -> None:
 @pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None:
-    """With ``HOSTQUEUE_MAX_ACTIVE_HOSTS = 0`` about ``CONCURRENT_REQUESTS``
+    """Without an active-host cap, hosts keep their connections.
+
+    With ``HOSTQUEUE_MAX_ACTIVE_HOSTS = 0`` about ``CONCURRENT_REQUESTS``
     sockets are in use at any time: a pool total of that much would close an
-    idle socket for every new one, and hosts would reconnect for most requests."""
+    idle socket for every new one, and hosts would reconnect for most requests.
+    """
 
     def slow(received: Received) -> Reply:
         return Reply(head_delay=0.02)
@@ -864,14 +886,16 @@ async def test_without_an_active_host_cap_hosts_keep_their_connections() -> None
     assert len(spider.responses) == 60
     # At most 2 connections per host (its limit), each reused.
     assert all(hosts.accepted[a] <= 2 for a in addresses), hosts.accepted
-    assert all(hosts.max_inflight[a] <= 2 for a in addresses)
+    assert all(hosts.max_in_flight[a] <= 2 for a in addresses)
 
 
 @pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections() -> None:
-    """The scheduler without the AIMD middleware gives a host its
-    ``DOWNLOAD_SLOTS`` concurrency; the pool must not hold it lower."""
+    """The scheduler without the AIMD middleware gives a host its ``DOWNLOAD_SLOTS`` concurrency.
+
+    The pool must not hold it lower.
+    """
 
     def slow(received: Received) -> Reply:
         return Reply(head_delay=0.1)
@@ -886,7 +910,7 @@ async def test_a_slot_allowed_more_than_the_ceiling_gets_that_many_connections()
         urls = [hosts.url("127.0.0.2", f"/{n}") for n in range(48)]
         _crawler, spider = await _crawl(settings, urls)
     assert len(spider.responses) == 48
-    assert hosts.max_inflight["127.0.0.2"] == 12
+    assert hosts.max_in_flight["127.0.0.2"] == 12
 
 
 # -- crawls ----------------------------------------------------------------------
@@ -992,11 +1016,13 @@ async def test_crawl_in_a_process(process: str, tmp_path: Path) -> None:
 
 
 class StandInDns:
-    """Stands in for DNS in this process (``socket.getaddrinfo``): ``site``
-    names resolve to a loopback address, ``slow`` ones fail after ``slow_for``
-    seconds (or once ``release`` is set) as a resolver that times out does,
-    ``gone`` ones do not exist (NXDOMAIN), ``flaky`` ones fail at once as a
-    resolver that is down. Any other name goes to the real resolver."""
+    """Stands in for DNS in this process (``socket.getaddrinfo``).
+
+    ``site`` names resolve to a loopback address, ``slow`` ones fail after ``slow_for`` seconds (or
+    once ``release`` is set) as a resolver that times out does, ``gone`` ones do not exist
+    (NXDOMAIN), ``flaky`` ones fail at once as a resolver that is down. Any other name goes to the
+    real resolver.
+    """
 
     def __init__(self, site_address: str, slow_for: float = 0.0) -> None:
         self.site_address = site_address
@@ -1035,11 +1061,14 @@ class StandInDns:
 async def test_names_resolve_in_reactor_threadpool_maxsize_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Lookups that hang (a resolver timing out) hold a thread each, and the
+    """Names resolve within the reactor's thread pool while lookups hang.
+
+    Lookups that hang (a resolver timing out) hold a thread each, and the
     download giving up does not free it. With more of them than the event
     loop's default executor has threads (``min(32, CPUs + 4)``), a live name
     waited behind them; the handler has ``REACTOR_THREADPOOL_MAXSIZE``
-    threads of its own, the setting Scrapy's docs have broad crawls raise."""
+    threads of its own, the setting Scrapy's docs have broad crawls raise.
+    """
     threads = min(32, (os.cpu_count() or 1) + 4) + 4
     dns = StandInDns("127.0.0.2", slow_for=30.0)
     monkeypatch.setattr(socket, "getaddrinfo", dns)
@@ -1074,9 +1103,11 @@ async def test_names_resolve_in_reactor_threadpool_maxsize_threads(
 async def test_a_name_that_does_not_exist_is_asked_for_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """NXDOMAIN is remembered for the DNS cache's TTL: a dead domain's
-    retries and other requests fail at once instead of each asking the
-    resolver again. A resolver that fails is asked again each time."""
+    """NXDOMAIN is remembered for the DNS cache's TTL.
+
+    A dead domain's retries and other requests fail at once instead of each asking the resolver
+    again. A resolver that fails is asked again each time.
+    """
     dns = StandInDns("127.0.0.2")
     monkeypatch.setattr(socket, "getaddrinfo", dns)
     async with _handler() as handler:
@@ -1106,8 +1137,10 @@ async def test_names_that_do_not_exist_are_not_remembered_without_a_dns_cache(
 async def test_a_missing_name_is_remembered_for_a_minute_at_most(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """While the network is down a live name can look missing: whatever the
-    DNS cache's TTL, a missing name is asked for again after 60 s."""
+    """While the network is down a live name can look missing.
+
+    Whatever the DNS cache's TTL, a missing name is asked for again after 60 s.
+    """
     dns = StandInDns("127.0.0.2")
     monkeypatch.setattr(socket, "getaddrinfo", dns)
     clock = FakeClock(1000.0)

@@ -1,5 +1,7 @@
-"""The package's layout holds: its import graph (read with ``ast``, nothing is
-imported), its public names, and which modules are private by their names.
+"""The package's layout: its import graph, public names and private modules.
+
+Its import graph (read with ``ast``, nothing is imported), its public names, and which modules are
+private by their names.
 
 The rules:
 
@@ -54,7 +56,7 @@ class Import:
 
 
 def module_name(path: Path, root: Path) -> str:
-    """The dotted name of the module at *path*, *root* being the package's parent."""
+    """Return the dotted name of the module at *path*, *root* being the package's parent."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
@@ -68,9 +70,10 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def imports_of(source: str, name: str, modules: set[str], *, package: bool) -> list[Import]:
-    """What the module *name* (a package's ``__init__`` if *package*) imports.
-    ``from a import b`` counts as an import of ``a.b`` when that is one of
-    *modules*, else of ``a``."""
+    """List what the module *name* (a package's ``__init__`` if *package*) imports.
+
+    ``from a import b`` counts as an import of ``a.b`` when that is one of *modules*, else of ``a``.
+    """
     found: list[Import] = []
 
     def visit(node: ast.AST, *, typing_only: bool, lazy: bool) -> None:
@@ -118,7 +121,7 @@ def import_graph(package_dir: Path) -> dict[str, list[Import]]:
 
 
 def backends(graph: dict[str, list[Import]], frontier: str) -> set[str]:
-    """The backend folders: the subpackages of *frontier*."""
+    """Return the backend folders: the subpackages of *frontier*."""
     return {
         name
         for name in graph
@@ -129,8 +132,7 @@ def backends(graph: dict[str, list[Import]], frontier: str) -> set[str]:
 
 
 def backend_problems(graph: dict[str, list[Import]], frontier: str) -> list[str]:
-    """Imports of a backend's modules from outside its folder, but the
-    picker's lazy ones."""
+    """List imports of a backend's modules from outside its folder, but the picker's lazy ones."""
     problems = []
     for backend in sorted(backends(graph, frontier)):
         for name, imports in sorted(graph.items()):
@@ -146,7 +148,7 @@ def backend_problems(graph: dict[str, list[Import]], frontier: str) -> list[str]
 
 
 def pure_modules(package_dir: Path) -> set[str]:
-    """The modules whose docstring calls them pure."""
+    """Return the modules whose docstring calls them pure."""
     pure = set()
     for path in package_dir.rglob("*.py"):
         docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
@@ -156,8 +158,11 @@ def pure_modules(package_dir: Path) -> set[str]:
 
 
 def runtime_closure(graph: dict[str, list[Import]], name: str) -> dict[str, str]:
-    """Every module importing *name* imports at run time, with the module of
-    the package that imports it (a module's parent packages included)."""
+    """Return every module importing *name* imports at run time.
+
+    Every module importing *name* imports at run time, with the module of
+    the package that imports it (a module's parent packages included).
+    """
     seen: dict[str, str] = {}
     todo = [name]
     while todo:
@@ -331,8 +336,10 @@ def test_each_exception_keeps_the_base_callers_test_for(error: type, base: str) 
 
 
 def documented_modules(docs: str) -> set[str]:
-    """The modules the docs name: literally, or as the module (and its
-    packages) of an object an ``auto...`` directive documents."""
+    """Return the modules the docs name.
+
+    Literally, or as the module (and its packages) of an object an ``auto...`` directive documents.
+    """
     named = set(re.findall(r"\bscrapy_hostqueue(?:\.\w+)*", docs))
     for target in re.findall(r"^\.\. auto\w+:: (scrapy_hostqueue\S*)", docs, re.MULTILINE):
         module, _, attr = target.rpartition(".")

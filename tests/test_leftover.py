@@ -1,5 +1,7 @@
-"""The check at a finished crawl's close: nothing may be left in any part of
-the scheduler (``scrapy_hostqueue._leftover``)."""
+"""The check at a finished crawl's close.
+
+Nothing may be left in any part of the scheduler (``scrapy_hostqueue._leftover``).
+"""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ LOST = "hostqueue/lost_at_close_count"
 
 
 def _scheduler(monkeypatch: pytest.MonkeyPatch, **overrides: object) -> HostQueueScheduler:
-    """An open scheduler without an engine: the test hands requests out and
-    lets them go as the engine and the downloader would."""
+    """Open a scheduler without an engine.
+
+    The test hands requests out and lets them go as the engine and the downloader would.
+    """
     crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER, **overrides))
     monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)
     scheduler = HostQueueScheduler.from_crawler(crawler)
@@ -46,7 +50,7 @@ def test_a_finished_crawl_with_requests_left_says_so_per_part(
     handed_out = scheduler.next_request()
     assert handed_out is not None
     # A request of a given-up host, on its way to its errback.
-    scheduler.hosts.refuse("c.example", Request("http://c.example/1"))
+    scheduler.hosts.give_up_request("c.example", Request("http://c.example/1"))
     with caplog.at_level(logging.ERROR):
         scheduler.close("finished")
     [error] = _errors(caplog)

@@ -1,6 +1,8 @@
-"""AIMDMiddleware as a component: start-up checks, and each hook driven directly
-against a stand-in of the scheduler's hosts built on the real frontier (no
-network)."""
+"""AIMDMiddleware as a component, without a network.
+
+Start-up checks, and each hook driven directly against a stand-in of the
+scheduler's hosts built on the real in-memory store.
+"""
 
 from __future__ import annotations
 
@@ -60,31 +62,32 @@ URL = f"http://{HOST}/page"
 
 
 class Unwatched:
-    """No event loop here: overdue requests are tested with the watch itself
-    and in crawls."""
+    """No event loop here: overdue requests are tested with the watch itself and in crawls."""
 
     def start(self, hook: Any) -> None:
         pass
 
 
 class StandInHosts(Hosts):
-    """The scheduler's hosts, as the middleware uses them, on the real
-    frontier, without an engine (the real one needs a running crawl)."""
+    """The scheduler's hosts, as the middleware uses them, on the real in-memory store.
+
+    Without an engine: the real one needs a running crawl.
+    """
 
     def __init__(self, configured: int = 8, remember: int = 10_000) -> None:
         # No super(): no crawler needed.
         self._policy_hook: Any = None
         self._configured = configured
-        self.frontier = MemoryStore(self._make_state, remember=remember)
+        self._memory = MemoryStore(self._make_state, remember=remember)
         self.blocks: list[tuple[str, float, str]] = []
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
         self.records = RequestTable()
         self.prefetch = 0
-        self._budget = 0  # no share: these tests look at one host's limit
+        self._global_limit = 0  # no share: these tests look at one host's limit
         # Closed (no prefetch): these tests hold no request at a send gate.
         self.gate = SendGate(
-            self.frontier,
+            self.store,
             self.records,
             recorder=None,  # type: ignore[arg-type]
             enabled=False,
@@ -92,26 +95,28 @@ class StandInHosts(Hosts):
             may_send_back=lambda request: False,
             room_changed=lambda host: None,
         )
-        self._direct = DirectDownloads(self.frontier, self.records, self.gate, gated=False)
+        self.direct = DirectDownloads(self.store, self.records, self.gate, gated=False)
         self._overdue = Unwatched()  # type: ignore[assignment]
 
     @property
     def store(self) -> MemoryStore[Request]:  # type: ignore[override]
-        return self.frontier
+        return self._memory
 
     def hand_out(self, request: Request) -> Request:
-        """Count *request* as handed out by next_request(), and in flight for
-        its host until :meth:`leave`."""
+        """Count *request* as handed out by next_request().
+
+        It is in flight for its host until :meth:`leave`.
+        """
         host = self.host_of(request)
         self.records.hand_out(request, host, None)
-        self.frontier.adopt(host, self.frontier.clock())
+        self.store.adopt(host, self.store.clock())
         return request
 
     def leave(self, request: Request) -> None:
         """*request* left the downloader."""
         record = self.records.leave(request)
         assert record is not None
-        self.frontier.finish(record.host)
+        self.store.finish(record.host)
 
     def _make_state(self, host: str) -> HostState:
         limit = self._configured
@@ -119,7 +124,7 @@ class StandInHosts(Hosts):
             limit = self._policy_hook.initial_limit(host, limit)
         state = HostState(limit, jitter=0.5)
         # Heard from: a host not heard from yet has one request at a time
-        # (tested with the frontier and in crawls), which would hide the
+        # (tested with the store and in crawls), which would hide the
         # limits these tests look at.
         state.answering = True
         return state
@@ -128,19 +133,19 @@ class StandInHosts(Hosts):
         return urlparse_cached(request).hostname or ""
 
     def set_limit(self, host: str, limit: int) -> None:
-        self.frontier.set_limit(host, limit)
+        self.store.set_limit(host, limit)
         self.limits.append((host, limit))
 
     def block_until(self, host: str, when: float, reason: str) -> None:
-        self.frontier.block_until(host, when, reason)
+        self.store.block_until(host, when, reason)
         self.blocks.append((host, when, reason))
 
     def set_interval(self, host: str, interval: float) -> None:
-        self.frontier.set_interval(host, interval, jitter=0.0)
+        self.store.set_interval(host, interval, jitter=0.0)
 
     def give_up(self, host: str) -> int:
         self.given_up.append(host)
-        return len(self.frontier.give_up(host))
+        return len(self.store.give_up(host))
 
 
 class StandInScheduler(HostQueueScheduler):
@@ -162,7 +167,7 @@ def middleware(
     mw.clock = mw.table.clock = clock
     if hosts is None:
         hosts = StandInHosts()
-    hosts.frontier.clock = clock
+    hosts.store.clock = clock
     # The scheduler's own crawler: attach_policy connects it to a signal.
     hosts.crawler = crawler
     scheduler = StandInScheduler(hosts)
@@ -172,7 +177,7 @@ def middleware(
 
 
 def sent(mw: AIMDMiddleware, url: str = URL, *, scheduled: bool = True) -> Request:
-    """A request that went through process_request (and so was sent)."""
+    """Send a request through process_request and return it."""
     request = Request(url)
     if scheduled:
         mw._hosts().hand_out(request)  # type: ignore[attr-defined]
@@ -188,9 +193,11 @@ def response(
 
 
 def deliver(mw: AIMDMiddleware, request: Request, answer: Response) -> Response:
-    """*answer* comes from the download handler: the scheduler hands it to
-    the middleware on response_downloaded, then it crosses process_response
-    (crawl tests cover those a middleware makes up)."""
+    """*answer* comes from the download handler.
+
+    The scheduler hands it to the middleware on response_downloaded, then it crosses
+    process_response (crawl tests cover those a middleware makes up).
+    """
     mw.learn(request, answer)
     return mw.process_response(request, answer)
 
@@ -273,7 +280,7 @@ def test_hosts_known_before_spider_opened_get_the_aimd_start(
     # With JOBDIR the scheduler resumes requests (and meets hosts) in open(),
     # before spider_opened attaches the middleware.
     hosts = StandInHosts(configured=8)
-    hosts.frontier.push(HOST, 0, "resumed request")
+    hosts.store.push(HOST, 0, "resumed request")
     assert limit(hosts) == 8
     mw, hosts, _ = middleware(monkeypatch, hosts)
     assert limit(hosts) == 2
@@ -326,7 +333,7 @@ def test_a_request_of_a_host_blocked_meanwhile_goes_back_to_the_scheduler(
 
 
 def held(outcome: Any) -> Awaitable[Any]:
-    """What process_request returns for a request it holds: an awaitable."""
+    """Return what process_request returns for a request it holds: an awaitable."""
     assert outcome is not None
     assert not isinstance(outcome, Request)
     assert inspect.isawaitable(outcome)
@@ -336,8 +343,7 @@ def held(outcome: Any) -> Awaitable[Any]:
 def direct_middleware(
     monkeypatch: pytest.MonkeyPatch, *, closing: bool = False
 ) -> tuple[AIMDMiddleware, StandInHosts, FakeClock]:
-    """The middleware for requests that skip the scheduler, with the engine
-    closing or not."""
+    """Make the middleware for requests that skip the scheduler."""
     monkeypatch.setattr(internals, "engine_closing", lambda crawler: closing)
     return middleware(monkeypatch)
 
@@ -346,8 +352,10 @@ def direct_middleware(
 async def test_a_request_not_from_the_scheduler_waits_out_the_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """engine.download_async requests (media pipelines) would loop if sent
-    back to the scheduler: they wait in the middleware instead."""
+    """engine.download_async requests (media pipelines) would loop if sent back to the scheduler.
+
+    They wait in the middleware instead.
+    """
     mw, hosts, clock = direct_middleware(monkeypatch)
     hosts.block_until(HOST, clock.now + 2, "retry-after")
     direct = Request(URL)
@@ -372,11 +380,11 @@ async def test_a_request_not_from_the_scheduler_is_spaced_by_the_host_delay(
     hosts.set_interval(HOST, 1.0)
     assert mw.process_request(Request(URL)) is None
     # The next start waits the interval after it, scheduled or not.
-    assert hosts.frontier.host_state(HOST).ready_at() == clock.now + 1.0
+    assert hosts.store.host_state(HOST).ready_at() == clock.now + 1.0
     waiting = held(mw.process_request(Request(URL)))
     clock.now += 1.0
     assert await waiting is None
-    assert hosts.frontier.host_state(HOST).ready_at() == clock.now + 1.0
+    assert hosts.store.host_state(HOST).ready_at() == clock.now + 1.0
     # robots.txt is not spaced (the host's first request waits for it).
     assert mw.process_request(Request(f"http://{HOST}/robots.txt")) is None
 
@@ -588,7 +596,7 @@ def test_each_request_of_a_burst_that_fills_the_limit_vouches_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The engine hands out a burst in one go; each request passes this
-    # middleware a moment later, after the frontier noted the limit filled.
+    # middleware a moment later, after the store noted the limit filled.
     mw, hosts, clock = middleware(monkeypatch)
     burst = [hosts.hand_out(Request(f"{URL}/{i}")) for i in range(2)]
     for request in burst:
@@ -605,11 +613,11 @@ def test_a_cached_answer_counts_as_heard_from(monkeypatch: pytest.MonkeyPatch) -
     # A crawl replayed from the HTTP cache is not held to one request per host.
     mw, hosts, _ = middleware(monkeypatch)
     request = sent(mw)
-    hosts.frontier.set_answering(HOST, False)
+    hosts.store.set_answering(HOST, False)
     mw.process_response(request, Response(URL, status=200, flags=["cached"], request=request))
     state = hosts.host_state(HOST)
     assert state.answering
-    assert hosts.frontier.in_flight_cap(state) == state.limit == 2
+    assert hosts.store.in_flight_cap(state) == state.limit == 2
 
 
 def test_cached_and_foreign_responses_are_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -676,7 +684,7 @@ def test_error_budget_parks_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> No
         HOSTQUEUE_ERROR_COOLDOWN=5,
         HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
     )
-    hosts.frontier.push(HOST, 0, "queued")
+    hosts.store.push(HOST, 0, "queued")
     error = DownloadConnectionRefusedError("refused")
     for _ in range(2):
         clock.now += 1
@@ -712,7 +720,7 @@ def test_a_failing_host_with_work_queued_keeps_its_error_budget_among_more_hosts
         HOSTQUEUE_ERROR_COOLDOWN=5,
         HOSTQUEUE_ERROR_MAX_COOLDOWNS=1,
     )
-    hosts.frontier.push(HOST, 0, "queued")
+    hosts.store.push(HOST, 0, "queued")
     error = DownloadConnectionRefusedError("refused")
 
     def others_answer(first: int) -> None:
@@ -763,7 +771,7 @@ def test_what_was_learned_about_a_host_is_forgotten_with_it(
     for i in range(2, 6):
         answer(mw, sent(mw, f"http://other{i}.test/"))
     assert HOST not in mw.table
-    assert hosts.frontier.known_state(HOST) is None
+    assert hosts.store.known_state(HOST) is None
     assert limit(hosts) == 4  # met again: from the start
     assert len(mw.table) <= 3 + 1
 
@@ -815,7 +823,7 @@ def test_the_strictest_crawl_delay_of_a_hosts_ports_wins(monkeypatch: pytest.Mon
 
 def test_a_larger_download_delay_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     mw, hosts, _ = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
-    hosts.frontier.set_interval(HOST, 5.0, jitter=0.0)
+    hosts.store.set_interval(HOST, 5.0, jitter=0.0)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
     assert hosts.host_state(HOST).interval == 5.0
 
@@ -823,8 +831,10 @@ def test_a_larger_download_delay_is_kept(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_robots_crawl_delay_holds_requests_already_handed_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Requests handed out before robots.txt was parsed wait for it past the
-    scheduler; they must not all start at once when it arrives."""
+    """Requests handed out before robots.txt was parsed wait for it past the scheduler.
+
+    They must not all start at once when it arrives.
+    """
     mw, hosts, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
     # The robots.txt fetch counts as the previous request: the host is blocked
@@ -851,7 +861,7 @@ def test_the_crawl_delay_is_reapplied_when_the_scheduler_forgot_the_host(
 ) -> None:
     mw, hosts, clock = middleware(monkeypatch, ROBOTSTXT_OBEY=True)
     robots(mw, "User-agent: *\nCrawl-delay: 1\n")
-    hosts.frontier = MemoryStore(hosts._make_state)  # forgot every host
+    hosts._memory = MemoryStore(hosts._make_state)  # forgot every host
     clock.now += 2  # past the block that follows robots.txt
     sent(mw)
     assert hosts.host_state(HOST).interval == pytest.approx(1 + CRAWL_DELAY_MARGIN)
@@ -894,9 +904,11 @@ async def test_the_addon_wires_the_middleware_above_retry(local_hosts: Any) -> N
 def test_a_child_of_a_request_sent_back_often_is_held_by_a_block(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """How often a request went back is the request's own: a request built
-    from its response's meta (``meta=response.meta``) starts from zero and is
-    held by its host's block like any other."""
+    """How often a request went back is the request's own.
+
+    A request built from its response's meta (``meta=response.meta``) starts from zero and is held
+    by its host's block like any other.
+    """
     mw, hosts, clock = middleware(monkeypatch)
     hosts.block_until(HOST, clock.now + 2, "retry-after")
     back = mw.process_request(hosts.hand_out(Request(URL)))

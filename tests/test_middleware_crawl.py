@@ -1,5 +1,7 @@
-"""AIMDMiddleware in real crawls against local hosts; politeness is read at the
-server (in flight, statuses, arrivals, Retry-After windows)."""
+"""AIMDMiddleware in real crawls against local hosts.
+
+Politeness is read at the server (in flight, statuses, arrivals, Retry-After windows).
+"""
 
 from __future__ import annotations
 
@@ -55,10 +57,12 @@ CRAWL_TIMEOUT = 30
 
 
 def aimd_settings(handler: str = SCRAPY_HTTP11, **overrides: Any) -> dict[str, Any]:
-    """Scrapy's HTTP/1.1 handler by default; the tests parametrized with
-    ``HANDLERS`` also run with this project's handler (what the add-on wires),
-    with which the scheduler hands out prefetched requests. *overrides*
-    replace any of these."""
+    """Scrapy's HTTP/1.1 handler by default.
+
+    The tests parametrized with ``HANDLERS`` also run with this project's handler (what the add-on
+    wires), with which the scheduler hands out prefetched requests. *overrides* replace any of
+    these.
+    """
     defaults: dict[str, Any] = {
         "SCHEDULER": SCHEDULER,
         "DOWNLOADER_MIDDLEWARES": MIDDLEWARE,
@@ -85,14 +89,17 @@ def spider_of(crawler: Crawler) -> StoppableSpider:
 
 
 def stat(crawler: Crawler, key: str, default: Any = None) -> Any:
-    """A stat after the crawl."""
+    """Return a stat after the crawl."""
     assert crawler.stats is not None
     return crawler.stats.get_value(key, default)
 
 
 def live(crawler: Crawler, key: str, default: Any = None) -> Any:
-    """A per-host stat during the crawl (the recorder writes them to the stats
-    collector only periodically and at the end)."""
+    """Return a per-host stat during the crawl.
+
+    A per-host stat during the crawl (the recorder writes them to the stats
+    collector only periodically and at the end).
+    """
     return get_recorder(crawler).host_stats().get(key, default)
 
 
@@ -106,8 +113,11 @@ async def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
 
 
 def record_statuses(crawler: Crawler, hostname: str) -> list[tuple[float, int]]:
-    """``(monotonic time, status)`` of every response of *hostname* as it leaves
-    the download handler (429s included: RetryMiddleware swallows those later)."""
+    """Record ``(monotonic time, status)`` of every response of *hostname*.
+
+    ``(monotonic time, status)`` of every response of *hostname* as it leaves
+    the download handler (429s included: RetryMiddleware swallows those later).
+    """
     seen: list[tuple[float, int]] = []
 
     def downloaded(response: Response, request: Request, spider: Any) -> None:
@@ -309,10 +319,11 @@ async def test_retry_after_values(
 async def test_a_host_not_heard_from_has_one_request_at_a_time(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """Two hosts that hang and a site, 8 download slots and a limit of 4: the
-    hanging hosts took 4 slots each, all 8, and the site waited for their
-    download timeout. A host gets more than one request in flight only once
-    it has answered, so they hold one slot each."""
+    """Two hosts that hang and a site, 8 download slots and a limit of 4.
+
+    The hanging hosts took 4 slots each, all 8, and the site waited for their download timeout. A
+    host gets more than one request in flight only once it has answered, so they hold one slot each.
+    """
     timeout = 0.5
     # The site's 20 pages take a small part of the timeout, even on a busy
     # machine: had it waited for the hanging requests, it would end after it.
@@ -341,8 +352,11 @@ async def test_a_host_not_heard_from_has_one_request_at_a_time(
 
 
 class ChainThenBurstSpider(PageSpider):
-    """Fetches ``chain`` pages one after the other (each found on the one
-    before), then ``burst`` pages found together on the last of them."""
+    """Fetches ``chain`` pages one after the other, then ``burst`` pages together.
+
+    Fetches ``chain`` pages one after the other (each found on the one
+    before), then ``burst`` pages found together on the last of them.
+    """
 
     chain = 30
     burst = 8
@@ -397,11 +411,12 @@ async def test_a_download_slots_concurrency_is_the_hosts_ceiling_above_the_defau
 
 
 class QueuedAtOpenSpider(PageSpider):
-    """Puts every start URL in the scheduler when the spider opens, in their
-    order, before anything is handed out. Scrapy reads ``start()`` one request
-    per engine loop, handing out requests in between, so the URLs that come
-    late in a long list reach the scheduler when the ones before them may
-    already be done."""
+    """Puts every start URL in the scheduler when the spider opens.
+
+    They go in their order, before anything is handed out. Scrapy reads ``start()`` one request per
+    engine loop, handing out requests in between, so the URLs that come late in a long list reach
+    the scheduler when the ones before them may already be done.
+    """
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> QueuedAtOpenSpider:
@@ -423,10 +438,11 @@ class QueuedAtOpenSpider(PageSpider):
 async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
     local_hosts: HostsFactory,
 ) -> None:
-    """Four sites that answer and 16 hosts whose pages hang until the
-    download timeout, 8 places: the hanging hosts hold at most half of them
-    while the sites have work, so the sites are not sent behind them at the
-    end of each turn."""
+    """Four sites that answer and 16 hosts whose pages hang until the download timeout, 8 places.
+
+    The hanging hosts hold at most half of them while the sites have work, so the sites are not sent
+    behind them at the end of each turn.
+    """
     healthy, hanging = 4, 16
     hosts = local_hosts(
         [HostSpec(latency=0.01, links=0)] * healthy + [HostSpec(fault="hang")] * hanging,
@@ -484,9 +500,12 @@ async def test_hosts_that_hang_do_not_take_the_places_of_hosts_that_answer(
 
 
 class FailedDownloads:
-    """A downloader middleware next to the download handler that notes the
+    """A downloader middleware that notes every download that failed.
+
+    A downloader middleware next to the download handler that notes the
     host and the exception of every download that failed, in ``failed``
-    (a subclass gives its own list)."""
+    (a subclass gives its own list).
+    """
 
     failed: ClassVar[list[tuple[str, BaseException]]]
 
@@ -498,10 +517,13 @@ class FailedDownloads:
 async def test_hosts_whose_address_drops_connections_fail_at_the_connect_timeout(
     local_hosts: HostsFactory,
 ) -> None:
-    """Two sites and six hosts whose addresses drop connection attempts, with a
+    """Hosts whose address drops connection attempts fail at the connect timeout.
+
+    Two sites and six hosts whose addresses drop connection attempts, with a
     20 s download timeout: each attempt at a dropping host ends after
     HOSTQUEUE_CONNECT_TIMEOUT, so the crawl has its pages, and every attempt
-    failed and retried, before a single download timeout could run out."""
+    failed and retried, before a single download timeout could run out.
+    """
 
     class Failed(FailedDownloads):
         failed = []
@@ -543,8 +565,11 @@ async def test_hosts_whose_address_drops_connections_fail_at_the_connect_timeout
 
 
 class GroupingMiddleware:
-    """A project's downloader middleware (at the template's 543) that puts
-    hosts into one downloader slot, as for the subdomains of one site."""
+    """A project's downloader middleware that puts hosts into one downloader slot.
+
+    A project's downloader middleware (at the template's 543) that puts
+    hosts into one downloader slot, as for the subdomains of one site.
+    """
 
     SLOT = "site"
 
@@ -553,8 +578,10 @@ class GroupingMiddleware:
 
 
 def most_in_flight_at_once(arrivals: list[float], shorter_than_latency: float) -> int:
-    """The most requests that arrived within any window shorter than the
-    hosts' latency: each of them was still in flight when the last arrived."""
+    """Count the most requests that arrived within a window shorter than the latency.
+
+    Each of them was still in flight when the last arrived.
+    """
     times = sorted(arrivals)
     most = 0
     for i, t in enumerate(times):
@@ -652,8 +679,11 @@ class ErrbackSpider(StoppableSpider):
 async def crawl_with_errbacks(
     caplog: pytest.LogCaptureFixture, start_urls: list[str], **overrides: Any
 ) -> tuple[Crawler, ErrbackSpider]:
-    """A crawl of :class:`ErrbackSpider` with the middleware's INFO lines
-    captured, which must finish."""
+    """Run a crawl of :class:`ErrbackSpider` that must finish, with INFO lines captured.
+
+    A crawl of :class:`ErrbackSpider` with the middleware's INFO lines
+    captured, which must finish.
+    """
     crawler = get_crawler(ErrbackSpider, aimd_settings(**overrides))
     with caplog.at_level(logging.INFO, logger="scrapy_hostqueue.middleware"):
         await crawler.crawl_async(start_urls=start_urls)
@@ -750,10 +780,13 @@ async def test_a_host_that_answers_only_503_is_given_up(
 async def test_a_host_answering_malformed_http_is_not_parked(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """aiohttp refuses a response with a header line without a colon, which
+    """A host answering malformed HTTP is not parked as a failing one.
+
+    aiohttp refuses a response with a header line without a colon, which
     Scrapy's aiohttp handler reports as DownloadFailedError, as a reset. The
     host did answer: no failure of the error budget, no cool-down, no giving
-    up (the HTTP/1.1 handler skips the line and gets the page)."""
+    up (the HTTP/1.1 handler skips the line and gets the page).
+    """
     hosts = local_hosts([HostSpec(latency=0.01, links=0, fault="malformed")])
     crawler = get_crawler(
         ErrbackSpider,
@@ -828,9 +861,12 @@ async def test_a_host_turning_slow_drops_to_the_floor_and_climbs_back(
 
 
 class FailureWatcher:
-    """A project's downloader middleware above the AIMD middleware that treats
+    """A project's downloader middleware that treats download exceptions as failures.
+
+    A project's downloader middleware above the AIMD middleware that treats
     every download exception but ``IgnoreRequest`` as a failure (as
-    ban-detection and proxy-rotation middlewares do)."""
+    ban-detection and proxy-rotation middlewares do).
+    """
 
     def __init__(self) -> None:
         self.failures: list[Exception] = []
@@ -847,12 +883,15 @@ class FailureWatcher:
 async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blocked(
     local_hosts: HostsFactory, tmp_path: Path
 ) -> None:
-    """With this project's handler the scheduler hands a host one request
+    """A request waiting at the send gate goes back to the scheduler on a long block.
+
+    With this project's handler the scheduler hands a host one request
     beyond its limit, which waits at the send gate. When the host answers 429
     with a long Retry-After, that request goes back to the scheduler rather
     than wait at the gate for the block's end: the crawl closes on time and
     JOBDIR keeps the request. It crosses the middlewares above the AIMD
-    middleware as an IgnoreRequest, not as a failure."""
+    middleware as an IgnoreRequest, not as a failure.
+    """
     close_after = 2
     hosts = local_hosts(
         [HostSpec(latency=0.3, links=0, throttle_above=1, throttle_status=429, retry_after="20")]
@@ -899,8 +938,11 @@ async def test_a_request_waiting_at_the_send_gate_goes_back_when_its_host_is_blo
 async def test_crawl_delay_holds_at_the_server_when_bodies_are_slow(
     local_hosts: HostsFactory,
 ) -> None:
-    """The send gate keeps the Crawl-delay from the moment a request went on
-    the wire, not from its hand-out: the request after a slow body waits."""
+    """Crawl-delay holds at the server when bodies are slow.
+
+    The send gate keeps the Crawl-delay from the moment a request went on
+    the wire, not from its hand-out: the request after a slow body waits.
+    """
     delay = 0.3
     hosts = local_hosts(
         [
@@ -934,8 +976,11 @@ async def test_crawl_delay_holds_at_the_server_when_bodies_are_slow(
 async def test_direct_downloads_keep_the_download_delay(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """engine.download_async requests (media pipelines) are spaced by the
-    host's delay, from the scheduled requests and from each other."""
+    """Direct downloads keep the download delay.
+
+    engine.download_async requests (media pipelines) are spaced by the
+    host's delay, from the scheduled requests and from each other.
+    """
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler = get_crawler(
         DirectDownloadSpider,
@@ -995,9 +1040,11 @@ async def test_direct_downloads_keep_the_download_delay(
 async def test_direct_downloads_count_against_the_host_limit(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """engine.download_async requests wait for a place under the host's limit:
-    the host never sees more than the limit, with Scrapy's HTTP/1.1 handler
-    too (6 in flight at a limit of 2 before)."""
+    """engine.download_async requests wait for a place under the host's limit.
+
+    The host never sees more than the limit, with Scrapy's HTTP/1.1 handler too (6 in flight at a
+    limit of 2 before).
+    """
     hosts = local_hosts([HostSpec(latency=0.05, links=0)])
     crawler = get_crawler(
         DirectDownloadSpider,
@@ -1015,9 +1062,12 @@ async def test_direct_downloads_count_against_the_host_limit(
 
 
 class SameHostFetchMiddleware:
-    """Before the first request of a host goes on, downloads another page of
+    """Downloads another page of a host before its first request goes on.
+
+    Before the first request of a host goes on, downloads another page of
     that host with engine.download_async and waits for it (as a login or
-    token middleware may)."""
+    token middleware may).
+    """
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
@@ -1040,9 +1090,12 @@ class SameHostFetchMiddleware:
 async def crawl_fetching_the_same_host(
     caplog: pytest.LogCaptureFixture, hosts: LocalHosts, handler: str, limit: int, pages: int
 ) -> tuple[Crawler, list[str]]:
-    """Crawls *pages* pages of host 0 at *limit* per host, the first of them
+    """Crawl *pages* pages of host 0, the first waiting for a download of the same host.
+
+    Crawls *pages* pages of host 0 at *limit* per host, the first of them
     waiting for a download of the same host (SameHostFetchMiddleware).
-    Returns the crawler and the WARNING messages of the AIMD middleware."""
+    Returns the crawler and the WARNING messages of the AIMD middleware.
+    """
     crawler = get_crawler(
         PageSpider,
         aimd_settings(
@@ -1065,9 +1118,11 @@ async def crawl_fetching_the_same_host(
 async def test_a_direct_download_awaited_by_a_request_of_its_host_goes_after_a_while(
     local_hosts: HostsFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """At a limit of 1 the waiting request holds the host's only place: the
-    download it waits for goes beyond the limit once no request of the host
-    has finished for a while, with a WARNING, instead of hanging the crawl."""
+    """At a limit of 1 the waiting request holds the host's only place.
+
+    The download it waits for goes beyond the limit once no request of the host has finished for a
+    while, with a WARNING, instead of hanging the crawl.
+    """
     patience = 0.5
     monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", patience)
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
@@ -1090,11 +1145,14 @@ async def test_a_direct_download_awaited_by_the_first_request_of_a_new_host_goes
     caplog: pytest.LogCaptureFixture,
     handler: str,
 ) -> None:
-    """A host not heard from yet is handed one request at a time, but a
+    """A direct download awaited by a new host's first request goes at once.
+
+    A host not heard from yet is handed one request at a time, but a
     download that request waits for in a downloader middleware is held to
     the host's limit, not to that one request: it goes at once. Before, with
     Scrapy's HTTP/1.1 handler, it waited out the patience (10 s) on every new
-    host, then went with a WARNING."""
+    host, then went with a WARNING.
+    """
     monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 3.0)
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     crawler, warnings = await crawl_fetching_the_same_host(caplog, hosts, handler, 4, 6)
@@ -1114,10 +1172,11 @@ async def test_a_direct_download_awaited_by_the_first_request_of_a_new_host_goes
 async def test_a_new_host_gets_its_limit_once_its_first_headers_are_in(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """A host not heard from yet is handed one request at a time; its first
-    response headers, not the end of a large first body, give it its limit.
-    Before, the host's second request reached it only after the whole first
-    body."""
+    """A host not heard from yet is handed one request at a time.
+
+    Its first response headers, not the end of a large first body, give it its limit. Before, the
+    host's second request reached it only after the whole first body.
+    """
     first_body = 0.6
     hosts = local_hosts([HostSpec(latency=0.01, links=0, fault="slow-body", trickle=first_body)])
     crawler = get_crawler(PageSpider, aimd_settings(handler))
@@ -1137,8 +1196,10 @@ async def test_a_new_host_gets_its_limit_once_its_first_headers_are_in(
 async def arrivals_after_the_first(
     hosts: LocalHosts, settings: dict[str, Any]
 ) -> tuple[list[float], HostStats]:
-    """Crawls 4 pages of host 0; returns how long after the first each later
-    request reached the host, and the host's counts."""
+    """Crawls 4 pages of host 0.
+
+    Returns how long after the first each later request reached the host, and the host's counts.
+    """
     crawler = get_crawler(PageSpider, settings)
     await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
     hosts.wait_idle()
@@ -1153,10 +1214,13 @@ async def arrivals_after_the_first(
 async def test_a_new_hosts_first_429_with_a_slow_body_sends_nothing_more_before_its_block(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """A new host whose first answer is a 429 with a Retry-After does not get
+    """A new host's first 429 with a slow body sends nothing more until its window ends.
+
+    A new host whose first answer is a 429 with a Retry-After does not get
     its limit at those headers: nothing more goes to it while the body comes
     (0.5 s), nor during the Retry-After (1 s) after it. Before, the headers gave
-    the host its limit and its next requests went at once."""
+    the host its limit and its next requests went at once.
+    """
     body, retry_after = 0.5, 1
     hosts = local_hosts(
         [
@@ -1185,10 +1249,11 @@ async def test_a_new_hosts_first_429_with_a_slow_body_sends_nothing_more_before_
 async def test_with_the_own_handler_a_first_429_without_retry_after_also_holds_the_host(
     local_hosts: HostsFactory, prefetch: int
 ) -> None:
-    """This project's handler tells the scheduler the status before the
-    headers go out: a 429 with no Retry-After holds the new host too, for the
-    whole slow body (0.5 s) and the back-off after it (HOSTQUEUE_BACKOFF_BASE
-    1 s: at least 0.5 s), with the send gate or without."""
+    """This project's handler tells the scheduler the status before the headers go out.
+
+    A 429 with no Retry-After holds the new host too, for the whole slow body (0.5 s) and the
+    back-off after it (HOSTQUEUE_BACKOFF_BASE 1 s: at least 0.5 s), with the send gate or without.
+    """
     body, backoff_base = 0.5, 1.0
     hosts = local_hosts(
         [HostSpec(latency=0.01, links=0, status=429, fault="slow-body", trickle=body)]
@@ -1211,11 +1276,11 @@ async def test_with_the_own_handler_a_first_429_without_retry_after_also_holds_t
 async def test_with_the_own_handler_a_200_with_retry_after_gives_a_new_host_its_limit(
     local_hosts: HostsFactory,
 ) -> None:
-    """Retry-After on a 200 (some CDNs send it) asks for nothing: with this
-    project's handler, which reads the status first, the new host gets its
-    limit at those headers as usual, and its next request goes while the
-    first body (0.6 s) is still coming."""
+    """Retry-After on a 200 (some CDNs send it) asks for nothing.
 
+    With this project's handler, which reads the status first, the new host gets its limit at those
+    headers as usual, and its next request goes while the first body (0.6 s) is still coming.
+    """
     arrivals: list[float] = []
     chunks, chunk_delay = 3, 0.2
 
@@ -1233,14 +1298,17 @@ async def test_with_the_own_handler_a_200_with_retry_after_gives_a_new_host_its_
         crawler = make_crawler(OUR_HANDLER, HOSTQUEUE_AIMD_START=2)
         await crawler.crawl_async(start_urls=[site.url("127.0.0.3", f"/p/{n}") for n in range(4)])
     assert len(spider_of(crawler).seen) == 4
-    assert site.max_inflight["127.0.0.3"] == 2
+    assert site.max_in_flight["127.0.0.3"] == 2
     # The second arrived while the first body was still coming.
     assert arrivals[1] - arrivals[0] < 0.7 * chunks * chunk_delay, arrivals
 
 
 class StandInMiddleware:
-    """Answers every request for a page numbered 1000 or above itself, at
-    once, with *status*, as a stand-in or offline middleware may."""
+    """Answers every request for a page numbered 1000 or above itself, with *status*.
+
+    Answers every request for a page numbered 1000 or above itself, at
+    once, with *status*, as a stand-in or offline middleware may.
+    """
 
     status = 200
 
@@ -1255,8 +1323,11 @@ class StandIn503Middleware(StandInMiddleware):
 
 
 class MadeUpThenRealSpider(PageSpider):
-    """From its first page, queues 60 pages the stand-in middleware answers,
-    then 4 the host does."""
+    """Queues 60 pages the stand-in middleware answers, then 4 the host does.
+
+    From its first page, queues 60 pages the stand-in middleware answers,
+    then 4 the host does.
+    """
 
     def parse(self, response: Response) -> Iterable[Any]:
         yield from super().parse(response)
@@ -1271,12 +1342,12 @@ class MadeUpThenRealSpider(PageSpider):
 async def test_responses_a_later_middleware_makes_up_do_not_move_the_limit(
     local_hosts: HostsFactory, stand_in: type[StandInMiddleware]
 ) -> None:
-    """A response a downloader middleware after the AIMD one makes up was
-    not downloaded: it says nothing of the host. 60 made-up 200s, answered at
-    once while the host's limit was filled, read as fast answers and raised
-    its limit from 2 to the ceiling, 8; made-up 503s blocked the host and
-    lowered it. The host's real pages then went under a limit it never
-    earned."""
+    """A response a downloader middleware after the AIMD one makes up was not downloaded.
+
+    It says nothing of the host. 60 made-up 200s, answered at once while the host's limit was
+    filled, read as fast answers and raised its limit from 2 to the ceiling, 8; made-up 503s blocked
+    the host and lowered it. The host's real pages then went under a limit it never earned.
+    """
     hosts = local_hosts([HostSpec(latency=0.02, links=0)])
     crawler = get_crawler(
         MadeUpThenRealSpider,
@@ -1307,10 +1378,11 @@ async def test_responses_a_later_middleware_makes_up_do_not_move_the_limit(
 async def test_a_made_up_response_does_not_give_a_new_host_its_limit(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """A response a later downloader middleware makes up is no sign that the
-    host answers: after two of them, the host's first real request still
-    goes alone. Before, the made-up one gave the host its limit (2) and its
-    first two real pages reached it together."""
+    """A response a later downloader middleware makes up is no sign that the host answers.
+
+    After two of them, the host's first real request still goes alone. Before, the made-up one gave
+    the host its limit (2) and its first two real pages reached it together.
+    """
     hosts = local_hosts([HostSpec(latency=0.3, links=0)])
     made_up = [hosts.page_url(0, page) for page in (1000, 1001)]
     crawler = make_crawler(
@@ -1333,10 +1405,12 @@ async def test_a_made_up_response_does_not_give_a_new_host_its_limit(
 async def test_redirects_move_the_limit_of_the_host_that_answers_them(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """A host that answers with redirects, slowly: RedirectMiddleware (600)
-    turns each 302 into a new request before process_response at 560 sees
-    it, so the host kept its start limit (4) whatever its pace. Its slow
-    answers now lower it; the pages they lead to count for their own host."""
+    """A host that answers with redirects, slowly.
+
+    RedirectMiddleware (600) turns each 302 into a new request before process_response at 560 sees
+    it, so the host kept its start limit (4) whatever its pace. Its slow answers now lower it; the
+    pages they lead to count for their own host.
+    """
     pages = local_hosts([HostSpec(latency=0.01, links=0)])
 
     def redirect(received: Received) -> Reply:
@@ -1355,13 +1429,16 @@ async def test_redirects_move_the_limit_of_the_host_that_answers_them(
         )
     assert sorted(spider_of(crawler).seen) == sorted(pages.start_urls(0, 8))
     assert stat(crawler, host_stat_key("127.0.0.3", "min_limit")) < 4
-    assert redirecting.max_inflight["127.0.0.3"] <= 4
+    assert redirecting.max_in_flight["127.0.0.3"] <= 4
     assert stat(crawler, host_stat_key(pages.hostnames[0], "min_limit")) >= 2
 
 
 class BanRetryMiddleware:
-    """Sends a 429 back as a new request itself, as a ban or proxy-rotation
-    middleware ordered above the AIMD one may (up to 10 times a page)."""
+    """Sends a 429 back as a new request itself, as a ban middleware may.
+
+    Sends a 429 back as a new request itself, as a ban or proxy-rotation
+    middleware ordered above the AIMD one may (up to 10 times a page).
+    """
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
         tries = request.meta.get("ban_retries", 0)
@@ -1377,10 +1454,13 @@ class BanRetryMiddleware:
 async def test_a_429_a_middleware_above_turns_into_a_request_still_blocks_the_host(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """A 429 that a downloader middleware above the AIMD one turns into a new
+    """A 429 a middleware above turns into a request is never honoured.
+
+    A 429 that a downloader middleware above the AIMD one turns into a new
     request never reaches process_response at 560, and its Retry-After was
     never honoured: the host kept its limit and got requests inside its
-    windows. It is learnt from as it is downloaded now."""
+    windows. It is learnt from as it is downloaded now.
+    """
     hosts = local_hosts([HostSpec(latency=0.05, links=0, throttle_above=1, retry_after="1")])
     crawler = make_crawler(
         handler,
@@ -1402,8 +1482,11 @@ async def test_a_429_a_middleware_above_turns_into_a_request_still_blocks_the_ho
 
 
 class OtherHostDownloadSpider(PageSpider):
-    """On each response from ``from_host``, downloads a page of ``to_host``
-    with ``engine.download_async``."""
+    """Downloads a page of ``to_host`` on each response from ``from_host``.
+
+    On each response from ``from_host``, downloads a page of ``to_host``
+    with ``engine.download_async``.
+    """
 
     from_host = ""
     to_host = ""
@@ -1428,13 +1511,16 @@ async def test_a_direct_download_behind_a_silent_hosts_one_request_says_so(
     caplog: pytest.LogCaptureFixture,
     handler: str,
 ) -> None:
-    """A silent host has one request on the wire at a time, direct downloads
+    """A direct download behind a silent host's one request waits, then goes.
+
+    A silent host has one request on the wire at a time, direct downloads
     (media pipelines) too. One that waited out the patience behind a request
     that does not finish goes as a second, within the limit, and the WARNING
     says why it waited (it used to ask for a limit of 2 or more, which the host
     had). Without the send gate (Scrapy's HTTP/1.1 handler) such a download
     used to go at once, up to the host's limit: a dead host held that many
-    download slots."""
+    download slots.
+    """
     monkeypatch.setattr(middleware_module, "_DIRECT_PATIENCE", 0.4)
     hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=1.2, links=0)])
     fast, slow = hosts.start_urls(0, 1)[0], hosts.start_urls(1, 1)[0]
@@ -1461,9 +1547,12 @@ async def test_a_direct_download_behind_a_silent_hosts_one_request_says_so(
 
 
 class BatchDownloadSpider(PageSpider):
-    """On its one response from ``from_host``, downloads three pages of
+    """Downloads three pages of ``to_host`` at once, as a media pipeline does.
+
+    On its one response from ``from_host``, downloads three pages of
     ``to_host`` at once with ``engine.download_async``, as a media pipeline
-    does with an item's files."""
+    does with an item's files.
+    """
 
     from_host = ""
     to_host = ""
@@ -1485,8 +1574,11 @@ class BatchDownloadSpider(PageSpider):
 
 
 class SlowAsyncMiddleware:
-    """An async downloader middleware after the AIMD one that takes 0.3 s
-    over each request before it goes on to the downloader."""
+    """An async downloader middleware that takes 0.3 s over each request.
+
+    An async downloader middleware after the AIMD one that takes 0.3 s
+    over each request before it goes on to the downloader.
+    """
 
     async def process_request(self, request: Request) -> None:
         await asyncio.sleep(0.3)
@@ -1496,10 +1588,13 @@ class SlowAsyncMiddleware:
 async def test_direct_downloads_behind_an_async_middleware_keep_a_silent_host_at_one(
     local_hosts: HostsFactory,
 ) -> None:
-    """Without the send gate, a download that skips the scheduler counts
+    """Direct downloads behind an async middleware keep a silent host to one request.
+
+    Without the send gate, a download that skips the scheduler counts
     against a silent host's one request at a time from the moment the AIMD
     middleware lets it go, not from when it reaches the download handler: an
-    async middleware after the AIMD one let all three go at once."""
+    async middleware after the AIMD one let all three go at once.
+    """
     slow = 0.5
     hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=slow, links=0)])
     crawler = get_crawler(
@@ -1542,12 +1637,13 @@ class _TimedSpider(PageSpider):
 async def test_hung_requests_do_not_hold_the_budget_of_hosts_that_answer(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """Two hosts hang on their second request, with CONCURRENT_REQUESTS = 2:
-    counted against the budget until their timeout, their hung requests would
-    hold both places and the healthy host would wait for the timeout. Overdue
-    after half a second (the hosts answered in 20 ms before), they no longer
-    count: the healthy host's pages all come before any hung one times out
-    (about 1 s: twice that is the timeout)."""
+    """Two hosts hang on their second request, with CONCURRENT_REQUESTS = 2.
+
+    Counted against the budget until their timeout, their hung requests would hold both places and
+    the healthy host would wait for the timeout. Overdue after half a second (the hosts answered in
+    20 ms before), they no longer count: the healthy host's pages all come before any hung one times
+    out (about 1 s: twice that is the timeout).
+    """
     timeout = 2
     hanging = HostSpec(latency=0.02, links=0, fault="hang", fault_rate=0.5)
     hosts = local_hosts([hanging, hanging, HostSpec(latency=0.02, links=0)])

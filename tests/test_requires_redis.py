@@ -1,5 +1,8 @@
-"""The ``requires_redis`` marker: a test that uses Redis must carry it, and one that
-carries it fails where there is no Redis, unless skipping is asked for."""
+"""The ``requires_redis`` marker.
+
+A test that uses Redis must carry it, and one that carries it fails where there is no Redis, unless
+skipping is asked for.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""HostQueueScheduler in real crawls against local hosts; politeness is read at
-the server."""
+"""HostQueueScheduler in real crawls against local hosts; politeness is read at the server."""
 
 from __future__ import annotations
 
@@ -62,8 +61,10 @@ def _handlers(path: str) -> dict[str, str]:
 async def _crawl_one_host_at_one_request(
     hosts: LocalHosts, pages: int, handler: str, delay: float, **overrides: Any
 ) -> Crawler:
-    """Crawl pages 0 .. *pages*-1 of the first host, one request at a time,
-    *delay* seconds apart (no jitter)."""
+    """Crawl pages 0 .. *pages*-1 of the first host, one request at a time.
+
+    The requests go *delay* seconds apart (no jitter).
+    """
     crawler = await crawl(
         hosts.start_urls(0, pages),
         SCHEDULER=SCHEDULER,
@@ -130,9 +131,11 @@ async def test_per_host_limit_holds_at_the_server(
 async def test_without_the_aimd_middleware_a_host_not_heard_from_has_its_limit(
     local_hosts: HostsFactory,
 ) -> None:
-    """Without the middleware's error budget nothing gives a dead host up:
-    each of its requests is tried, and one at a time they would keep the
-    crawl going long after everything else. Its limit holds, as in Scrapy."""
+    """Without the middleware's error budget nothing gives a dead host up.
+
+    Each of its requests is tried, and one at a time they would keep the crawl going long after
+    everything else. Its limit holds, as in Scrapy.
+    """
     hosts = local_hosts([HostSpec(fault="hang")])
     await crawl(
         [hosts.page_url(0, page) for page in range(4)],
@@ -149,8 +152,11 @@ async def test_without_the_aimd_middleware_a_host_not_heard_from_has_its_limit(
 @pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_stock_scheduler_breaks_the_limit_that_ours_holds(local_hosts: HostsFactory) -> None:
-    """The Scrapy 2.14-2.19 downloader sends more than CONCURRENT_REQUESTS_PER_DOMAIN
-    on the asyncio reactor; this guards that the tests above can fail."""
+    """The stock scheduler breaks the limit that ours holds.
+
+    The Scrapy 2.14-2.19 downloader sends more than CONCURRENT_REQUESTS_PER_DOMAIN
+    on the asyncio reactor; this guards that the tests above can fail.
+    """
     hosts = local_hosts([HostSpec(latency=0.05)])
     await crawl(
         hosts.start_urls(0, 100),
@@ -357,8 +363,10 @@ async def test_while_hosts_wait_for_a_place_the_budget_goes_to_more_hosts(
 
 
 class _ShortCircuit:
-    """Answers some requests itself and refuses others, as a cache or a
-    robots.txt middleware would."""
+    """Answers some requests itself and refuses others.
+
+    This is what a cache or a robots.txt middleware does.
+    """
 
     def process_request(self, request: Request) -> Response | None:
         if request.url.endswith(("/page/1", "/page/4")):
@@ -394,12 +402,12 @@ async def test_accounting_survives_short_circuits_errors_and_redirects(
         DOWNLOADER_MIDDLEWARES={f"{__name__}._ShortCircuit": 999},
     )
     assert scheduler, "no response reached the spider"
-    frontier = scheduler[-1].hosts.store
+    store = scheduler[-1].hosts.store
     # Nothing is left in flight; a host may still hold its place in its grace.
-    assert all(inflight == 0 for _, _, inflight, _ in frontier.hosts())
-    assert all(frontier.placement(key) == IDLE for key, *_ in frontier.hosts())
-    assert frontier.active == frontier.live_hosts
-    assert len(frontier) == 0
+    assert all(in_flight == 0 for _, _, in_flight, _ in store.hosts())
+    assert all(store.standing(key) == IDLE for key, *_ in store.hosts())
+    assert store.active == store.live_hosts
+    assert len(store) == 0
     hosts.wait_idle()  # the last answers counted at the hosts
     assert hosts.stats(0).served == 8
     assert hosts.stats(0).max_in_flight == 1
@@ -567,9 +575,11 @@ async def test_jobdir_stop_and_resume_fetch_every_page_once(
 async def test_the_in_memory_store_refuses_a_jobdir_holding_a_frontier_file(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A job the SQLite store started, stopped with requests queued: resumed
-    with the in-memory store, it would lose them. The crawl closes at once
-    with an ERROR, and the job resumes with the SQLite store."""
+    """A job the SQLite store started, stopped with requests queued.
+
+    Resumed with the in-memory store, it would lose them. The crawl closes at once with an ERROR,
+    and the job resumes with the SQLite store.
+    """
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
     jobdir = str(tmp_path / "job")
     common = {"SCHEDULER": SCHEDULER, "JOBDIR": jobdir, "HOSTQUEUE_TIMELINE_FILE": None}
@@ -596,10 +606,12 @@ async def test_the_in_memory_store_refuses_a_jobdir_holding_a_frontier_file(
 async def test_a_jobdir_with_requests_queued_by_scrapys_scheduler_is_refused(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """HostQueueScheduler cannot read Scrapy's disk queues: resuming such a job
-    would lose their requests without a word (the dupefilter's requests.seen
-    keeps their links from being found again). It closes the crawl at once
-    instead, with an ERROR, and leaves the job as it was."""
+    """HostQueueScheduler cannot read Scrapy's disk queues.
+
+    Resuming such a job would lose their requests without a word (the dupefilter's requests.seen
+    keeps their links from being found again). It closes the crawl at once instead, with an ERROR,
+    and leaves the job as it was.
+    """
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
     jobdir = str(tmp_path / "job")
     first = await crawl(
@@ -628,8 +640,7 @@ async def test_a_jobdir_with_requests_queued_by_scrapys_scheduler_is_refused(
 
 
 class _PageCallbackSpider(PageSpider):
-    """Follows links to a callback of its own, which a later version of the
-    spider may lose."""
+    """Follows links to a callback of its own, which a later version of the spider may lose."""
 
     def parse(self, response: Response) -> Iterable[Any]:
         for request in super().parse(response):
@@ -652,10 +663,13 @@ class _RenamedCallbackSpider(PageSpider):
 async def test_an_unreadable_jobdir_state_closes_the_crawl_and_keeps_the_job(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
-    """A state file that cannot be read (damaged, from another version, or
+    """An unreadable JOBDIR state closes the crawl at once and is kept.
+
+    A state file that cannot be read (damaged, from another version, or
     naming a callback the spider lost) closes the crawl before any request
     with an ERROR naming the file, and is not overwritten: once mended, the
-    job resumes and every page is fetched once."""
+    job resumes and every page is fetched once.
+    """
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)] * 2)
     urls = [hosts.url(0), hosts.url(1)]
     common = {
@@ -700,7 +714,9 @@ async def test_a_jobdir_state_of_the_first_format_is_resumed(
     local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
     """Version 1 of the state file held the requests' dicts, not their pickles.
-    The SQLite store takes it over into its file."""
+
+    The SQLite store takes it over into its file.
+    """
     hosts = local_hosts([HostSpec(latency=0.005, pages=5, links=0)])
     jobdir = tmp_path / "job"
     jobdir.mkdir()
@@ -716,8 +732,7 @@ async def test_a_jobdir_state_of_the_first_format_is_resumed(
 
 
 class _SelectorMetaSpider(PageSpider):
-    """Passes a Selector on in the meta of one in ten links, which pickle
-    cannot serialise."""
+    """Passes a Selector on in the meta of one in ten links, which pickle cannot serialise."""
 
     def parse(self, response: Response) -> Iterable[Any]:
         for request in super().parse(response):
@@ -765,8 +780,11 @@ async def test_a_request_that_cannot_be_pickled_is_lost_alone_at_a_jobdir_stop(
 async def test_a_jobdir_state_that_cannot_be_written_still_closes_the_dupefilter(
     local_hosts: HostsFactory, tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A full disk or a read-only JOBDIR: the ERROR says the queued requests
-    are lost, and the rest of the closing (requests.seen) still happens."""
+    """A full disk or a read-only JOBDIR.
+
+    The ERROR says the queued requests are lost, and the rest of the closing (requests.seen) still
+    happens.
+    """
     hosts = local_hosts([HostSpec(latency=0.005, pages=40, links=3)])
     jobdir = tmp_path / "job"
     # A directory where the temporary state file goes makes its open() fail.
@@ -795,8 +813,7 @@ class _StopAtFirstPageSpider(PageSpider):
 
 
 class _BlockingSpider(_StopAtFirstPageSpider):
-    """Blocks the host of its first response for ``block`` seconds and stops
-    the crawl."""
+    """Blocks the host of its first response for ``block`` seconds and stops the crawl."""
 
     block = 1.5
 
@@ -844,8 +861,11 @@ async def test_jobdir_restores_a_host_block(
 async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
     local_hosts: HostsFactory, tmp_path: Any, frontier: str
 ) -> None:
-    """Resumed at once, a host with a 1.5 s delay does not get its next
-    request before 1.5 s after the last one of the stopped crawl."""
+    """JOBDIR keeps a host's download delay across a stop.
+
+    Resumed at once, a host with a 1.5 s delay does not get its next
+    request before 1.5 s after the last one of the stopped crawl.
+    """
     delay = 1.5
     hosts = local_hosts([HostSpec(latency=0.001, pages=5, links=0)])
     common = {
@@ -869,9 +889,11 @@ async def test_jobdir_keeps_a_hosts_download_delay_across_a_stop(
 async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
     local_hosts: HostsFactory,
 ) -> None:
-    """With this project's handler the scheduler hands each host one request
-    beyond its limit; the extra one waits in the handler, so the server never
-    sees more than the host's limit even where the pool would allow more."""
+    """With this project's handler the scheduler hands each host one request beyond its limit.
+
+    The extra one waits in the handler, so the server never sees more than the host's limit even
+    where the pool would allow more.
+    """
     pages = 60
     hosts = local_hosts([HostSpec(latency=0.02)] * 2)
     crawler = await crawl(
@@ -896,9 +918,11 @@ async def test_prefetch_waits_for_a_send_slot_below_the_pool_limit(
 
 
 class _RedirectToOtherHost:
-    """Turns the responses of one host into 302s to pages of another, which
-    Scrapy's RedirectMiddleware then follows: the redirected request is a copy
-    of the first, whose ``meta["download_slot"]`` the downloader had set."""
+    """Turns the responses of one host into 302s to pages of another.
+
+    Scrapy's RedirectMiddleware then follows them: the redirected request is a copy of the first,
+    whose ``meta["download_slot"]`` the downloader had set.
+    """
 
     source = target = ""
 
@@ -944,9 +968,11 @@ async def test_a_redirect_to_another_host_counts_for_that_host(
 async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """Every other body takes twice the delay: with prefetch the next request,
-    handed out on time, waits for a send slot, and the one after it must
-    still keep the delay from the moment that one went."""
+    """Every other body takes twice the delay.
+
+    With prefetch the next request, handed out on time, waits for a send slot, and the one after it
+    must still keep the delay from the moment that one went.
+    """
     delay = 0.3
     hosts = local_hosts(
         [HostSpec(latency=0.01, links=0, fault="slow-body", fault_rate=0.5, trickle=2 * delay)]
@@ -967,11 +993,14 @@ async def test_download_delay_holds_at_the_server_when_bodies_are_slow(
 async def test_download_delay_holds_from_the_first_page_with_robots_txt(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """robots.txt reaches the downloader slot before any page and does not
+    """The download delay holds from the first page, with robots.txt on.
+
+    robots.txt reaches the downloader slot before any page and does not
     come from the scheduler: the slot must not keep a delay of its own
     after it. Scrapy's downloader then held the first page there for the
     delay, while the scheduler counted the delay from handing that page out,
-    so the second page followed it 20 ms later."""
+    so the second page followed it 20 ms later.
+    """
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     await _crawl_one_host_at_one_request(hosts, 3, handler, 0.5, ROBOTSTXT_OBEY=True)
     hosts.wait_idle()  # the last answers counted at the hosts
@@ -990,12 +1019,15 @@ async def test_download_delay_holds_from_the_first_page_with_robots_txt(
 async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
     local_hosts: HostsFactory, handler: str, addon: bool
 ) -> None:
-    """A host's pages handed out a delay apart all wait for its robots.txt,
+    """The download delay spaces pages that waited together for robots.txt.
+
+    A host's pages handed out a delay apart all wait for its robots.txt,
     slower than the delay, in RobotsTxtMiddleware: they must still reach the
     host a delay apart. Counted from handing them out, the delay let the
     scheduler hand out three while robots.txt came in, and they arrived at
     the host together (with Scrapy's HTTP/1.1 handler, which does not space
-    what it sends)."""
+    what it sends).
+    """
     hosts = local_hosts([HostSpec(latency=0.4, links=0)])
     await crawl(
         hosts.start_urls(0, 4),
@@ -1020,11 +1052,14 @@ async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
 async def test_downloads_that_skip_the_scheduler_hold_the_slot_concurrency(
     local_hosts: HostsFactory,
 ) -> None:
-    """Without the AIMD middleware only Scrapy's downloader slot limits
+    """Downloads that skip the scheduler hold the slot's concurrency.
+
+    Without the AIMD middleware only Scrapy's downloader slot limits
     downloads that do not come from the scheduler (a media pipeline's): its
     concurrency, which the scheduler keeps at the host's limit, holds for
     them too. Scrapy's downloader let every download queued in one loop turn
-    through (8 in flight at a limit of 2 here, with its HTTP/1.1 handler)."""
+    through (8 in flight at a limit of 2 here, with its HTTP/1.1 handler).
+    """
     hosts = local_hosts([HostSpec(latency=0.05, links=0)])
     crawler = get_crawler(
         DirectDownloadSpider,
@@ -1048,11 +1083,14 @@ async def test_downloads_that_skip_the_scheduler_hold_the_slot_concurrency(
 async def test_without_the_send_gate_the_prefetched_request_waits_in_the_downloader_slot(
     local_hosts: HostsFactory, prefetch: int, addon: bool, in_downloader: int
 ) -> None:
-    """With Scrapy's HTTP/1.1 handler the scheduler alone hands a host
+    """Without the send gate, prefetched requests wait in the downloader slot.
+
+    With Scrapy's HTTP/1.1 handler the scheduler alone hands a host
     ``HOSTQUEUE_PREFETCH`` requests beyond its limit: they wait in the host's
     downloader slot, and go out as a response comes in, without going past
     the limit at the host. Not with the AIMD middleware, which could not hold
-    such a request back for a Retry-After that came in meanwhile."""
+    such a request back for a Retry-After that came in meanwhile.
+    """
     hosts = local_hosts([HostSpec(latency=0.2, links=0)])
     crawler = get_crawler(
         PageSpider,
@@ -1083,9 +1121,12 @@ async def test_without_the_send_gate_the_prefetched_request_waits_in_the_downloa
 
 
 class _AnswerOddPages:
-    """Stands in for the downloader middlewares that answer a request before
+    """Stands in for downloader middlewares that answer a request before the downloader.
+
+    Stands in for the downloader middlewares that answer a request before
     it reaches the downloader: pages 1, 5, ... get a response (as from
-    HttpCacheMiddleware), pages 3, 7, ... an IgnoreRequest (as from robots.txt)."""
+    HttpCacheMiddleware), pages 3, 7, ... an IgnoreRequest (as from robots.txt).
+    """
 
     def process_request(self, request: Request) -> Response | None:
         page = int(request.url.rsplit("/", 1)[-1])
@@ -1102,9 +1143,12 @@ class _AnswerOddPages:
 async def test_download_delay_spaces_only_the_requests_that_reach_the_host(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """As in stock Scrapy, a request answered or refused by a downloader
+    """The download delay spaces only the requests that reach the host.
+
+    As in stock Scrapy, a request answered or refused by a downloader
     middleware does not make the host's next request wait a delay (each of
-    them used to cost the crawl a whole DOWNLOAD_DELAY, 0.6 s here)."""
+    them used to cost the crawl a whole DOWNLOAD_DELAY, 0.6 s here).
+    """
     delay = 0.6
     hosts = local_hosts([HostSpec(latency=0.01, links=0)])
     # Pages 0 to 4: page 1 answered on the way, page 3 refused.
@@ -1155,8 +1199,11 @@ async def test_jobdir_restores_the_block_of_a_host_with_nothing_queued(
 
 
 def test_an_answer_marks_the_host_it_was_handed_out_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A downloader middleware after the AIMD one (a rotating proxy's) may
-    give a request another download_slot: the answer is still the host's."""
+    """An answer marks the host its request was handed out for.
+
+    A downloader middleware after the AIMD one (a rotating proxy's) may
+    give a request another download_slot: the answer is still the host's.
+    """
     crawler = get_crawler(PageSpider, settings(SCHEDULER=SCHEDULER))
     monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)
     scheduler = HostQueueScheduler.from_crawler(crawler)
@@ -1175,10 +1222,13 @@ def test_an_answer_marks_the_host_it_was_handed_out_for(monkeypatch: pytest.Monk
 async def test_the_send_gate_holds_a_host_while_its_back_off_status_crosses_the_middlewares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A 429 read by the handler frees no send slot until the AIMD middleware
+    """The send gate holds a host while its back-off is read.
+
+    A 429 read by the handler frees no send slot until the AIMD middleware
     has seen it (and blocked the host). Another request of the host that
     finishes meanwhile must not let the next one onto the wire, into the
-    Retry-After window the host has just opened."""
+    Retry-After window the host has just opened.
+    """
     crawler = get_crawler(
         PageSpider,
         settings(
@@ -1220,8 +1270,11 @@ async def test_the_send_gate_holds_a_host_while_its_back_off_status_crosses_the_
 
 
 class _ChildrenWithSlot(PageSpider):
-    """From the first page, yields pages of another host built from the
-    response's meta with a ``download_slot`` of its own, as spiders often do."""
+    """Yields pages of another host with a ``download_slot`` of their own.
+
+    From the first page, yields pages of another host built from the
+    response's meta with a ``download_slot`` of its own, as spiders often do.
+    """
 
     children: list[str] = []
     meta_keys: set[str] = set()
@@ -1241,9 +1294,12 @@ class _ChildrenWithSlot(PageSpider):
 async def test_a_download_slot_set_on_a_child_built_from_response_meta_is_kept(
     local_hosts: HostsFactory, handler: str
 ) -> None:
-    """The slot the downloader wrote into the parent's meta must not travel
+    """A download slot set on a child built from a response's meta is the spider's.
+
+    The slot the downloader wrote into the parent's meta must not travel
     to its children, nor make the scheduler drop a slot the spider chose:
-    ``DOWNLOAD_SLOTS["custom"]`` holds the children to one at a time."""
+    ``DOWNLOAD_SLOTS["custom"]`` holds the children to one at a time.
+    """
     hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(latency=0.05, links=0)])
     _ChildrenWithSlot.children = hosts.start_urls(1, 12)
     crawler = await crawl(
@@ -1266,8 +1322,10 @@ async def test_a_download_slot_set_on_a_child_built_from_response_meta_is_kept(
 
 
 class _NoSetStats(MemoryStatsCollector):
-    """A stats collector with only the methods Scrapy itself calls (no
-    ``set_stats``), which stock Scrapy runs with."""
+    """A stats collector with only the methods Scrapy itself calls.
+
+    It has no ``set_stats``; stock Scrapy runs with it.
+    """
 
     def __getattribute__(self, name: str) -> Any:
         if name == "set_stats":
@@ -1309,8 +1367,7 @@ async def test_close_runs_every_duty_with_a_stats_collector_without_set_stats(
 
 
 class _FullDiskSpider(PageSpider):
-    """Lets the frontier file grow no more after its first page: the disk is
-    full from then on."""
+    """Lets the frontier file grow no more after its first page: the disk is full from then on."""
 
     def parse(self, response: Response) -> Iterable[Any]:
         scheduler = self.crawler.engine.scheduler

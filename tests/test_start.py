@@ -27,7 +27,7 @@ async def items(values: list[Any]) -> AsyncIterator[Any]:
 async def run(
     middleware: StartRequestsMiddleware, values: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[Any], list[int]]:
-    """What the middleware yields, and after how many items it slept."""
+    """Run the middleware; return what it yields, and after how many items it slept."""
     out: list[Any] = []
     sleeps: list[int] = []
 
@@ -81,8 +81,7 @@ def test_the_addon_enables_it_unless_the_user_placed_it(
 
 
 class StartWatchingSpider(PageSpider):
-    """Records how many responses the spider had parsed when Scrapy read the
-    last start request."""
+    """Records how many responses the spider had parsed when Scrapy read the last start request."""
 
     parsed_when_start_ended: int | None = None
 
@@ -105,12 +104,13 @@ class StartWatchingSpider(PageSpider):
 async def test_responses_are_handled_while_start_requests_are_read(
     local_hosts: HostsFactory, wiring: dict[str, Any]
 ) -> None:
-    """40 pages, then 6,000 start requests the dupefilter drops: Scrapy reads
-    them all while its two download slots are busy. Without the middleware the
-    spider parses nothing until the last one is read (checked by hand: 0).
-    The host runs in its own process: served from a thread of this one, it
-    had to win the GIL from the start loop, and its first response could take
-    longer than the whole reading."""
+    """40 pages, then 6,000 start requests the dupefilter drops.
+
+    Scrapy reads them all while its two download slots are busy. Without the middleware the spider
+    parses nothing until the last one is read (checked by hand: 0). The host runs in its own
+    process: served from a thread of this one, it had to win the GIL from the start loop, and its
+    first response could take longer than the whole reading.
+    """
     hosts = local_hosts([HostSpec(latency=0.005, pages=100)], process=True)
     pages = [hosts.url(0, f"/page/{i}") for i in range(40)]
     urls = pages + [pages[i % 40] for i in range(6000)]
@@ -131,9 +131,12 @@ async def test_responses_are_handled_while_start_requests_are_read(
 async def test_a_crawl_closed_while_start_requests_are_read_stops_reading_them(
     local_hosts: HostsFactory,
 ) -> None:
-    """CLOSESPIDER_PAGECOUNT is reached while Scrapy reads start requests (it
+    """A crawl closed while start requests are read closes cleanly.
+
+    CLOSESPIDER_PAGECOUNT is reached while Scrapy reads start requests (it
     could not be before, since no response was handled meanwhile): the crawl
-    closes cleanly and the rest of start() is never read."""
+    closes cleanly and the rest of start() is never read.
+    """
     hosts = local_hosts([HostSpec(latency=0.005, pages=100)], process=True)
     pages = [hosts.url(0, f"/page/{i}") for i in range(40)]
     urls = pages + [pages[i % 40] for i in range(200_000)]

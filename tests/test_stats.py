@@ -90,7 +90,7 @@ class _StoreView:
         return self.store.in_flight_cap(state)
 
     def on_wire(self, host: str) -> int:
-        return self.store.inflight(host)
+        return self.store.in_flight(host)
 
     def overdue(self, host: str) -> int:
         return self.store.overdue(host)
@@ -99,25 +99,27 @@ class _StoreView:
         return False
 
 
-def test_a_silent_host_that_left_the_frontier_shows_its_one_request_in_the_timeline() -> None:
-    """A host whose last request failed and that has nothing queued nor in
-    flight leaves the frontier; its timeline row for that interval shows the
+def test_a_silent_host_that_left_the_store_shows_its_one_request_in_the_timeline() -> None:
+    """A silent host with nothing queued nor in flight leaves the store.
+
+    Its last request failed; its timeline row for that interval shows the
     one request a silent host may have, as the rows before did, not its
-    limit (4)."""
+    limit (4).
+    """
     crawler = get_crawler(Spider)
     extension = HostQueueStats(crawler, HostQueueConfig.from_settings(crawler.settings))
-    frontier: MemoryStore[str] = MemoryStore(lambda key: HostState(4, 0.0, 0.0))
-    frontier.silent_limit = 1
-    extension.hosts = _StoreView(frontier)
+    store: MemoryStore[str] = MemoryStore(lambda key: HostState(4, 0.0, 0.0))
+    store.silent_limit = 1
+    extension.hosts = _StoreView(store)
     for host in ("dead.test", "live.test"):
-        frontier.push(host, 0, f"https://{host}/")
-        popped = frontier.pop()
+        store.push(host, 0, f"https://{host}/")
+        popped = store.pop()
         assert popped is not None and popped[0] == host
-        frontier.set_answering(host, host == "live.test")
-    frontier.finish("dead.test")
+        store.set_answering(host, host == "live.test")
+    store.finish("dead.test")
     extension._failed["dead.test"] = 1
     samples = {sample.host: sample for sample in extension._samples(0.0, {})}
-    assert "dead.test" not in {key for key, *_ in frontier.hosts()}
+    assert "dead.test" not in {key for key, *_ in store.hosts()}
     assert samples["dead.test"].limit == 1
     assert samples["dead.test"].in_flight == 0
     assert samples["live.test"].limit == 4
@@ -127,9 +129,9 @@ def test_events_become_per_host_keys() -> None:
     recorder = make_recorder()
     recorder.host_seen("a.test")
     recorder.host_seen("b.test")
-    for inflight in (1, 2, 3, 2):
-        recorder.request_done("a.test", inflight, active_hosts=2)
-        recorder.in_flight_seen("a.test", inflight)
+    for in_flight in (1, 2, 3, 2):
+        recorder.request_done("a.test", in_flight, active_hosts=2)
+        recorder.in_flight_seen("a.test", in_flight)
     recorder.request_done("b.test", 1, active_hosts=1)
     recorder.response("a.test", 200, 0.1)
     recorder.response("a.test", 200, 0.3)
@@ -261,9 +263,11 @@ def test_a_busy_host_that_shows_up_late_keeps_its_own_keys() -> None:
 
 
 def test_the_named_hosts_are_the_busiest_after_many_small_ones() -> None:
-    """Ten hosts of 30 pages, then 150 hosts of one: the ten keep their keys
-    (the table once held only the named hosts, and the newcomers, starting
-    from a floor that each eviction raised, pushed them all out)."""
+    """Ten hosts of 30 pages, then 150 hosts of one.
+
+    The ten keep their keys (the table once held only the named hosts, and the newcomers, starting
+    from a floor that each eviction raised, pushed them all out).
+    """
     recorder = make_recorder(HOSTQUEUE_STATS_MAX_HOSTS=10)
     busy = [f"busy{i}.test" for i in range(10)]
     for _ in range(30):

@@ -1,5 +1,7 @@
-"""Per-host stats, the host log line and the timeline in real crawls, checked
-against the local test hosts' own counts."""
+"""Per-host stats, the host log line and the timeline in real crawls.
+
+They are checked against the local test hosts' own counts.
+"""
 
 from __future__ import annotations
 
@@ -276,8 +278,10 @@ async def test_requests_the_send_gate_sends_back_are_not_failed_downloads(
 async def test_the_log_line_shows_a_hosts_download_delay(
     local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A host held back by its delay has room and work: without the delay
-    shown, the line made it look idle."""
+    """A host held back by its delay has room and work.
+
+    Without the delay shown, the line made it look idle.
+    """
     # The second host, without a delay, is busy for about 0.5 s.
     hosts = local_hosts([HostSpec(latency=0.005), HostSpec(latency=0.05)])
     caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
@@ -301,9 +305,11 @@ async def test_the_log_line_shows_a_hosts_download_delay(
 async def test_the_log_line_and_timeline_show_a_silent_hosts_one_request(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """With the add-on a host that has not answered has one request at a time
-    whatever its limit: the log line and the timeline show that one, and the
-    line says why. They showed the limit, 4, next to the 1 in flight."""
+    """With the add-on a host that has not answered has one request at a time whatever its limit.
+
+    The log line and the timeline show that one, and the line says why. They showed the limit, 4,
+    next to the 1 in flight.
+    """
     hosts = local_hosts([HostSpec(latency=0.02, links=0), HostSpec(fault="hang", links=0)])
     timeline = tmp_path / "timeline.jsonl"
     caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
@@ -336,8 +342,11 @@ async def test_the_log_line_and_timeline_show_a_silent_hosts_one_request(
 async def test_timeline_under_the_stock_scheduler(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The comparison run: with Scrapy's own scheduler the timeline still shows
-    requests in the downloader and responses per host."""
+    """The comparison run, on Scrapy's own scheduler.
+
+    With Scrapy's own scheduler the timeline still shows requests in the downloader and responses
+    per host.
+    """
     hosts = local_hosts(
         [HostSpec(latency=0.005, links=3, pages=40), HostSpec(latency=0.3, links=3, pages=12)]
     )
@@ -369,8 +378,11 @@ async def test_timeline_under_the_stock_scheduler(
 
 
 class ClosingSpider(PageSpider):
-    """Reads the stats in ``closed()``, as spiders and extensions that save or
-    send stats at the end do."""
+    """Reads the stats in ``closed()``, as spiders and extensions that report do.
+
+    Reads the stats in ``closed()``, as spiders and extensions that save or
+    send stats at the end do.
+    """
 
     at_close: dict[str, Any]
 
@@ -464,8 +476,10 @@ async def test_per_request_receivers_only_where_their_counts_are_read(
 @pytest.mark.crawl
 @deferred_f_from_coro_f
 async def test_an_empty_crawl_timeline_says_nothing_is_queued(tmp_path: Path) -> None:
-    """``null`` means a scheduler that does not tell its queues; this one
-    does, and had nothing queued."""
+    """``null`` means a scheduler that does not tell its queues.
+
+    This one does, and had nothing queued.
+    """
     timeline = tmp_path / "timeline.jsonl"
     await crawl([], **stats_settings(HOSTQUEUE_TIMELINE_FILE=str(timeline)))
     rows = read_timeline(str(timeline))
@@ -482,8 +496,10 @@ class OtherSpider(PageSpider):
 async def test_two_crawls_of_one_process_do_not_write_one_timeline(
     local_hosts: HostsFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Both crawls opened the file for writing and cut each other's rows; the
-    second now writes none and says so, and %(name)s gives each its own."""
+    """Both crawls opened the file for writing and cut each other's rows.
+
+    The second now writes none and says so, and %(name)s gives each its own.
+    """
     hosts = local_hosts([HostSpec(latency=0.01), HostSpec(latency=0.01)])
 
     async def both(path: str) -> None:

@@ -225,8 +225,11 @@ def test_series_groups_small_hosts() -> None:
 def test_each_rate_stair_has_its_intervals_responses_as_area(
     tmp_path: Path, last_interval: float
 ) -> None:
-    """The last interval, cut short when the spider closed, was drawn at its
-    responses over a whole interval, so the chart showed too few of them."""
+    """Each rate stair has its interval's responses as its area.
+
+    The last interval, cut short when the spider closed, was drawn at its
+    responses over a whole interval, so the chart showed too few of them.
+    """
     writer = TimelineWriter(str(tmp_path / "t.jsonl"), max_hosts=5)
     fetched = [{"a.test": 10, "b.test": 4}, {"a.test": 10}, {"a.test": 6, "c.test": 2}]
     ends = [1.0, 2.0, 2.0 + last_interval]
@@ -329,9 +332,12 @@ def test_module_entry_point(tmp_path: Path) -> None:
 def test_plot_output_names_other_than_png_or_html_are_one_line_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
 ) -> None:
-    """matplotlib picked a format from other names (a traceback for unknown
+    """Plot output names other than PNG or HTML are one-line errors.
+
+    matplotlib picked a format from other names (a traceback for unknown
     ones), or added .png to a name without one, and "wrote" named a file
-    that was not written."""
+    that was not written.
+    """
     source = tmp_path / "t.jsonl"
     write_sample_timeline(source)
     (tmp_path / "outdir").mkdir()

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from scrapy_hostqueue.frontier.memory import HostState, MemoryStore, Placement
+from scrapy_hostqueue.frontier.memory import HostState, MemoryStore, Standing
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -47,8 +47,9 @@ __all__ = [
     "Frontier",
     "HostState",
     "MemoryStore",
-    "Placement",
     "RequestStore",
+    "Standing",
+    "monitor_board",
     "open_frontier",
     "push",
     "report",
@@ -77,9 +78,9 @@ class RequestStore(Protocol[T]):
     prefetch: int
     #: At most this many requests in flight for a silent host (0: its limit).
     silent_limit: int
-    #: The crawl's global budget; a host gets at most its share of it among
-    #: the active hosts (0: no share).
-    budget: int
+    #: The crawl's global limit (``CONCURRENT_REQUESTS``); a host gets at
+    #: most its share of it among the active hosts (0: no share).
+    global_limit: int
     #: Called with a host's key when the store forgets the host for good.
     on_forget: Callable[[str], None] | None
     #: What the AIMD middleware learned about a host (a small dict a JSON
@@ -93,7 +94,7 @@ class RequestStore(Protocol[T]):
     import_learned: Callable[[str, dict[str, float]], None] | None
 
     def __len__(self) -> int:
-        """Requests queued (not handed out)."""
+        """Count the requests queued (not handed out)."""
 
     @property
     def active(self) -> int:
@@ -102,39 +103,57 @@ class RequestStore(Protocol[T]):
     # -- requests --------------------------------------------------------
 
     def push(self, key: str, rank: int, item: T) -> bool:
-        """Queue *item* for host *key* (higher *rank* first, FIFO among
-        equals); False, and nothing queued, if the host was given up."""
+        """Queue *item* for host *key* (higher *rank* first, FIFO among equals).
+
+        False, and nothing queued, if the host was given up.
+        """
 
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
-        """Hand out the next request of a ready host, round-robin among ready
+        """Hand out the next request of a ready host, or None.
+
+        Hand out the next request of a ready host, round-robin among ready
         hosts, or None. The request counts in flight for its host until
-        :meth:`finish` and stays leased until :meth:`ack`."""
+        :meth:`finish` and stays leased until :meth:`ack`.
+        """
 
     def finish(self, key: str, overdue: bool = False) -> None:
-        """One request of *key* is no longer in flight (*overdue*: one marked
-        with :meth:`set_overdue`)."""
+        """Count one request of *key* no longer in flight.
+
+        One request of *key* is no longer in flight (*overdue*: one marked
+        with :meth:`set_overdue`).
+        """
 
     def set_overdue(self, key: str) -> None:
-        """One request of *key* in flight is overdue: it still counts against
-        the host's limit, but does not keep the host's active place."""
+        """One request of *key* in flight is overdue.
+
+        It still counts against the host's limit, but does not keep the host's active place.
+        """
 
     def overdue(self, key: str) -> int:
-        """Requests of *key* in flight and overdue."""
+        """Count the requests of *key* in flight and overdue."""
 
     def ack(self, item: T) -> None:
-        """*item*, handed out earlier, is done: its outcome (the requests and
-        items its callback produced) has been taken over. Ends its lease."""
+        """*item*, handed out earlier, is done.
 
-    def release(self, key: str, rank: int, item: T) -> None:
-        """*item*, handed out earlier and not done, goes back to its host's
-        queue, its lease ended (after :meth:`finish`, if it was in flight)."""
+        Its outcome (the requests and items its callback produced) has been taken over. Ends its
+        lease.
+        """
+
+    def give_back(self, key: str, rank: int, item: T) -> None:
+        """Put *item*, handed out earlier and not done, back in its host's queue.
+
+        Its lease ends (after :meth:`finish`, if it was in flight).
+        """
 
     def adopt(self, key: str, now: float) -> None:
-        """Count a request that did not come from :meth:`pop` in flight for
-        *key* until :meth:`finish`."""
+        """Count a request that did not come from :meth:`pop` in flight for *key*.
+
+        Count a request that did not come from :meth:`pop` in flight for
+        *key* until :meth:`finish`.
+        """
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse *key* from now on; returns its queued requests."""
+        """Give up *key* and any request pushed for it from now on; return its queued requests."""
 
     def items(self) -> Iterator[tuple[str, int, T]]:
         """``(key, rank, item)`` of every queued request (O(requests))."""
@@ -142,14 +161,14 @@ class RequestStore(Protocol[T]):
     # -- hosts -----------------------------------------------------------
 
     def host_state(self, key: str) -> HostState:
-        """The state of *key*, made on first sight."""
+        """Return the state of *key*, made on first sight."""
 
     def known_state(self, key: str) -> HostState | None:
-        """The state of *key* if the store knows the host."""
+        """Return the state of *key* if the store knows the host."""
 
     def queued(self, key: str) -> int: ...
 
-    def inflight(self, key: str) -> int: ...
+    def in_flight(self, key: str) -> int: ...
 
     def in_flight_cap(self, state: HostState) -> int:
         """How many requests a host in *state* may have in flight now."""
@@ -159,7 +178,7 @@ class RequestStore(Protocol[T]):
     def note_full(self, key: str, now: float) -> None: ...
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        """``(key, queued, inflight, state)`` of every live host (O(hosts))."""
+        """``(key, queued, in_flight, state)`` of every live host (O(hosts))."""
 
     def blocked(self, now: float) -> Iterator[tuple[str, HostState]]: ...
 
@@ -179,22 +198,27 @@ class RequestStore(Protocol[T]):
     def space_until(self, key: str, when: float) -> None: ...
 
     def started(self, key: str, started_at: float, now: float) -> None:
-        """The hand-out of *key* made at *started_at* reached the downloader
-        at *now*: the host's interval between starts counts from then."""
+        """Note that the hand-out of *key* made at *started_at* reached the downloader at *now*.
+
+        The host's interval between starts counts from then.
+        """
 
     def unstart(self, key: str, started_at: float) -> None:
-        """The hand-out of *key* made at *started_at* never went to the host."""
+        """Note that the hand-out of *key* made at *started_at* never went to the host."""
 
     def close(self) -> None:
-        """Release what the store holds (files, connections)."""
+        """Close what the store holds open (files, connections)."""
 
 
 class Frontier(Protocol):
-    """One kind of frontier (``HOSTQUEUE_FRONTIER``), as the scheduler and
+    """One kind of frontier, as the scheduler and the job use it.
+
+    One kind of frontier (``HOSTQUEUE_FRONTIER``), as the scheduler and
     the job use it, in the order they call it: :meth:`dupefilter` and
     :meth:`make_store` while the scheduler is built; :meth:`refusal` and
     :meth:`resume` when the spider opens; :meth:`stop`, :meth:`save` and
-    :meth:`close` when it closes."""
+    :meth:`close` when it closes.
+    """
 
     #: Which of Scrapy's scheduler stats the crawl's requests count in:
     #: ``scheduler/enqueued/memory`` or ``scheduler/enqueued/disk``.
@@ -203,8 +227,11 @@ class Frontier(Protocol):
     codec: RequestCodec | None
 
     def dupefilter(self) -> BaseDupeFilter:
-        """The crawl's dupefilter: ``DUPEFILTER_CLASS``, or in place of
-        Scrapy's own, the same filter on the store's seen fingerprints."""
+        """Make the crawl's dupefilter.
+
+        ``DUPEFILTER_CLASS``, or in place of Scrapy's own, the same filter on the store's seen
+        fingerprints.
+        """
 
     def make_store(
         self,
@@ -212,41 +239,54 @@ class Frontier(Protocol):
         state_factory: Callable[[str], HostState],
         **kwargs: Any,
     ) -> RequestStore[Request]:
-        """The crawl's request store (*state_factory* and *kwargs* as for
-        :class:`MemoryStore`); *dupefilter* is the scheduler's."""
+        """Make the crawl's request store.
+
+        The crawl's request store (*state_factory* and *kwargs* as for
+        :class:`MemoryStore`); *dupefilter* is the scheduler's.
+        """
 
     def refusal(self) -> tuple[str, str] | None:
-        """Why the crawl cannot go on with its ``JOBDIR``: the finish reason
-        and the ERROR line; None if it can."""
+        """Why the crawl cannot go on with its ``JOBDIR``: the finish reason and the ERROR line.
+
+        None if it can.
+        """
 
     def resume(
         self, spider: Spider, push: Callable[[Request], bool], refuse: Callable[[str], None]
     ) -> tuple[int, int]:
-        """Queue what the job saved with *push* (its requests, already seen
+        """Resume the job: queue what it saved, or join the shared crawl.
+
+        Queue what the job saved with *push* (its requests, already seen
         by the dupefilter) and restore its host blocks and spacing, or join
         the shared crawl; *refuse* closes the crawl before its first request
         with a finish reason. Returns the requests resumed and the host
-        blocks still in force."""
+        blocks still in force.
+        """
 
     def stop(self) -> None:
         """Stop what runs in the background (the SQLite file's commits)."""
 
     def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
-        """At a graceful stop, keep what the store holds (and *given_up*, the
+        """Keep what the store holds at a graceful stop, for the next run.
+
+        At a graceful stop, keep what the store holds (and *given_up*, the
         requests of given-up hosts) for the next run, where the store does
         not keep every change itself. Returns how many requests could not be
-        serialised."""
+        serialised.
+        """
 
     def close(self, dupefilter: BaseDupeFilter, reason: str) -> Deferred[None] | None:
-        """Close *dupefilter*, in a shared crawl once this process has handed
-        back what it holds."""
+        """Close *dupefilter*, in a shared crawl once this process has handed back what it holds."""
 
 
 def open_frontier(crawler: Crawler, config: HostQueueConfig, *, debug: bool) -> Frontier:
-    """The frontier ``HOSTQUEUE_FRONTIER`` picks, opened: its file locked,
+    """Open the frontier ``HOSTQUEUE_FRONTIER`` picks.
+
+    The frontier ``HOSTQUEUE_FRONTIER`` picks, opened: its file locked,
     or this process registered with Redis. Raises a
     :class:`~scrapy_hostqueue.exceptions.HostQueueError` with one line when
-    it cannot be used."""
+    it cannot be used.
+    """
     # Imported here: importing a pure module of the frontier imports this
     # package too, which therefore imports no Scrapy at its top; and a crawl
     # loads only the backend it uses (the Redis one needs the redis client).
@@ -267,14 +307,15 @@ def open_frontier(crawler: Crawler, config: HostQueueConfig, *, debug: bool) -> 
 
 
 def is_shared(location: str) -> bool:
-    """Whether *location* (``HOSTQUEUE_FRONTIER``, or the command line's)
-    names a Redis server."""
+    """Whether *location* (``HOSTQUEUE_FRONTIER``, or the command line's) names a Redis server."""
     return location.startswith(REDIS_SCHEMES)
 
 
 def report(location: str, *, crawl_id: str | None = None, top: int = 10) -> str:
-    """What the frontier at *location* holds, as text: a frontier file (or
-    its ``JOBDIR``), or with *crawl_id* a shared crawl on Redis."""
+    """Say what the frontier at *location* holds, as text.
+
+    A frontier file (or its ``JOBDIR``), or with *crawl_id* a shared crawl on Redis.
+    """
     if is_shared(location):
         from scrapy_hostqueue.frontier.redis import _cli  # noqa: PLC0415
 
@@ -293,11 +334,14 @@ def push(
     priority: int = 0,
     requests_file: str | None = None,
 ) -> tuple[int, int]:
-    """Queue *urls* in the shared crawl *crawl_id* at *url*, through its
+    """Queue *urls*, then the requests of *requests_file*, in a shared crawl.
+
+    Queue *urls* in the shared crawl *crawl_id* at *url*, through its
     dupefilter, then the requests of *requests_file* as they are (a file a
     crawl wrote when Redis lost the crawl or was full). Returns how many were
     queued and how many already seen. Raises :class:`OSError` if the file
-    cannot be read (before anything is queued)."""
+    cannot be read (before anything is queued).
+    """
     from scrapy_hostqueue.frontier.redis import _capacity, _cli  # noqa: PLC0415
 
     held: list[_capacity.HeldRequest] = []
@@ -305,3 +349,14 @@ def push(
         with open(requests_file, encoding="utf-8") as lines:
             held = list(_capacity.read_held(lines))
     return _cli.push(url, crawl_id, urls, priority=priority, requests=held)
+
+
+def monitor_board(url: str, crawl_id: str) -> Any:
+    """Return where the processes of a shared crawl publish their monitor's snapshots.
+
+    That is ``frontier.redis._monitor.MonitorBoard`` for the crawl *crawl_id*
+    at *url*: ``open``, ``beat``, ``withdraw``, ``close``, all coroutines.
+    """
+    from scrapy_hostqueue.frontier.redis._monitor import MonitorBoard  # noqa: PLC0415
+
+    return MonitorBoard(url, crawl_id)

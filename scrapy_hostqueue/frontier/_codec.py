@@ -1,5 +1,7 @@
-"""Requests to bytes and back, for the stores that keep them outside this
-process (the SQLite file, Redis)."""
+"""Requests to bytes and back, for the stores that keep them outside this process.
+
+The SQLite file, Redis.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +20,16 @@ logger = logging.getLogger(__name__)
 
 
 class RequestCodec:
-    """Requests to bytes and back, as Scrapy's disk queues store them: the
-    dict of ``Request.to_dict``, pickled, which ``request_from_dict`` reads.
-    For a plain :class:`~scrapy.Request`, the fields equal to the defaults of
-    its constructor are left out of the dict (``request_from_dict`` gives
-    them their defaults again): a request a spider follows has a URL and a
-    callback, and the 13 fields cost more than twice the time to write and to
-    read. A request that cannot be pickled (a ``meta`` holding a response, a
-    selector) stays in memory only, counted in ``scheduler/unserializable``,
-    as with Scrapy's own scheduler (*stats* None: not counted)."""
+    """Requests to bytes and back, as Scrapy's disk queues store them.
+
+    The dict of ``Request.to_dict``, pickled, which ``request_from_dict`` reads. For a plain
+    :class:`~scrapy.Request`, the fields equal to the defaults of its constructor are left out of
+    the dict (``request_from_dict`` gives them their defaults again): a request a spider follows has
+    a URL and a callback, and the 13 fields cost more than twice the time to write and to read. A
+    request that cannot be pickled (a ``meta`` holding a response, a selector) stays in memory only,
+    counted in ``scheduler/unserializable``, as with Scrapy's own scheduler (*stats* None: not
+    counted).
+    """
 
     def __init__(self, stats: StatsCollector | None, debug: bool) -> None:
         self.spider: Spider | None = None
@@ -53,12 +56,15 @@ class RequestCodec:
             return None
 
     def _to_dict(self, request: Request) -> dict[str, Any]:
-        """``request.to_dict(spider=self.spider)`` (less the defaults of a
+        """Turn *request* into a dict, its callbacks found by name.
+
+        ``request.to_dict(spider=self.spider)`` (less the defaults of a
         plain Request), with the names of the spider's methods used as
         callbacks remembered: ``to_dict`` finds each by listing the spider's
         members (``inspect.getmembers``) on every call, which cost more than
         the rest of the frontier's work for a request. Anything but a method
-        already named goes through ``to_dict`` itself."""
+        already named goes through ``to_dict`` itself.
+        """
         callback, errback = request.callback, request.errback
         try:
             d: dict[str, Any] = {"url": request.url}
@@ -99,7 +105,7 @@ class RequestCodec:
         return d
 
     def _name(self, method: Any) -> str:
-        """The name of the spider's *method* if known (KeyError if not)."""
+        """Return the name of the spider's *method* if known (KeyError if not)."""
         name = self._names[getattr(method, "__func__", None)]
         if getattr(getattr(self.spider, name, None), "__func__", None) is not method.__func__:
             del self._names[method.__func__]  # the spider changed since
@@ -146,7 +152,7 @@ def _lean(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _method(spider: Spider, name: Any) -> Any:
-    """The spider's method *name*, as ``request_from_dict`` finds it."""
+    """Return the spider's method *name*, as ``request_from_dict`` finds it."""
     try:
         return getattr(spider, str(name))
     except AttributeError:

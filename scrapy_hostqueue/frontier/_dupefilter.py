@@ -1,5 +1,7 @@
-"""The dupefilter of the stores that keep the seen fingerprints themselves
-(the SQLite file, Redis), in place of Scrapy's ``requests.seen``."""
+"""The dupefilter of the stores that keep the seen fingerprints themselves.
+
+Those are the SQLite file and Redis; the filter takes the place of Scrapy's ``requests.seen``.
+"""
 
 from __future__ import annotations
 
@@ -19,29 +21,35 @@ logger = logging.getLogger(__name__)
 
 
 def scrapy_dupefilter(crawler: Crawler) -> BaseDupeFilter:
-    """The dupefilter ``DUPEFILTER_CLASS`` names."""
+    """Make the dupefilter ``DUPEFILTER_CLASS`` names."""
     dupefilter_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
     return build_from_crawler(dupefilter_cls, crawler)  # type: ignore[no-any-return]
 
 
 def dupefilter_on(crawler: Crawler, seen: Callable[[bytes], bool]) -> BaseDupeFilter:
-    """In place of Scrapy's own dupefilter, the same filter on *seen* (the
-    store's set of fingerprints); any other ``DUPEFILTER_CLASS`` as it is."""
+    """Make the crawl's dupefilter on *seen* in place of Scrapy's own.
+
+    In place of Scrapy's own dupefilter, the same filter on *seen* (the
+    store's set of fingerprints); any other ``DUPEFILTER_CLASS`` as it is.
+    """
     if uses_scrapy_dupefilter(crawler):
         return FrontierDupeFilter(crawler, seen)
     return scrapy_dupefilter(crawler)
 
 
 def uses_scrapy_dupefilter(crawler: Crawler) -> bool:
-    """Whether the crawl uses Scrapy's own dupefilter (whose ``requests.seen``
-    the frontier file replaces)."""
+    """Whether the crawl uses Scrapy's own dupefilter.
+
+    Whose ``requests.seen`` the frontier file replaces.
+    """
     return load_object(crawler.settings["DUPEFILTER_CLASS"]) is RFPDupeFilter
 
 
 class FrontierDupeFilter(BaseDupeFilter):
-    """Scrapy's ``RFPDupeFilter`` on the frontier file instead of
-    ``requests.seen``: a fingerprint becomes durable in the same commit as
-    its request, and the seen set stays on disk."""
+    """Scrapy's ``RFPDupeFilter`` on the frontier file instead of ``requests.seen``.
+
+    A fingerprint becomes durable in the same commit as its request, and the seen set stays on disk.
+    """
 
     def __init__(self, crawler: Crawler, seen: Callable[[bytes], bool]) -> None:
         assert crawler.request_fingerprinter is not None

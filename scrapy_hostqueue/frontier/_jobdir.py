@@ -1,6 +1,7 @@
-"""The in-memory frontier (``HOSTQUEUE_FRONTIER = "memory"``) and its
-``JOBDIR`` file: at a graceful stop the queued requests, host blocks and
-spacing are written to one file, and read back when the job resumes.
+"""The in-memory frontier (``HOSTQUEUE_FRONTIER = "memory"``) and its ``JOBDIR`` file.
+
+At a graceful stop the queued requests, host blocks and spacing are written to one file, and read
+back when the job resumes.
 
 This is not crash-safe: the file is written only at a graceful stop.
 """
@@ -55,10 +56,12 @@ def state_path(jobdir: str) -> str:
 
 
 def scrapy_job_refusal(jobdir: str | None) -> str | None:
-    """Why a JOBDIR is refused: Scrapy's own scheduler left requests queued in
-    it, which this scheduler cannot read, and the dupefilter's
-    ``requests.seen`` would keep the crawl from finding them again, so they
-    would be lost without a word. None if it is not."""
+    """Why a JOBDIR is refused.
+
+    Scrapy's own scheduler left requests queued in it, which this scheduler cannot read, and the
+    dupefilter's ``requests.seen`` would keep the crawl from finding them again, so they would be
+    lost without a word. None if it is not.
+    """
     if not jobdir:
         return None
     path = os.path.join(jobdir, "requests.queue", "active.json")
@@ -82,8 +85,10 @@ def scrapy_job_refusal(jobdir: str | None) -> str | None:
 
 @dataclass
 class SavedState:
-    """What a stopped job left: its queued requests, and the host blocks and
-    spacing still in force (on the monotonic clock)."""
+    """What a stopped job left.
+
+    Its queued requests, and the host blocks and spacing still in force (on the monotonic clock).
+    """
 
     requests: list[Request]
     blocks: list[tuple[str, float, str | None]]
@@ -98,9 +103,12 @@ def save_state(
     *,
     debug: bool,
 ) -> int:
-    """Write what *store* holds (and the requests of given-up hosts, whose
+    """Write what *store* holds to *path*, atomically.
+
+    Write what *store* holds (and the requests of given-up hosts, whose
     host may be back next time) to *path*, atomically. Returns how many
-    requests could not be serialised."""
+    requests could not be serialised.
+    """
     requests: list[tuple[str, bytes]] = []
     unserializable = 0
     queued = [(host, request) for host, _rank, request in store.items()]
@@ -148,8 +156,10 @@ def save_state(
 
 
 def load_state(path: str, spider: Spider) -> SavedState | None:
-    """What the last stop saved at *path*, None if nothing. Reads the whole
-    file first: if any of it cannot be read, it raises."""
+    """Read what the last stop saved at *path*, None if nothing.
+
+    Reads the whole file first: if any of it cannot be read, it raises.
+    """
     if not os.path.exists(path):
         return None
     with open(path, "rb") as f:
@@ -175,8 +185,10 @@ def load_state(path: str, spider: Spider) -> SavedState | None:
 
 
 def memory_job_refusal(jobdir: str | None) -> str | None:
-    """Why the in-memory store refuses *jobdir*: it holds a frontier file,
-    whose requests the in-memory store would not see. None if it does not."""
+    """Why the in-memory store refuses *jobdir*.
+
+    It holds a frontier file, whose requests the in-memory store would not see. None if it does not.
+    """
     if not jobdir:
         return None
     path = os.path.join(jobdir, FRONTIER_FILE)
@@ -191,9 +203,11 @@ def memory_job_refusal(jobdir: str | None) -> str | None:
 
 
 class MemoryFrontier:
-    """The in-memory frontier: every request in this process, and with a
-    ``JOBDIR`` the job in ``hostqueue.state``, read at the start and
-    written at a graceful stop; Scrapy's own dupefilter (``requests.seen``)."""
+    """The in-memory frontier.
+
+    Every request in this process, and with a ``JOBDIR`` the job in ``hostqueue.state``, read at the
+    start and written at a graceful stop; Scrapy's own dupefilter (``requests.seen``).
+    """
 
     queue = "memory"
     codec: RequestCodec | None = None

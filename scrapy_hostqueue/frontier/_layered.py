@@ -1,6 +1,7 @@
-"""What the stores that keep their queues elsewhere (a file, Redis) share: a
-:class:`MemoryStore` in front that holds the ring, the per-host states and a
-window of each host's queue, to which every host command and query goes.
+"""What the stores that keep their queues elsewhere (a file, Redis) share.
+
+They share a :class:`MemoryStore` in front that holds the ring, the per-host states and a window of
+each host's queue, to which every host command and query goes.
 
 Pure logic: no Scrapy or Twisted import.
 """
@@ -16,16 +17,19 @@ E = TypeVar("E")
 
 
 class LayeredStore(Generic[E]):
-    """The part of a :class:`~scrapy_hostqueue.frontier.RequestStore` that is the
+    """The part of a request store that is the memory store's.
+
+    The part of a :class:`~scrapy_hostqueue.frontier.RequestStore` that is the
     memory store's (*memory*, whose items are the subclass's entries). A host
     command that changes what must outlive the process (its limit, block or
-    interval) calls :meth:`_changed`."""
+    interval) calls :meth:`_changed`.
+    """
 
     def __init__(self, memory: MemoryStore[E]) -> None:
         self._mem = memory
 
     def _changed(self, key: str) -> None:
-        """The state of *key* to save changed."""
+        """Note that the state of *key* to save changed."""
 
     # -- the RequestStore attributes --------------------------------------------
 
@@ -38,12 +42,12 @@ class LayeredStore(Generic[E]):
         self._mem.prefetch = value
 
     @property
-    def budget(self) -> int:
-        return self._mem.budget
+    def global_limit(self) -> int:
+        return self._mem.global_limit
 
-    @budget.setter
-    def budget(self, value: int) -> None:
-        self._mem.budget = value
+    @global_limit.setter
+    def global_limit(self, value: int) -> None:
+        self._mem.global_limit = value
 
     @property
     def silent_limit(self) -> int:
@@ -84,8 +88,8 @@ class LayeredStore(Generic[E]):
     def known_state(self, key: str) -> HostState | None:
         return self._mem.known_state(key)
 
-    def inflight(self, key: str) -> int:
-        return self._mem.inflight(key)
+    def in_flight(self, key: str) -> int:
+        return self._mem.in_flight(key)
 
     def in_flight_cap(self, state: HostState) -> int:
         return self._mem.in_flight_cap(state)

@@ -5,7 +5,7 @@ Pure logic: no Scrapy or Twisted import, an injectable clock, opaque items.
 slot key).
 
 Every live host (queued work, work in flight, or an IDLE place) is in
-exactly one placement:
+exactly one standing (:class:`Standing`):
 
 * READY: queued work, in flight below its limit, not blocked, and either
   holding an active place or the active-host cap has room. It sits in the
@@ -14,7 +14,7 @@ exactly one placement:
 * PREFETCH: queued work, in flight at its limit but below the limit plus
   ``prefetch``, and no interval between starts. Sits in a heap by head rank
   (FIFO among equals), served only when no host is READY, so an extra
-  request waiting downstream never takes a global slot from a host that
+  request waiting downstream never takes part of the global limit from a host that
   could send at once.
 * FULL: in flight at or above its limit (plus ``prefetch`` if it has no
   interval; ``silent_limit``, without prefetch, for a silent host), or, with
@@ -46,10 +46,10 @@ its place for ever, and a slow host, whose turn lasts long, lets the hosts
 waiting behind it take their turns. Kept places let the hosts being crawled
 keep their keep-alive connections.
 
-With a ``budget`` (the crawl's global concurrency), a host has at most its
+With a ``global_limit`` (``CONCURRENT_REQUESTS``), a host has at most its
 share of it in flight (:meth:`MemoryStore.in_flight_cap`): while hosts wait
 for a place, an equal part per place (one request at the defaults), so the
-budget goes to more hosts, each on one connection, rather than to more
+global limit goes to more hosts, each on one connection, rather than to more
 connections on fewer hosts.
 
 Hosts that answered their last request (``HostState.answering``) go before
@@ -57,12 +57,12 @@ silent ones (not heard from yet, or whose last request failed to connect or
 timed out): in the ring, at the same priority, and for a free place. Silent
 hosts that wait for a place end an answering host's turn, and get the next
 free place, only while they hold fewer than half of the places. Many hosts
-that hang until a timeout then take neither the whole download budget nor
+that hang until a timeout then take neither the whole global limit nor
 every place from the hosts that answer, and hosts never heard from still get
 their share of places.
 
 Structures hold ``(token, host)`` entries and skip stale ones lazily: every
-placement bumps the host's token, so moving a host is O(1) and no structure is
+change of standing bumps the host's token, so moving a host is O(1) and no structure is
 ever scanned. Each operation is O(1) amortised in the number of hosts, plus a
 heap operation on the timer heap (log of the number of blocked hosts) and on a
 host's own ranks (few distinct priorities in practice).
@@ -81,7 +81,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-class Placement(Enum):
+class Standing(Enum):
     """Where a live host sits in the store (see the module docstring)."""
 
     READY = "ready"
@@ -94,21 +94,21 @@ class Placement(Enum):
     IDLE = "idle"
 
 
-READY = Placement.READY
-FULL = Placement.FULL
-PREFETCH = Placement.PREFETCH
-BLOCKED = Placement.BLOCKED
-CAPPED = Placement.CAPPED
-DRAINED = Placement.DRAINED
-ENDING = Placement.ENDING
-IDLE = Placement.IDLE
+READY = Standing.READY
+FULL = Standing.FULL
+PREFETCH = Standing.PREFETCH
+BLOCKED = Standing.BLOCKED
+CAPPED = Standing.CAPPED
+DRAINED = Standing.DRAINED
+ENDING = Standing.ENDING
+IDLE = Standing.IDLE
 
 
 class HostState:
     """What the scheduler needs to know to decide whether a host is ready.
 
     The AIMD middleware changes it only through :class:`MemoryStore` methods, so
-    the host's place in the frontier is updated at once.
+    the host's standing in the store is updated at once.
     """
 
     __slots__ = (
@@ -147,7 +147,7 @@ class HostState:
         #: No request starts before this time (Retry-After, back-off).
         self.blocked_until = 0.0
         self.block_reason: str | None = None
-        #: Queued requests were dropped; new ones are refused.
+        #: Queued requests were given up; new ones are given up too.
         self.given_up = False
         #: The host answered its last request (an HTTP response), as opposed to
         #: a host not heard from yet or whose last request failed to connect
@@ -213,15 +213,15 @@ class _Host(Generic[T]):
     __slots__ = (
         "active",
         "active_since",
-        "inflight",
+        "in_flight",
         "key",
         "overdue",
         "pending_start",
-        "placement",
         "queued",
         "queues",
         "ranks",
         "served",
+        "standing",
         "state",
         "token",
     )
@@ -232,8 +232,8 @@ class _Host(Generic[T]):
         self.queues: dict[int, _Fifo[T]] = {}
         self.ranks: list[int] = []  # heap of -rank, stale ranks skipped lazily
         self.queued = 0
-        self.inflight = 0
-        #: Of ``inflight``, the requests in flight far longer than the host
+        self.in_flight = 0
+        #: Of ``in_flight``, the requests in flight far longer than the host
         #: usually takes (see :meth:`MemoryStore.set_overdue`).
         self.overdue = 0
         #: Whether the host holds one of the active-host places, since when,
@@ -244,7 +244,7 @@ class _Host(Generic[T]):
         #: With ``await_start``: when the hand-out whose start the host waits
         #: for was handed out (its ``last_start`` then), else None.
         self.pending_start: float | None = None
-        self.placement = DRAINED
+        self.standing = DRAINED
         self.token = 0
 
     def head_rank(self) -> int:
@@ -321,12 +321,12 @@ class MemoryStore(Generic[T]):
         self._state_factory = state_factory
         self.max_active = max_active
         #: Requests a host may have handed out beyond its limit; they wait
-        #: for a send slot downstream (see HostQueueScheduler.acquire_send_slot).
+        #: at the send gate downstream for room on the wire.
         self.prefetch = prefetch
-        #: The crawl's global budget (``CONCURRENT_REQUESTS``; 0: none): a
+        #: The crawl's global limit (``CONCURRENT_REQUESTS``; 0: none): a
         #: host may have at most its share of it among the active hosts in
         #: flight (see :meth:`in_flight_cap`).
-        self.budget = 0
+        self.global_limit = 0
         #: At most this many requests in flight for a silent host, and no
         #: prefetch (0: its limit, as for any host).
         self.silent_limit = silent_limit
@@ -338,7 +338,7 @@ class MemoryStore(Generic[T]):
         #: robots.txt) would otherwise start together.
         self.await_start = await_start
         self._remember = remember
-        #: Called with a host's key when the frontier forgets the host for good
+        #: Called with a host's key when the store forgets the host for good
         #: (its state leaves both memories of idle hosts), so that state kept
         #: elsewhere about the host (the AIMD middleware's) lives exactly as long.
         self.on_forget: Callable[[str], None] | None = None
@@ -385,7 +385,7 @@ class MemoryStore(Generic[T]):
         return len(self._hosts)
 
     def host_state(self, key: str) -> HostState:
-        """The state of *key*, created from the factory on first sight."""
+        """Return the state of *key*, created from the factory on first sight."""
         host = self._hosts.get(key)
         if host is not None:
             return host.state
@@ -400,49 +400,53 @@ class MemoryStore(Generic[T]):
     def is_full(self, key: str) -> bool:
         """Whether *key* has its whole limit in flight now."""
         host = self._hosts.get(key)
-        return host is not None and host.inflight >= host.state.limit
+        return host is not None and host.in_flight >= host.state.limit
 
     def note_full(self, key: str, now: float) -> None:
-        """Note *now* as the last moment *key* had its whole limit in flight
-        (``HostState.full_at``), if it has."""
+        """Note *now* as the last moment *key* had its whole limit in flight.
+
+        It goes to ``HostState.full_at``, if the host is known.
+        """
         host = self._hosts.get(key)
         if host is not None:
             self._note_full(host, now)
 
     def in_flight_cap(self, state: HostState) -> int:
-        """How many requests a host with *state* may have in flight now: its
-        limit, or ``silent_limit`` if that is lower and the host is silent,
-        and at most its share of ``budget``. While hosts wait for a place,
-        every place gets an equal part of the budget (``budget /
-        max_active``, rounded up); otherwise what the active silent hosts do
-        not take, divided by the other active hosts, rounded up."""
+        """How many requests a host with *state* may have in flight now.
+
+        Its limit, or ``silent_limit`` if that is lower and the host is silent,
+        and at most its share of ``global_limit``. While hosts wait for a place,
+        every place gets an equal part of the global limit (``global_limit /
+        max_active``, rounded up); otherwise what the active silent hosts do not
+        take, divided by the other active hosts, rounded up.
+        """
         cap = state.limit
         if self.silent_limit and not state.answering:
             cap = min(cap, self.silent_limit)
-        if not self.budget:
+        if not self.global_limit:
             return cap
         if self._waiting and self.max_active > 0:
-            # The places are all taken and the budget binds: a second
-            # request in flight on one host would take the budget a waiting
+            # The places are all taken and the global limit binds: a second
+            # request in flight on one host would take the part a waiting
             # host could use, and open a second connection to the host for
             # the same pages per second crawl-wide.
-            return min(cap, max(1, -(-self.budget // self.max_active)))
+            return min(cap, max(1, -(-self.global_limit // self.max_active)))
         # Silent hosts hold silent_limit each; the others share the rest.
-        active, budget = self.active, self.budget
+        active, shared = self.active, self.global_limit
         if self.silent_limit:
             active -= self._active_silent
-            budget -= self._active_silent * self.silent_limit
+            shared -= self._active_silent * self.silent_limit
         if active > 1:
-            # When the crawl's budget binds, a host with more in flight than
-            # its share only takes budget from another host: the same
+            # When the global limit binds, a host with more in flight than
+            # its share only takes part of it from another host: the same
             # requests over more connections.
-            share = max(1, -(-budget // active))
+            share = max(1, -(-shared // active))
             if share < cap:
                 return share
         return cap
 
     def known_state(self, key: str) -> HostState | None:
-        """The state of *key* if the frontier knows the host, without creating one."""
+        """Return the state of *key* if the store knows the host, without creating one."""
         host = self._hosts.get(key)
         if host is not None:
             return host.state
@@ -452,42 +456,54 @@ class MemoryStore(Generic[T]):
         host = self._hosts.get(key)
         return host.queued if host is not None else 0
 
-    def inflight(self, key: str) -> int:
+    def in_flight(self, key: str) -> int:
         host = self._hosts.get(key)
-        return host.inflight if host is not None else 0
+        return host.in_flight if host is not None else 0
 
-    def placement(self, key: str) -> Placement | None:
+    def standing(self, key: str) -> Standing | None:
         host = self._hosts.get(key)
-        return host.placement if host is not None else None
+        return host.standing if host is not None else None
 
     def _states(self) -> Iterator[tuple[str, HostState]]:
-        """``(key, state)`` of every host, idle hosts that are still
-        remembered included (O(hosts))."""
+        """List ``(key, state)`` of every host, idle ones still remembered included.
+
+        ``(key, state)`` of every host, idle hosts that are still
+        remembered included (O(hosts)).
+        """
         for host in self._hosts.values():
             yield host.key, host.state
         for idle in (self._retired, self._kept):
             yield from idle.items()
 
     def blocked(self, now: float) -> Iterator[tuple[str, HostState]]:
-        """``(key, state)`` of every host blocked beyond *now*, idle hosts
-        that are still remembered included (O(hosts): for a crawl's close)."""
+        """List ``(key, state)`` of every host blocked beyond *now*.
+
+        ``(key, state)`` of every host blocked beyond *now*, idle hosts
+        that are still remembered included (O(hosts): for a crawl's close).
+        """
         for key, state in self._states():
             if state.blocked_until > now:
                 yield key, state
 
     def spaced(self, now: float) -> Iterator[tuple[str, float]]:
-        """``(key, when)`` of every host whose next request may not start
+        """List ``(key, when)`` of every host spaced beyond *now*.
+
+        ``(key, when)`` of every host whose next request may not start
         before *when*, later than *now*, for its interval between starts
-        (O(hosts): for a crawl's close)."""
+        (O(hosts): for a crawl's close).
+        """
         for key, state in self._states():
             when = state.spaced_until()
             if when > now:
                 yield key, when
 
     def space_until(self, key: str, when: float) -> None:
-        """Start no request for *key* before *when*, as if its last request
+        """Start no request for *key* before *when*, as spacing restored after a stop.
+
+        Start no request for *key* before *when*, as if its last request
         had started an interval before then (spacing restored after a stop);
-        extends, never shortens, the wait its own starts set."""
+        extends, never shortens, the wait its own starts set.
+        """
         state = self.host_state(key)
         now = self.clock()
         if when > max(now, state.spaced_until()):
@@ -496,10 +512,12 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        """``(key, queued, inflight, state)`` of every live host (O(hosts): for
-        periodic reports, never on the request path)."""
+        """Return ``(key, queued, in_flight, state)`` of every live host.
+
+        O(hosts): for periodic reports, never on the request path.
+        """
         for host in self._hosts.values():
-            yield host.key, host.queued, host.inflight, host.state
+            yield host.key, host.queued, host.in_flight, host.state
 
     def items(self) -> Iterator[tuple[str, int, T]]:
         """``(key, rank, item)`` of every queued item, in serving order per host."""
@@ -509,12 +527,11 @@ class MemoryStore(Generic[T]):
                     yield host.key, rank, item
 
     def next_wakeup(self) -> float | None:
-        """When the earliest blocked host becomes ready or idle host gives its
-        place up, if any."""
+        """When the earliest blocked host becomes ready or idle host gives its place up, if any."""
         timers = self._timers
         while timers:
             when, _, token, host = timers[0]
-            if host.token == token and host.placement in (BLOCKED, IDLE):
+            if host.token == token and host.standing in (BLOCKED, IDLE):
                 return when
             heapq.heappop(timers)
         return None
@@ -522,8 +539,10 @@ class MemoryStore(Generic[T]):
     # -- requests --------------------------------------------------------
 
     def push(self, key: str, rank: int, item: T) -> bool:
-        """Queue *item* for host *key*; higher *rank* is served first, FIFO among
-        equals. Returns False (and queues nothing) if the host was given up."""
+        """Queue *item* for host *key*; higher *rank* is served first, FIFO among equals.
+
+        Returns False (and queues nothing) if the host was given up.
+        """
         host = self._hosts.get(key)
         if host is None:
             state = self._recall(key)
@@ -537,15 +556,16 @@ class MemoryStore(Generic[T]):
         raises_head = host.queued and rank // granularity > host.head_rank() // granularity
         host.push(rank, item)
         self._queued += 1
-        if host.placement in (DRAINED, IDLE) or (
-            host.placement in (READY, PREFETCH) and raises_head
-        ):
+        if host.standing in (DRAINED, IDLE) or (host.standing in (READY, PREFETCH) and raises_head):
             self._place(host, self.clock())
         return True
 
     def pop(self, now: float | None = None) -> tuple[str, T] | None:
-        """The next item of the next ready host, round-robin among the ready
-        hosts of the highest head rank, or None if no host is ready now."""
+        """Return the next item of the next ready host, or None.
+
+        The next item of the next ready host, round-robin among the ready
+        hosts of the highest head rank, or None if no host is ready now.
+        """
         if now is None:
             now = self.clock()
         self._release_timers(now)
@@ -560,7 +580,7 @@ class MemoryStore(Generic[T]):
             token, host = bucket.popleft()
             self._ring_entries -= 1
             if host.token == token:
-                if host.inflight and host.inflight >= self.in_flight_cap(host.state):
+                if host.in_flight and host.in_flight >= self.in_flight_cap(host.state):
                     # Its share fell since it was placed (hosts came to wait
                     # for a place): placed again, behind the hosts that may
                     # send at once.
@@ -584,10 +604,13 @@ class MemoryStore(Generic[T]):
         return None
 
     def _serve_in_turn(self, host: _Host[T], now: float) -> tuple[str, T] | None:
-        """Serve *host*, taken from the ring or the prefetch heap, unless it
+        """Serve *host* unless it must wait for a place or its turn is over.
+
+        Serve *host*, taken from the ring or the prefetch heap, unless it
         must wait for a place (CAPPED: it holds none, perhaps with only
         adopted requests in flight, and the places are taken) or its turn is
-        over (ENDING)."""
+        over (ENDING).
+        """
         if not host.active and 0 < self.max_active <= self.active:
             self._set_capped(host)
             return None
@@ -606,17 +629,19 @@ class MemoryStore(Generic[T]):
         return self._serve(host, now)
 
     def finish(self, key: str, overdue: bool = False) -> None:
-        """A request handed out by :meth:`pop` for *key* is done (whatever its
-        outcome); *overdue*: it was marked with :meth:`set_overdue`."""
+        """Count a request handed out by :meth:`pop` for *key* as done (whatever its outcome).
+
+        *overdue*: it was marked with :meth:`set_overdue`.
+        """
         host = self._hosts.get(key)
-        if host is None or host.inflight <= 0:
+        if host is None or host.in_flight <= 0:
             raise KeyError(f"no request in flight for host {key!r}")
-        host.inflight -= 1
+        host.in_flight -= 1
         if overdue:
             host.overdue -= 1
-        if not host.inflight:
+        if not host.in_flight:
             host.pending_start = None
-        if (host.inflight == host.overdue and host.placement != CAPPED) or host.placement in (
+        if (host.in_flight == host.overdue and host.standing != CAPPED) or host.standing in (
             FULL,
             PREFETCH,
         ):
@@ -626,27 +651,31 @@ class MemoryStore(Generic[T]):
             self._place(host, self.clock())
 
     def set_overdue(self, key: str) -> None:
-        """One request of *key* in flight is overdue: it still counts against
-        the host's limit, but a host with nothing else in flight gives its
-        active place up to a host that answers (a hanging host must not hold
-        a place, as an idle one does not)."""
+        """One request of *key* in flight is overdue.
+
+        It still counts against the host's limit, but a host with nothing else in flight gives its
+        active place up to a host that answers (a hanging host must not hold a place, as an idle one
+        does not).
+        """
         host = self._hosts.get(key)
-        if host is None or host.overdue >= host.inflight:
+        if host is None or host.overdue >= host.in_flight:
             raise KeyError(f"no request in flight for host {key!r} that is not overdue")
         host.overdue += 1
-        if host.overdue == host.inflight and host.placement != CAPPED:
+        if host.overdue == host.in_flight and host.standing != CAPPED:
             self._place(host, self.clock())
 
     def overdue(self, key: str) -> int:
-        """Requests of *key* in flight and overdue."""
+        """Count the requests of *key* in flight and overdue."""
         host = self._hosts.get(key)
         return host.overdue if host is not None else 0
 
     def ack(self, item: T) -> None:
-        """Nothing to do: a request leaves this store when handed out, and
-        nothing outlives the process."""
+        """Nothing to do.
 
-    def release(self, key: str, rank: int, item: T) -> None:
+        A request leaves this store when handed out, and nothing outlives the process.
+        """
+
+    def give_back(self, key: str, rank: int, item: T) -> None:
         """Queue *item* again (see :meth:`finish` for its place in flight)."""
         self.push(key, rank, item)
 
@@ -667,9 +696,11 @@ class MemoryStore(Generic[T]):
         return dropped
 
     def trim(self, key: str, keep: int) -> list[T]:
-        """Take out the queued items of *key* after its first *keep* (in
-        serving order) and return them in that order. The host's head, and so
-        its place, stays as it was (``keep`` >= 1)."""
+        """Take out the queued items of *key* after its first *keep*.
+
+        They are returned in serving order. The host's head, and so its place, stays as it was
+        (``keep`` >= 1).
+        """
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep!r}")
         host = self._hosts.get(key)
@@ -702,9 +733,12 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def set_answering(self, key: str, answering: bool) -> None:
-        """Whether *key* answered its last request (an HTTP response), or is
+        """Mark *key* as answering or silent.
+
+        Whether *key* answered its last request (an HTTP response), or is
         silent (its last request failed to connect or timed out). A host the
-        frontier does not know is left alone."""
+        store does not know is left alone.
+        """
         host = self._hosts.get(key)
         state = host.state if host is not None else self.known_state(key)
         if state is None or state.answering == answering:
@@ -714,13 +748,13 @@ class MemoryStore(Generic[T]):
             return
         if host.active:
             self._active_silent += -1 if answering else 1
-        capped = host.placement == CAPPED
+        capped = host.standing == CAPPED
         if capped:
             self._uncap(host)  # counted in its old class
         state.answering = answering
         if capped:
             self._set_capped(host)  # into the FIFO of its class
-        elif host.placement in (READY, PREFETCH) or (self.silent_limit and host.placement == FULL):
+        elif host.standing in (READY, PREFETCH) or (self.silent_limit and host.standing == FULL):
             # Its rank in the ring changed, and with silent_limit, how many
             # requests it may have in flight.
             self._place(host, self.clock())
@@ -747,7 +781,9 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def unstart(self, key: str, started_at: float) -> None:
-        """The request of *key* handed out at *started_at* never reached the
+        """Note that the request of *key* handed out at *started_at* never reached the host.
+
+        The request of *key* handed out at *started_at* never reached the
         host (a cache hit, a request a downloader middleware refused): the
         next start need not wait the interval drawn for it. Stock Scrapy
         likewise spaces only the requests that reach its downloader's queue.
@@ -758,15 +794,20 @@ class MemoryStore(Generic[T]):
         self._start_known(key, started_at, None)
 
     def started(self, key: str, started_at: float, now: float) -> None:
-        """The request of *key* handed out at *started_at* started at *now*
+        """Note that the request of *key* handed out at *started_at* started at *now*.
+
+        The request of *key* handed out at *started_at* started at *now*
         (it reached the downloader, past the downloader middlewares): if it
         is the host's last start, the interval before the next counts from
-        *now*, and with ``await_start`` the host may be handed its next."""
+        *now*, and with ``await_start`` the host may be handed its next.
+        """
         self._start_known(key, started_at, now)
 
     def _start_known(self, key: str, started_at: float, now: float | None) -> None:
-        """What became of the hand-out of *key* at *started_at*: it started
-        at *now*, or never will (None). See :meth:`started`, :meth:`unstart`."""
+        """Note what became of the hand-out of *key* at *started_at*.
+
+        It started at *now*, or never will (None). See :meth:`started`, :meth:`unstart`.
+        """
         host = self._hosts.get(key)
         if host is None:
             return
@@ -786,21 +827,24 @@ class MemoryStore(Generic[T]):
             self._refresh(key)
 
     def adopt(self, key: str, now: float) -> None:
-        """Count a request of *key* that :meth:`pop` did not hand out (a
+        """Count a request of *key* that :meth:`pop` did not hand out in flight.
+
+        Count a request of *key* that :meth:`pop` did not hand out (a
         direct download) in flight from *now* until :meth:`finish`: the host
         is handed that much less, and its next start waits its interval after
-        this one. The request takes no active-host place."""
+        this one. The request takes no active-host place.
+        """
         host = self._hosts.get(key)
         if host is None:
             host = self._hosts[key] = _Host(key, self._recall(key))
-        host.inflight += 1
+        host.in_flight += 1
         self._note_full(host, now)
         if host.state.interval:
             self._draw_gap(host.state, now)
         self._place(host, now)
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse further work for *key* and return its queued items."""
+        """Give up *key* (and any item pushed for it later); return its queued items."""
         self.host_state(key).given_up = True
         return self.remove_queued(key)
 
@@ -812,10 +856,10 @@ class MemoryStore(Generic[T]):
         # must now wait for a time: then it waits BLOCKED, not counted among
         # the hosts waiting for a place (which end busy hosts' turns).
         host = self._hosts.get(key)
-        if host is None or host.placement == IDLE:
+        if host is None or host.standing == IDLE:
             return
         now = self.clock()
-        if host.placement == CAPPED and host.state.ready_at() <= now:
+        if host.standing == CAPPED and host.state.ready_at() <= now:
             return
         self._place(host, now)
 
@@ -828,7 +872,7 @@ class MemoryStore(Generic[T]):
         return host.key, item
 
     def _start(self, host: _Host[T], now: float) -> None:
-        host.inflight += 1
+        host.in_flight += 1
         self._note_full(host, now)
         if not host.active:
             host.active = True
@@ -846,17 +890,19 @@ class MemoryStore(Generic[T]):
 
     @staticmethod
     def _note_full(host: _Host[T], now: float) -> None:
-        if host.inflight >= host.state.limit:
+        if host.in_flight >= host.state.limit:
             host.state.full_at = now
 
     def _handed_out_at_most(self, host: _Host[T]) -> int:
-        """In flight from which a host is handed nothing more: its limit plus
-        ``prefetch``, except that a host with a delay between request starts
-        gets no prefetch (its next request may not go before the delay
-        anyway, and would hold download budget meanwhile), nor does a silent
-        one, held to ``silent_limit`` until it answers, nor one with overdue
-        requests (its next one would wait for them to time out, holding
-        download budget)."""
+        """In flight from which a host is handed nothing more.
+
+        Its limit plus ``prefetch``, except that a host with a delay between
+        request starts gets no prefetch (its next request may not go before the
+        delay anyway, and would hold part of the global limit meanwhile), nor
+        does a silent one, held to ``silent_limit`` until it answers, nor one
+        with overdue requests (its next one would wait for them to time out,
+        holding the global limit).
+        """
         state = host.state
         cap = self.in_flight_cap(state)
         if state.interval or host.overdue or (self.silent_limit and not state.answering):
@@ -864,7 +910,7 @@ class MemoryStore(Generic[T]):
         return cap + self.prefetch
 
     def _draw_gap(self, state: HostState, now: float) -> None:
-        """A request started at *now*: draw the gap before the next may."""
+        """Draw the gap before the next request may start, one having started at *now*."""
         state.last_start = now
         gap = state.interval
         if gap and state.jitter:
@@ -872,22 +918,22 @@ class MemoryStore(Generic[T]):
         state.next_gap = gap
 
     def _place(self, host: _Host[T], now: float) -> None:
-        if host.placement == CAPPED:
+        if host.standing == CAPPED:
             self._uncap(host)
         # An IDLE host with nothing queued is placed only when its grace is
         # over (its timer): then it retires.
-        was_idle = host.placement == IDLE
+        was_idle = host.standing == IDLE
         host.token += 1
         # Requests in flight that are overdue do not keep a place.
-        working = host.inflight - host.overdue
+        working = host.in_flight - host.overdue
         if not host.queued:
-            if host.inflight:
-                host.placement = DRAINED
+            if host.in_flight:
+                host.standing = DRAINED
                 if not working:
                     self._leave(host, now)
                 return
             if host.active and self.grace and self.max_active and not was_idle:
-                host.placement = IDLE
+                host.standing = IDLE
                 self._push_timer(host, now + self.grace)
                 return
             self._retire(host)
@@ -896,7 +942,7 @@ class MemoryStore(Generic[T]):
         state = host.state
         ready_at = state.ready_at()
         if ready_at > now:
-            host.placement = BLOCKED
+            host.standing = BLOCKED
             self._push_timer(host, ready_at)
             if not working:
                 self._leave(host, now)
@@ -906,26 +952,26 @@ class MemoryStore(Generic[T]):
         elif self._turn_over(host, now):
             # Hosts wait: it starts nothing more, and goes behind them when
             # its last request finishes.
-            host.placement = ENDING
-        elif host.inflight >= self._handed_out_at_most(host) or host.pending_start is not None:
-            host.placement = FULL
+            host.standing = ENDING
+        elif host.in_flight >= self._handed_out_at_most(host) or host.pending_start is not None:
+            host.standing = FULL
             if not working:
                 # Filled by overdue requests: it waits for them without a place.
                 self._leave(host, now)
         elif not host.active and 0 < self.max_active <= self.active:
             # Without a place, whatever it has in flight (adopted requests).
             self._set_capped(host)
-        elif host.inflight >= self.in_flight_cap(state):
-            # What it gets beyond its cap waits downstream, holding budget:
+        elif host.in_flight >= self.in_flight_cap(state):
+            # What it gets beyond its cap waits downstream, holding part of the global limit:
             # only when no host can send at once.
-            host.placement = PREFETCH
+            host.standing = PREFETCH
             self._seq += 1
             rank = self._ring_rank(host)
             heapq.heappush(self._prefetchable, (-rank, self._seq, host.token, host))
             if self._crowded(len(self._prefetchable)):
                 self._compact()
         else:
-            host.placement = READY
+            host.standing = READY
             rank = self._ring_rank(host)
             bucket = self._buckets.get(rank)
             if bucket is None:
@@ -943,16 +989,17 @@ class MemoryStore(Generic[T]):
             self._compact()
 
     def _turn_done(self, host: _Host[T], now: float) -> bool:
-        """Whether *host* has had ``turn`` requests, or ``turn_seconds``, at
-        its place."""
+        """Whether *host* has had ``turn`` requests, or ``turn_seconds``, at its place."""
         if host.served >= self.turn:
             return True
         return 0 < self.turn_seconds <= now - host.active_since
 
     def _turn_over(self, host: _Host[T], now: float) -> bool:
-        """Whether *host* has had its turn at its place while hosts wait for
-        one: for an answering host, answering hosts, or silent hosts holding
-        fewer than their share of the places."""
+        """Whether *host* has had its turn at its place while hosts wait for one.
+
+        For an answering host, answering hosts, or silent hosts holding fewer than their share of
+        the places.
+        """
         if not (self._waiting and host.active and self._turn_done(host, now)):
             return False
         if not host.state.answering or self._waiting > self._waiting_silent:
@@ -960,12 +1007,15 @@ class MemoryStore(Generic[T]):
         return self._active_silent < self._silent_share
 
     def _silent_share_taken(self, host: _Host[T]) -> bool:
-        """Whether *host*, without a place, is silent while silent hosts hold
+        """Whether *host*, without a place, stays out of the line for places.
+
+        Whether *host*, without a place, is silent while silent hosts hold
         their share of the places and answering hosts wait for one. Hosts
         are let out of the line for places freed before any is taken, and
         a silent host counts among those holding one only at its first
         request: several places freed at once (hanging requests timing
-        out together) would otherwise all go to silent hosts."""
+        out together) would otherwise all go to silent hosts.
+        """
         return (
             not host.state.answering
             and self._waiting > self._waiting_silent
@@ -973,9 +1023,12 @@ class MemoryStore(Generic[T]):
         )
 
     def _leave(self, host: _Host[T], now: float, requeue: bool = False) -> None:
-        """*host*, with nothing in flight but overdue requests, gives its
+        """Give the active place of *host*, with only overdue requests in flight, up.
+
+        *host*, with nothing in flight but overdue requests, gives its
         active place up (if it holds one) to the first host waiting for one;
-        with *requeue*, it waits behind them for its next turn."""
+        with *requeue*, it waits behind them for its next turn.
+        """
         if not host.active:
             return
         host.active = False
@@ -987,28 +1040,32 @@ class MemoryStore(Generic[T]):
         self._release_capped(now)
 
     def _ring_rank(self, host: _Host[T]) -> int:
-        """The rank *host* competes with across hosts (see ``ring_granularity``):
-        answering hosts before silent ones of the same priority."""
+        """Return the rank *host* competes with across hosts (see ``ring_granularity``).
+
+        Answering hosts before silent ones of the same priority.
+        """
         return (host.head_rank() // self._ring_granularity) * 2 + host.state.answering
 
     def _uncap(self, host: _Host[T]) -> None:
-        """Count CAPPED *host* no longer among the hosts waiting for a place
-        (its FIFO entry goes stale with its next token); the caller places it."""
+        """Count CAPPED *host* no longer among the hosts waiting for a place.
+
+        Its FIFO entry goes stale with its next token. The caller places it.
+        """
         self._waiting -= 1
         if not host.state.answering:
             self._waiting_silent -= 1
-        host.placement = READY  # until placed
+        host.standing = READY  # until placed
 
     def _set_capped(self, host: _Host[T], front: bool = False) -> None:
         """Into the line of its class, at the back (*front*: at the head)."""
-        if host.placement == CAPPED:
+        if host.standing == CAPPED:
             self._uncap(host)
         silent = not host.state.answering
         self._waiting += 1
         if silent:
             self._waiting_silent += 1
         host.token += 1
-        host.placement = CAPPED
+        host.standing = CAPPED
         fifo = self._capped_silent if silent else self._capped
         if front:
             fifo.appendleft((host.token, host))
@@ -1018,9 +1075,10 @@ class MemoryStore(Generic[T]):
             self._compact()
 
     def _release_capped(self, now: float) -> bool:
-        """Place capped hosts until one is READY; True if one is. Answering
-        hosts first, unless silent ones wait holding fewer than their share
-        of the places."""
+        """Place capped hosts until one is READY; True if one is.
+
+        Answering hosts first, unless silent ones wait holding fewer than their share of the places.
+        """
         while self._waiting and (self.max_active <= 0 or self.active < self.max_active):
             silent_first = self._waiting_silent and self._active_silent < self._silent_share
             first, second = (
@@ -1034,7 +1092,7 @@ class MemoryStore(Generic[T]):
             token, host = fifo.popleft()
             if host.token == token:
                 self._place(host, now)
-                if host.placement == READY:
+                if host.standing == READY:
                     return True
         return False
 
@@ -1042,7 +1100,7 @@ class MemoryStore(Generic[T]):
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, token, host = heapq.heappop(timers)
-            if host.token == token and host.placement in (BLOCKED, IDLE):
+            if host.token == token and host.standing in (BLOCKED, IDLE):
                 self._place(host, now)
 
     def _crowded(self, size: int) -> bool:
@@ -1054,8 +1112,7 @@ class MemoryStore(Generic[T]):
         return size > 2 * len(self._hosts) + 64
 
     def _compact(self) -> None:
-        """Drop stale entries from the ring, the timer heap, the capped FIFO and
-        the prefetch heap.
+        """Drop stale entries from the ring, the timer heap, the capped FIFO and the prefetch heap.
 
         In place, because callers may hold references to these containers.
         """
@@ -1081,23 +1138,29 @@ class MemoryStore(Generic[T]):
         self._ring_entries = sum(len(bucket) for bucket in buckets.values())
 
     def _retire(self, host: _Host[T]) -> None:
-        host.placement = DRAINED
+        host.standing = DRAINED
         del self._hosts[host.key]
         self._remember_state(host.key, host.state)
 
     def _recall(self, key: str) -> HostState:
-        """The state of *key*, which is not live, taken out of the memories
-        of idle hosts, or a new one."""
+        """Return the state of *key*, from the memories of idle hosts or new.
+
+        The state of *key*, which is not live, taken out of the memories
+        of idle hosts, or a new one.
+        """
         state = self._retired.pop(key, None) or self._kept.pop(key, None)
         return state if state is not None else self._state_factory(key)
 
     def _remember_state(self, key: str, state: HostState) -> None:
-        """Keep the state of *key*, now idle, pushing the least recently used
+        """Keep the state of *key*, now idle, in the memory of idle hosts.
+
+        Keep the state of *key*, now idle, pushing the least recently used
         idle host out of the memory if it is full. A host pushed out while it
         is given up, or blocked beyond now, is kept in a second memory of the
         same size, which forgets the oldest: a broad crawl that retires many
         hosts in a row does not forget a Retry-After still running or a host
-        it gave up."""
+        it gave up.
+        """
         retired = self._retired
         retired[key] = state
         retired.move_to_end(key)

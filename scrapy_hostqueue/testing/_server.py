@@ -62,7 +62,7 @@ class Request:
 
 
 async def _read_request(reader: asyncio.StreamReader) -> Request | None:
-    """The next request on a connection, or None at a clean end of stream."""
+    """Read the next request on a connection, or None at a clean end of stream."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.IncompleteReadError as error:
@@ -120,9 +120,12 @@ def _head(
 
 
 class _Answer:
-    """Counts a page request as served (:meth:`HostState.served`) once, just
+    """Counts a page request as served just before the last bytes of its answer go out.
+
+    Counts a page request as served (:meth:`HostState.served`) once, just
     before the last bytes of its answer go out: the client may read them, end
-    its crawl and ask for the counts before this server's task runs again."""
+    its crawl and ask for the counts before this server's task runs again.
+    """
 
     __slots__ = ("counted", "path", "state")
 
@@ -369,8 +372,10 @@ class HostGroup:
         *,
         answer: _Answer,
     ) -> tuple[bool, int | None]:
-        """Send the answer, calling *answer* before its last bytes; returns
-        (keep the connection, status or None if dropped)."""
+        """Send the answer, calling *answer* before its last bytes.
+
+        Returns (keep the connection, status or None if dropped).
+        """
         spec = ticket.spec
         if ticket.throttled or (ticket.faulted and spec.fault == "throttle"):
             # A throttling server answers at once: the client learns nothing from
@@ -531,7 +536,7 @@ class HostGroup:
 
     @staticmethod
     def _retry_after(value: str) -> tuple[str, float | None]:
-        """The header to send and how long the window it opens runs (None: none)."""
+        """Return the header to send and how long the window it opens runs (None: none)."""
         now = time.time()
         if value.startswith("date:"):
             # Rounded up: an HTTP-date has whole seconds and must not end early.

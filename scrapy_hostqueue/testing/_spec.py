@@ -130,7 +130,7 @@ class HostSpec:
                 raise SpecError(f"{name} must be True or False")
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as a JSON-ready dict (``HostSpec(**d)`` rebuilds it)."""
+        """Return the spec as a JSON-ready dict (``HostSpec(**d)`` rebuilds it)."""
         return dataclasses.asdict(self)
 
     @classmethod

@@ -21,7 +21,7 @@ MAX_PAGES = 100_000
 
 
 def host_address(index: int) -> str:
-    """The loopback address of host ``index``: 127.0.0.1 .. 127.0.0.254, 127.0.1.1, ...
+    """Return the loopback address of host ``index``: 127.0.0.1 .. 127.0.0.254, 127.0.1.1, ...
 
     Every 127/8 address answers on Linux; ``.0`` and ``.255`` are skipped.
     """
@@ -170,8 +170,10 @@ class HostState:
             self._stats.open_connections = max(0, self._stats.open_connections - 1)
 
     def arrive(self, now: float, path: str = "/") -> Ticket:
-        """Count a page request (for ``path``) arriving at monotonic time
-        ``now``; decide its fate."""
+        """Count a page request (for ``path``) arriving at monotonic time ``now``.
+
+        Decide its fate.
+        """
         with self._lock:
             stats = self._stats
             spec = self._spec
@@ -213,19 +215,24 @@ class HostState:
         return False
 
     def served(self, status: int, path: str | None = None) -> None:
-        """A page request (for ``path``) is answered with ``status``: its last
+        """Count a page request answered with ``status`` as served.
+
+        A page request (for ``path``) is answered with ``status``: its last
         bytes go out next. Counted before they leave, so that a client that
         has read the whole answer finds it counted; it stays in flight until
-        :meth:`finish`."""
+        :meth:`finish`.
+        """
         with self._lock:
             self._count_served(status, path, 1)
 
     def finish(
         self, status: int | None, path: str | None = None, *, counted: int | None = None
     ) -> None:
-        """A page request (for ``path``) left: answered with ``status``, or
-        dropped when None. *counted*: the status :meth:`served` counted it
-        with already, taken back if the answer was dropped after all."""
+        """Count a page request (for ``path``) that left: answered with ``status``, or dropped.
+
+        *counted*: the status :meth:`served` counted it with already, taken back if the answer was
+        dropped after all.
+        """
         with self._lock:
             stats = self._stats
             stats.in_flight = max(0, stats.in_flight - 1)
@@ -252,6 +259,6 @@ class HostState:
             self._stats.robots_served += 1
 
     def open_retry_after_window(self, end: float) -> None:
-        """A Retry-After went out; it runs until monotonic time ``end``."""
+        """Open a Retry-After window, which runs until monotonic time ``end``."""
         with self._lock:
             self._window_end = max(self._window_end, end)

@@ -1,5 +1,4 @@
-"""pytest plugin: Scrapy's own test suite with ``scrapy_hostqueue.Addon`` as a
-default add-on.
+"""pytest plugin: Scrapy's own test suite with ``scrapy_hostqueue.Addon`` as a default add-on.
 
 ``scripts/scrapy_suite.sh`` loads it (``-p hostqueue_default``) when it runs
 Scrapy's tests from Scrapy's source tree. With ``--hostqueue-addon`` it puts the

@@ -1,6 +1,8 @@
-"""``python -m bench.redis_scale``: the window its pages per second are counted
-in, its ratios and targets, and a tiny run end to end. Timing is the
-benchmark's business, not asserted here."""
+"""``python -m bench.redis_scale``.
+
+The window its pages per second are counted in, its ratios and targets, and a tiny run end to end.
+Timing is the benchmark's business, not asserted here.
+"""
 
 from __future__ import annotations
 

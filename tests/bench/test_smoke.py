@@ -1,6 +1,9 @@
-"""The benchmark suite runs end to end (one scenario, a tiny budget) and its bounds
+"""The benchmark suite runs end to end, and its bounds and checks say what they should.
+
+The benchmark suite runs end to end (one scenario, a tiny budget) and its bounds
 and availability checks say what they should. Timing is the suite's business, not
-asserted here."""
+asserted here.
+"""
 
 from __future__ import annotations
 
@@ -218,9 +221,11 @@ def test_s3r_measures_what_s3s_delayed_hosts_cost() -> None:
 
 
 def test_slow_host_target_compares_the_paired_rounds() -> None:
-    """S1 -> S1b is the median of the rounds' changes: each round's S1 and
-    S1b crawls run back to back, so the machine's drift between rounds (here
-    S1 at 300 then 200 pages/s) stays out of it."""
+    """S1 -> S1b is the median of the rounds' changes.
+
+    Each round's S1 and S1b crawls run back to back, so the machine's drift between rounds (here S1
+    at 300 then 200 pages/s) stays out of it.
+    """
 
     def row(scenario: str, rates: dict[int, float]) -> Summary:
         return Summary(
@@ -273,8 +278,10 @@ def test_the_memory_target_fails_if_any_host_count_is_above_scrapy(
 
 
 def test_s7_rounds_go_round_the_host_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A slower spell of the machine must not land on every round of one
-    number of hosts (it made 1,000 hosts look twice as dear as 100,000)."""
+    """A slower spell of the machine must not land on every round of one number of hosts.
+
+    Such a spell made 1,000 hosts look twice as dear as 100,000.
+    """
     timed: list[tuple[str, int]] = []
 
     def prepare(name: str) -> Callable[[int, list[Any]], micro._Timed]:
@@ -297,9 +304,11 @@ def test_s7_rounds_go_round_the_host_counts(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.parametrize("hosts", [1_000, 10_000])
 def test_a_queued_request_costs_less_memory_than_in_scrapys_queue(hosts: int) -> None:
-    """Measured with tracemalloc: the queues, the per-host state and the
-    bookkeeping of 20,000 queued requests, ours against Scrapy's Scheduler
-    with its default memory queues."""
+    """A queued request costs less memory than in Scrapy's queue (tracemalloc).
+
+    The queues, the per-host state and the bookkeeping of 20,000 queued requests, ours against
+    Scrapy's Scheduler with its default memory queues.
+    """
     requests = micro.memory_requests(hosts, total=20_000)
     ours = micro.bytes_per_queued("scheduler", requests)
     stock = micro.bytes_per_queued("scrapy-scheduler", requests)
@@ -469,9 +478,11 @@ class BenchRuns:
         )
 
     def result(self, name: str) -> tuple[int, str, str, dict[str, Any]]:
-        """Return code, output, error output and JSON results of run *name*
-        (its pair started and waited for if it has not run: nothing of the
-        pair runs on behind the test that started it)."""
+        """Return code, output, error output and JSON results of run *name*.
+
+        The pair is started and waited for if it has not run: nothing of the pair runs on behind the
+        test that started it.
+        """
         if name not in self.done:
             (pair,) = [pair for pair in BENCH_PAIRS if name in pair]
             for other in pair:
@@ -697,8 +708,10 @@ def test_the_hosts_count_the_connections_open_at_once(
 def test_a_crawl_stops_at_the_budget_hosts_last_page(
     local_hosts: Callable[..., LocalHosts],
 ) -> None:
-    """Only the budget hosts' responses count: the crawl ends at their last
-    page while the other host's requests still hang."""
+    """Only the budget hosts' responses count.
+
+    The crawl ends at their last page while the other host's requests still hang.
+    """
     hosts = local_hosts([HostSpec(latency=0.01, links=0), HostSpec(fault="hang", links=0)])
     child = {
         "settings": {"DOWNLOAD_TIMEOUT": 60},

@@ -1,5 +1,8 @@
-"""What the tests share: one fake clock, the crawls and their watch, the Redis
-servers and the ``requires_redis`` marker's rules."""
+"""What the tests share.
+
+One fake clock, the crawls and their watch, the Redis servers and the ``requires_redis`` marker's
+rules.
+"""
 
 from __future__ import annotations
 

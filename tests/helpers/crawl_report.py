@@ -40,8 +40,10 @@ _FORMAT = logging.Formatter("%(asctime)s [%(name)s] %(levelname)s: %(message)s")
 
 
 class _Sink:
-    """The last :data:`LOG_TAIL` records of one crawl at or above *level*
-    (one object per crawl: the tap tells them apart by identity)."""
+    """The last :data:`LOG_TAIL` records of one crawl at or above *level*.
+
+    There is one object per crawl: the tap tells them apart by identity.
+    """
 
     def __init__(self, level: int) -> None:
         self.level = level
@@ -49,9 +51,10 @@ class _Sink:
 
 
 class _LogTap(logging.Handler):
-    """Hands the records of the :data:`TAPPED` loggers to the crawls open now,
-    down to each one's ``LOG_LEVEL``, without changing what the rest of the
-    test sees (``caplog``, pytest's captured log, Scrapy's ``log_count``).
+    """Hands the records of the :data:`TAPPED` loggers to the crawls open now.
+
+    Each crawl gets them down to its ``LOG_LEVEL``, without changing what the rest of the test sees
+    (``caplog``, pytest's captured log, Scrapy's ``log_count``).
 
     Outside a crawl a test's root logger is at WARNING, so Scrapy's INFO
     records are never made. While a crawl is open the tapped loggers go down
@@ -98,7 +101,7 @@ class _LogTap(logging.Handler):
             logging.getLogger(name).setLevel(min(lowest, self._level_before(name)))
 
     def _level_before(self, name: str) -> int:
-        """The effective level logger *name* had before the tap."""
+        """Return the effective level logger *name* had before the tap."""
         logger: logging.Logger | None = logging.getLogger(name)
         while logger is not None:
             level = self._saved[logger.name][0] if logger.name in self._saved else logger.level
@@ -126,8 +129,11 @@ def _level(value: Any) -> int:
 
 
 def _line(record: logging.LogRecord) -> str:
-    """One line per record: the first line of its message (a stats dump or a
-    settings list would fill the tail), and the exception it carries."""
+    """Write one line per log record.
+
+    The first line of its message (a stats dump or a settings list would fill the tail), and the
+    exception it carries.
+    """
     first, *rest = _FORMAT.format(record).split("\n")
     if record.exc_info and record.exc_info[1] is not None:
         first += f" | {record.exc_info[1]!r}"
@@ -137,8 +143,11 @@ def _line(record: logging.LogRecord) -> str:
 
 
 class CrawlWatch:
-    """Keeps, for the failure report of the test that runs it, the crawler of
-    an in-process crawl and the last lines of its log (a Scrapy extension)."""
+    """Keeps the crawler and the last log lines of a crawl, for the failure report.
+
+    Keeps, for the failure report of the test that runs it, the crawler of
+    an in-process crawl and the last lines of its log (a Scrapy extension).
+    """
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
@@ -154,7 +163,7 @@ class CrawlWatch:
     def _stopped(self) -> None:
         _TAP.remove(self.log)
 
-    def render(self, title: str, hosts: list[_Hosts]) -> str:
+    def render(self, title: str, hosts: list[_WatchedHosts]) -> str:
         stats = self.crawler.stats.get_stats() if self.crawler.stats is not None else None
         spider = type(self.crawler.spider).__name__ if self.crawler.spider else "no spider"
         return _render(
@@ -175,9 +184,11 @@ _STAT_LINE = re.compile(r"^[{ ]?'(?P<key>[^']+)': (?P<value>.*?),?}?$")
 
 @dataclass
 class ProcessCrawl:
-    """A ``scrapy crawl`` in a subprocess, known by its log file: its stats are
-    read from the last stats dump in the log (none if the process was killed
-    before), the tail from the last records (a record's first line)."""
+    """A ``scrapy crawl`` in a subprocess, known by its log file.
+
+    Its stats are read from the last stats dump in the log (none if the process was killed before),
+    the tail from the last records (a record's first line).
+    """
 
     log: Path
 
@@ -202,7 +213,7 @@ class ProcessCrawl:
                         stats[match["key"]] = _value(match["value"])
         return stats, [_record_line(record) for record in records[-LOG_TAIL:]]
 
-    def render(self, title: str, hosts: list[_Hosts]) -> str:
+    def render(self, title: str, hosts: list[_WatchedHosts]) -> str:
         stats, tail = self._read()
         return _render(f"{title}: scrapy crawl, log {self.log}", stats, tail, hosts)
 
@@ -226,9 +237,12 @@ def _value(text: str) -> Any:
         return text
 
 
-class _Hosts:
-    """Local hosts whose counts the report shows: read when it is made, or,
-    for hosts stopped before (:func:`watched_hosts`), as they were at their stop."""
+class _WatchedHosts:
+    """Local hosts whose counts the report shows.
+
+    Read when it is made, or, for hosts stopped before
+    (:func:`watched_hosts`), as they were at their stop.
+    """
 
     def __init__(self, hosts: LocalHosts) -> None:
         self.hosts = hosts
@@ -247,7 +261,9 @@ class _Hosts:
             return f"the counts of {len(self.hosts)} hosts are gone: {error}"
 
 
-def _render(title: str, stats: dict[str, Any] | None, log: list[str], hosts: list[_Hosts]) -> str:
+def _render(
+    title: str, stats: dict[str, Any] | None, log: list[str], hosts: list[_WatchedHosts]
+) -> str:
     counts: list[HostStats] = []
     specs: list[HostSpec] = []
     for each in hosts:
@@ -265,16 +281,19 @@ class Watched:
     """What the running test has crawled, and the hosts it started."""
 
     crawls: list[CrawlWatch | ProcessCrawl] = field(default_factory=list)
-    hosts: list[_Hosts] = field(default_factory=list)
+    hosts: list[_WatchedHosts] = field(default_factory=list)
 
-    def hosts_started(self, hosts: LocalHosts) -> _Hosts:
-        watched = _Hosts(hosts)
+    def hosts_started(self, hosts: LocalHosts) -> _WatchedHosts:
+        watched = _WatchedHosts(hosts)
         self.hosts.append(watched)
         return watched
 
     def process_started(self, log: Path) -> None:
-        """A ``scrapy crawl`` logging to *log* started (a log written again
-        by a later run counts once, at its latest place)."""
+        """Watch a ``scrapy crawl`` logging to *log*, which started.
+
+        A ``scrapy crawl`` logging to *log* started (a log written again
+        by a later run counts once, at its latest place).
+        """
         self.crawls = [c for c in self.crawls if not (isinstance(c, ProcessCrawl) and c.log == log)]
         self.crawls.append(ProcessCrawl(log))
 
@@ -284,8 +303,10 @@ class Watched:
         self.hosts.clear()
 
     def report(self) -> str | None:
-        """The report of every crawl of the test, None if it ran none; the
-        latest crawl comes with the counts of every host the test started."""
+        """Report every crawl of the test, None if it ran none.
+
+        The latest crawl comes with the counts of every host the test started.
+        """
         if not self.crawls:
             return None
         parts = list(self._older())
@@ -309,9 +330,12 @@ WATCHED = Watched()
 
 @contextmanager
 def watched_hosts(specs: Iterable[HostSpec] | str, **kwargs: Any) -> Iterator[LocalHosts]:
-    """``with LocalHosts(specs, **kwargs)`` whose counts, as the block ends,
+    """Serve ``LocalHosts`` whose counts go into the test's crawl report.
+
+    ``with LocalHosts(specs, **kwargs)`` whose counts, as the block ends,
     go into the test's crawl report (the ``local_hosts`` fixture's hosts
-    run until the report is made)."""
+    run until the report is made).
+    """
     with LocalHosts(specs, **kwargs) as hosts:
         watched = WATCHED.hosts_started(hosts)
         try:

@@ -1,6 +1,8 @@
-"""Helpers shared by the tests: settings and spiders for real crawls, the
-component paths they wire, and small local HTTP servers whose answers a test
-scripts request by request (``serving``)."""
+"""Crawls for the tests: in this process, and as ``scrapy crawl`` subprocesses.
+
+Settings and spiders for real crawls, the component paths they wire, and small local HTTP servers
+whose answers a test scripts request by request (``serving``).
+"""
 
 from __future__ import annotations
 
@@ -70,8 +72,10 @@ def settings(**overrides: Any) -> dict[str, Any]:
 
 
 class PageSpider(scrapy.Spider):
-    """Starts from ``start_urls`` and follows every link when ``follow`` is set;
-    records the URL of every response in ``seen``."""
+    """Starts from ``start_urls`` and follows every link when ``follow`` is set.
+
+    Records the URL of every response in ``seen``.
+    """
 
     name = "pages"
     start_urls: list[str]
@@ -106,8 +110,11 @@ class StoppableSpider(PageSpider):
 
 
 class DirectDownloadSpider(StoppableSpider):
-    """Each callback also downloads ``direct_per_page`` other pages of the same
-    host with ``engine.download_async``, as a media pipeline does."""
+    """Each callback also downloads other pages of the same host, as a media pipeline does.
+
+    Each callback also downloads ``direct_per_page`` other pages of the same
+    host with ``engine.download_async``, as a media pipeline does.
+    """
 
     direct_per_page = 3
 
@@ -138,8 +145,10 @@ async def crawl(
     spider_cls: type[PageSpider] = PageSpider,
     **overrides: Any,
 ) -> Crawler:
-    """Run one crawl to the end and return its crawler (``crawler.spider.seen``,
-    ``crawler.stats``)."""
+    """Run one crawl to the end and return its crawler.
+
+    Tests read ``crawler.spider.seen`` and ``crawler.stats``.
+    """
     crawler = get_crawler(spider_cls, settings(**overrides))
     await crawler.crawl_async(start_urls=start_urls, follow=follow)
     return crawler
@@ -155,11 +164,14 @@ def interleave(*lists: list[str]) -> list[str]:
 
 @contextmanager
 def dropping_connections(address: str) -> Iterator[int]:
-    """A port on *address* that drops connection attempts, as an address behind
+    """Return a port on *address* that drops connection attempts.
+
+    A port on *address* that drops connection attempts, as an address behind
     a firewall that drops packets does: it listens with a backlog of 0 and
     never accepts, and its accept queue is filled at once, so that Linux drops
     the SYN of every later attempt, which stays unanswered until the client
-    gives up. Yields the port."""
+    gives up. Yields the port.
+    """
     with ExitStack() as stack:
         listener = stack.enter_context(socket.socket())
         listener.bind((address, 0))
@@ -207,7 +219,7 @@ def ok_reply(received: Received) -> Reply:
     return Reply(body=f"page {received.target}".encode())
 
 
-class Hosts:
+class CountingServers:
     """HTTP/1.1 servers, one per loopback address, that count per host."""
 
     def __init__(self, route: Route = ok_reply, *, tls: ssl.SSLContext | None = None) -> None:
@@ -215,8 +227,8 @@ class Hosts:
         self.tls = tls
         self.ports: dict[str, int] = {}
         self.received: list[Received] = []
-        self.inflight: Counter[str] = Counter()
-        self.max_inflight: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.max_in_flight: Counter[str] = Counter()
         self.accepted: Counter[str] = Counter()
         self.open_connections = 0
         self.max_open_connections = 0
@@ -260,8 +272,8 @@ class Hosts:
                 if received is None:
                     break
                 self.received.append(received)
-                self.inflight[host] += 1
-                self.max_inflight[host] = max(self.max_inflight[host], self.inflight[host])
+                self.in_flight[host] += 1
+                self.max_in_flight[host] = max(self.max_in_flight[host], self.in_flight[host])
                 finished = False
 
                 def finish() -> None:
@@ -270,7 +282,7 @@ class Hosts:
                     nonlocal finished
                     if not finished:
                         finished = True
-                        self.inflight[host] -= 1
+                        self.in_flight[host] -= 1
 
                 try:
                     keep_alive = await self._respond(received, writer, finish)
@@ -345,8 +357,8 @@ class Hosts:
 @asynccontextmanager
 async def serving(
     addresses: list[str], route: Route = ok_reply, *, tls: ssl.SSLContext | None = None
-) -> AsyncIterator[Hosts]:
-    hosts = Hosts(route, tls=tls)
+) -> AsyncIterator[CountingServers]:
+    hosts = CountingServers(route, tls=tls)
     await hosts.start(addresses)
     try:
         yield hosts
@@ -356,9 +368,10 @@ async def serving(
 
 @dataclass(frozen=True)
 class Certificate:
-    """A key and a self-signed certificate for one IP address, made now, in
-    PEM files: the certificate is also the CA file a client trusts it with
-    (``ssl_ca_certs``)."""
+    """A key and a self-signed certificate for one IP address, made now, in PEM files.
+
+    The certificate is also the CA file a client trusts it with (``ssl_ca_certs``).
+    """
 
     cert: Path
     key: Path
@@ -400,8 +413,10 @@ class Certificate:
         return made
 
     def server_context(self, *, client_ca: Path | None = None) -> ssl.SSLContext:
-        """A server's TLS context with this certificate; with *client_ca*, one
-        that asks every client for a certificate that CA signed."""
+        """Make a server's TLS context with this certificate.
+
+        With *client_ca*, one that asks every client for a certificate that CA signed.
+        """
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.cert, self.key)
         if client_ca is not None:
@@ -417,9 +432,12 @@ def start_demo_crawl(
     *extra: str,
     log_mode: str = "ab",
 ) -> subprocess.Popen[bytes]:
-    """``scrapy crawl pages`` of the example project in a process of its own,
+    """Start ``scrapy crawl pages`` of the example project in a process of its own.
+
+    ``scrapy crawl pages`` of the example project in a process of its own,
     from *start_urls*, with *settings* (``-s NAME=VALUE``) and *extra*
-    arguments; its output goes to *log*."""
+    arguments; its output goes to *log*.
+    """
     command = [sys.executable, "-m", "scrapy", "crawl", "pages"]
     command += ["-a", "start_urls=" + ",".join(start_urls)]
     for name, value in (settings or {}).items():
@@ -435,9 +453,12 @@ def start_demo_crawl(
 def start_demo_crawls(
     hosts: LocalHosts, tmp_path: Path, settings: dict[str, Any], count: int
 ) -> list[subprocess.Popen[bytes]]:
-    """*count* :func:`start_demo_crawl` processes from the first page of every
+    """Start *count* :func:`start_demo_crawl` processes from the first page of every host.
+
+    *count* :func:`start_demo_crawl` processes from the first page of every
     host, with *settings*; process N logs to ``workerN.log`` and writes its
-    stats to ``statsN.json`` in *tmp_path*."""
+    stats to ``statsN.json`` in *tmp_path*.
+    """
     return [
         start_demo_crawl(
             [hosts.page_url(i, 0) for i in range(len(hosts))],
@@ -449,9 +470,12 @@ def start_demo_crawls(
 
 
 def crawl_refused_at_start(*settings: str) -> str:
-    """The one ERROR line of a ``scrapy crawl`` of the example project that
+    """Return the one ERROR line of a ``scrapy crawl`` that *settings* stop at start.
+
+    The one ERROR line of a ``scrapy crawl`` of the example project that
     *settings* (``NAME=VALUE``) stop at start: it exits non-zero, without a
-    traceback."""
+    traceback.
+    """
     command = [sys.executable, "-m", "scrapy", "crawl", "pages"]
     command += ["-a", "start_urls=http://127.0.0.1:9/"]
     for setting in settings:
@@ -475,8 +499,11 @@ def crawl_refused_at_start(*settings: str) -> str:
 
 @contextmanager
 def ended_at_exit(processes: list[subprocess.Popen[bytes]]) -> Iterator[None]:
-    """Kill, on the way out of the block, the *processes* still running (a
-    failed assertion, a timeout), so that no crawl outlives its test."""
+    """Kill the *processes* still running on the way out of the block.
+
+    Kill, on the way out of the block, the *processes* still running (a
+    failed assertion, a timeout), so that no crawl outlives its test.
+    """
     try:
         yield
     finally:

@@ -1,7 +1,9 @@
-"""Redis for the tests: the package's launcher of a real ``redis-server``
-(:mod:`scrapy_hostqueue.testing._redis_server`), and a proxy whose connections a test
-cuts, which also ends TLS in front of a server; a Redis Cluster of real
-servers."""
+"""Redis servers, clusters and stores for the tests, all real.
+
+The package's launcher of a real ``redis-server`` (:mod:`scrapy_hostqueue.testing._redis_server`),
+and a proxy whose connections a test cuts, which also ends TLS in front of a server; a Redis Cluster
+of real servers.
+"""
 
 from __future__ import annotations
 
@@ -40,10 +42,13 @@ def new_store(
     clock: Callable[[], float] | None = None,
     **options: Any,
 ) -> RedisStore[str]:
-    """A Redis store of ``"host/page"`` strings on *crawl*, registered as a
+    """Make a Redis store of ``"host/page"`` strings on *crawl*, as a new process.
+
+    A Redis store of ``"host/page"`` strings on *crawl*, registered as a
     new process through the client *sync*; every host starts at *limit*,
     on *clock* if given. *options* go to :class:`RedisStore` (by default
-    ``max_hold=4``, ``finish_grace=0``)."""
+    ``max_hold=4``, ``finish_grace=0``).
+    """
     proc = register(sync, crawl, int((time.time() + 30) * 1000))
     memory: MemoryStore[str] = (
         MemoryStore(lambda key: HostState(limit))
@@ -62,8 +67,10 @@ def new_store(
 
 
 class StoreProcess:
-    """One crawl process as the store tests see it: a store and its asyncio
-    Redis client, the store's task stepped by hand (:meth:`step`)."""
+    """One crawl process as the store tests see it.
+
+    A store and its asyncio Redis client, the store's task stepped by hand (:meth:`step`).
+    """
 
     def __init__(self, store: RedisStore[str], client: Any, errors: tuple[type, ...]) -> None:
         self.store = store
@@ -88,17 +95,21 @@ class StoreProcess:
 
 
 def replication(server: RedisServer) -> dict[str, str]:
-    """*server*'s ``INFO replication``: ``role``, ``master_link_status``,
-    ``master_repl_offset``, ``slave_repl_offset``..."""
+    """*server*'s ``INFO replication``.
+
+    ``role``, ``master_link_status``, ``master_repl_offset``, ``slave_repl_offset``...
+    """
     lines = str(server.command("INFO replication")).splitlines()
     return dict(line.strip().split(":", 1) for line in lines if ":" in line)
 
 
 def wait_replicated(master: RedisServer, replica: RedisServer, timeout: float = 10.0) -> None:
-    """Wait until *replica* has applied every write *master* made so far: its
-    link up and its offset at the master's offset read now. (``WAIT`` cannot
-    tell: it waits for the writes of the connection that sends it, and a new
-    connection has written nothing, so it answers at once.)"""
+    """Wait until *replica* has applied every write *master* made so far.
+
+    Its link up and its offset at the master's offset read now. (``WAIT`` cannot tell: it waits for
+    the writes of the connection that sends it, and a new connection has written nothing, so it
+    answers at once.)
+    """
     written = int(replication(master)["master_repl_offset"])
     deadline = time.monotonic() + timeout
     while True:
@@ -114,18 +125,21 @@ def wait_replicated(master: RedisServer, replica: RedisServer, timeout: float = 
 
 
 def crawl_stats(sync: Any, crawl: str) -> dict[str, int]:
-    """The crawl-wide totals *crawl* keeps in Redis."""
+    """Read the crawl-wide totals *crawl* keeps in Redis."""
     return {k.decode(): int(v) for k, v in sync.hgetall(prefix(crawl) + "stats").items()}
 
 
 class CuttableProxy:
-    """A TCP forwarder to a Redis server, in a thread of its own, whose
+    """A TCP forwarder to a Redis server whose connections a test cuts.
+
+    A TCP forwarder to a Redis server, in a thread of its own, whose
     connections a test cuts (:meth:`cut`): the network between a crawl and
     Redis lost for a while, Redis and its data untouched.
 
     With *tls*, a server context, it ends TLS for the server behind it
     (clients connect with ``rediss://``), as a Redis built with TLS or a
-    TLS-terminating proxy of a managed Redis does."""
+    TLS-terminating proxy of a managed Redis does.
+    """
 
     def __init__(self, target_port: int, *, tls: ssl.SSLContext | None = None) -> None:
         self.target_port = target_port
@@ -177,8 +191,7 @@ class CuttableProxy:
         self._writers -= {writer, up_writer}
 
     def cut(self, seconds: float) -> None:
-        """Drop every connection now and refuse new ones for *seconds*
-        (returns at once)."""
+        """Drop every connection now and refuse new ones for *seconds* (returns at once)."""
         self.cuts += 1
         self._loop.call_soon_threadsafe(self._cut, seconds)
 
@@ -212,20 +225,20 @@ SLOTS = 16384
 
 
 class RedisClusterServers:
-    """A Redis Cluster of *masters* real ``redis-server`` processes on free
-    loopback ports, its slots split evenly between them, each master with
-    *replicas* replicas (none by default): :meth:`start` starts the servers,
-    introduces them (``CLUSTER MEET``), hands out the slots (``CLUSTER
-    ADDSLOTS``, which Redis 6.2 has), makes the replicas
-    (``CLUSTER REPLICATE``) and waits until every node serves and every
-    replica is in sync; :meth:`stop` ends them (``with`` does both). With
-    *password*, every node asks for it (and a replica gives it to its
-    master). The ``redis`` client must be installed.
+    """A Redis Cluster of *masters* real ``redis-server`` processes on free loopback ports.
+
+    The slots are split evenly between them, each master with *replicas* replicas (none by default):
+    :meth:`start` starts the servers, introduces them (``CLUSTER MEET``), hands out the slots
+    (``CLUSTER ADDSLOTS``, which Redis 6.2 has), makes the replicas (``CLUSTER REPLICATE``) and
+    waits until every node serves and every replica is in sync; :meth:`stop` ends them (``with``
+    does both). With *password*, every node asks for it (and a replica gives it to its master). The
+    ``redis`` client must be installed.
 
     :attr:`nodes` are the masters as started and :attr:`replicas` the
     replicas (``replicas[i * replicas + j]`` of ``nodes[i]``); after a
     failover (:meth:`failover`) the roles differ: :meth:`serving` says which
-    server serves a slot now."""
+    server serves a slot now.
+    """
 
     def __init__(
         self,
@@ -245,14 +258,15 @@ class RedisClusterServers:
 
     @property
     def servers(self) -> list[RedisServer]:
-        """Every server of the cluster: the masters as started, then the
-        replicas."""
+        """Every server of the cluster: the masters as started, then the replicas."""
         return [*self.nodes, *self.replicas]
 
     @property
     def url(self) -> str:
-        """The first node's ``redis://127.0.0.1:PORT/0``: a client finds the
-        others from any of them."""
+        """The first node's ``redis://127.0.0.1:PORT/0``.
+
+        A client finds the others from any of them.
+        """
         return self.nodes[0].url
 
     def start(self) -> RedisClusterServers:
@@ -317,9 +331,12 @@ class RedisClusterServers:
         return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
 
     def wait_ok(self) -> None:
-        """Wait until every node sees every node and every slot served, and
+        """Wait until the cluster is whole and every replica in sync.
+
+        Wait until every node sees every node and every slot served, and
         every replica is in sync with its master and seen as its replica by
-        every node."""
+        every node.
+        """
         servers = self.servers
         deadline = time.monotonic() + self.start_timeout
         while True:
@@ -349,10 +366,11 @@ class RedisClusterServers:
         return "role:slave" in text and "master_link_status:up" in text
 
     def cluster_nodes(self, node: RedisServer) -> list[dict[str, Any]]:
-        """*node*'s view of the cluster (``CLUSTER NODES``): per node its
-        ``id``, ``port``, ``flags`` (a set: ``master``, ``slave``,
-        ``myself``, ``fail``...) and ``master`` (the id a replica replicates,
-        else ``-``)."""
+        """*node*'s view of the cluster (``CLUSTER NODES``).
+
+        Per node its ``id``, ``port``, ``flags`` (a set: ``master``, ``slave``, ``myself``,
+        ``fail``...) and ``master`` (the id a replica replicates, else ``-``).
+        """
         out = []
         for line in str(node.command("CLUSTER NODES")).splitlines():
             fields = line.split()
@@ -371,8 +389,11 @@ class RedisClusterServers:
         return str(node.command("CLUSTER MYID"))
 
     def serving(self, slot: int) -> RedisServer:
-        """The server that serves *slot* now, as the first running server
-        sees it (``CLUSTER SLOTS``)."""
+        """Return the server that serves *slot* now.
+
+        The server that serves *slot* now, as the first running server
+        sees it (``CLUSTER SLOTS``).
+        """
         asked = next(server for server in self.servers if server.running)
         reply = asked.command("CLUSTER SLOTS")
         assert isinstance(reply, list)
@@ -383,7 +404,7 @@ class RedisClusterServers:
         raise LookupError(f"slot {slot} is not served")
 
     def replica_of(self, master: RedisServer) -> RedisServer:
-        """A replica of *master*, as *master* sees them."""
+        """Return a replica of *master*, as *master* sees them."""
         master_id = self.node_id(master)
         ports = [
             line["port"]
@@ -393,10 +414,13 @@ class RedisClusterServers:
         return next(server for server in self.servers if server.port in ports)
 
     def failover(self, replica: RedisServer, option: str = "") -> None:
-        """``CLUSTER FAILOVER [FORCE|TAKEOVER]`` sent to *replica*, then wait
+        """Fail a master over to *replica*, then wait until the cluster serves again.
+
+        ``CLUSTER FAILOVER [FORCE|TAKEOVER]`` sent to *replica*, then wait
         until every running node sees it serve its master's slots and the
         cluster serving. Without *option* the master hands over once the
-        replica has every write it acknowledged, and becomes its replica."""
+        replica has every write it acknowledged, and becomes its replica.
+        """
         reply = replica.command(f"CLUSTER FAILOVER {option}".strip())
         assert reply == "OK", reply
         replica_id = self.node_id(replica)
@@ -414,17 +438,20 @@ class RedisClusterServers:
             time.sleep(0.02)
 
     def cut_replication(self, master: RedisServer, replica: RedisServer) -> None:
-        """*replica* stops copying *master*'s writes from now on (*master*
+        """Stop *replica* copying *master*'s writes from now on.
+
+        *replica* stops copying *master*'s writes from now on (*master*
         first has every replica acknowledge what it wrote so far): the lag of
         asynchronous replication, made as long as a test needs. The replica
-        fails to authenticate when it reconnects, and stays behind."""
+        fails to authenticate when it reconnects, and stays behind.
+        """
         wait_replicated(master, replica)
         replica.command("CONFIG SET masteruser nobody")
         replica.command("CONFIG SET masterauth wrong")
         assert master.command("CLIENT KILL TYPE replica") == 1
 
     def node_keys(self, pattern: str = "*") -> list[list[str]]:
-        """The keys matching *pattern* on each node, in node order."""
+        """Return the keys matching *pattern* on each node, in node order."""
         out = []
         for node in self.nodes:
             reply = node.command(f"KEYS {pattern}")
@@ -433,9 +460,11 @@ class RedisClusterServers:
         return out
 
     def move_slot(self, slot: int, source: int, target: int) -> None:
-        """Move *slot* with its keys from node *source* to node *target* (by
-        index), as a resharding does: importing and migrating, ``MIGRATE``
-        of its keys, then every node told the new owner."""
+        """Move *slot* with its keys from node *source* to node *target*.
+
+        Nodes are given by index. This is what a resharding does: importing and migrating,
+        ``MIGRATE`` of its keys, then every node told the new owner.
+        """
         import redis  # here: the tests that use a cluster skip without it
 
         clients = [
@@ -466,7 +495,7 @@ class RedisClusterServers:
             node.reset_stats()
 
     def commandstats(self) -> dict[str, int]:
-        """Calls per command, summed over the nodes."""
+        """Sum the calls per command over the nodes."""
         calls: dict[str, int] = {}
         for node in self.nodes:
             for name, stat in node.commandstats().items():
@@ -485,8 +514,10 @@ class RedisClusterServers:
 
 
 async def wait_pushed(sync: Any, crawl: str, count: int, timeout: float = 10.0) -> None:
-    """Wait until the crawl *crawl* counts *count* requests pushed (read
-    with the client *sync*), at most *timeout* seconds."""
+    """Wait until the crawl *crawl* counts *count* requests pushed.
+
+    The count is read with the client *sync*, for at most *timeout* seconds.
+    """
     deadline = time.monotonic() + timeout
     while crawl_stats(sync, crawl).get("pushed", 0) < count:
         assert time.monotonic() < deadline, crawl_stats(sync, crawl)

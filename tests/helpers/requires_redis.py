@@ -1,6 +1,9 @@
-"""The ``requires_redis`` marker: a test that needs Redis (the ``redis`` client and a
-real ``redis-server``) fails where there is none, saying how to get one, and is
-skipped only when :data:`SKIP_VARIABLE` asks for it (docs/testing.rst)."""
+"""The ``requires_redis`` marker.
+
+A test that needs Redis (the ``redis`` client and a real ``redis-server``) fails where there is
+none, saying how to get one, and is skipped only when :data:`SKIP_VARIABLE` asks for it
+(docs/testing.rst).
+"""
 
 from __future__ import annotations
 
@@ -41,8 +44,11 @@ def redis_missing_here() -> str | None:
 
 
 def no_redis(reason: str, *, module: bool = False) -> NoReturn:
-    """Fail the test (or the collection of its *module*) for want of Redis, or
-    skip it when :data:`SKIP_VARIABLE` is set."""
+    """Fail the test for want of Redis, or skip it when :data:`SKIP_VARIABLE` is set.
+
+    Fail the test (or the collection of its *module*) for want of Redis, or
+    skip it when :data:`SKIP_VARIABLE` is set.
+    """
     if os.environ.get(SKIP_VARIABLE, "") not in ("", "0"):
         pytest.skip(f"{reason} ({SKIP_VARIABLE} is set)", allow_module_level=module)
     pytest.fail(
@@ -53,7 +59,7 @@ def no_redis(reason: str, *, module: bool = False) -> NoReturn:
 
 
 def import_redis() -> ModuleType:
-    """The ``redis`` client module, for a test module that needs it."""
+    """Import the ``redis`` client module, for a test module that needs it."""
     try:
         return importlib.import_module("redis")
     except ImportError:
@@ -61,8 +67,7 @@ def import_redis() -> ModuleType:
 
 
 def unmarked(items: Iterable[pytest.Item]) -> list[str]:
-    """The tests among *items* that use a Redis fixture without the
-    ``requires_redis`` marker."""
+    """List the tests among *items* that use a Redis fixture without the marker."""
     return [
         item.nodeid
         for item in items

@@ -1,2 +1,4 @@
-"""Tests of ``scrapy_hostqueue.testing``: the local test hosts, the crawl report,
-the Redis server launcher."""
+"""Tests of ``scrapy_hostqueue.testing``.
+
+The local test hosts, the crawl report, the Redis server launcher.
+"""

@@ -1,6 +1,8 @@
-"""The report a crawl test prints when it fails (``crawl_report`` and the
-watch of tests/helpers/crawl_report.py): what it says, read from a crawl in this
-process, from a ``scrapy crawl`` log, and in the output of a failed test."""
+"""The report a crawl test prints when it fails.
+
+Covered: ``crawl_report`` and the watch of tests/helpers/crawl_report.py; what it says, read from a
+crawl in this process, from a ``scrapy crawl`` log, and in the output of a failed test.
+"""
 
 from __future__ import annotations
 

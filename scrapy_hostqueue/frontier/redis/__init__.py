@@ -1,4 +1,6 @@
-"""The Redis frontier, a crawl shared by several processes: the store
+"""The Redis frontier: a crawl shared by several processes.
+
+The Redis frontier, a crawl shared by several processes: the store
 (``_store``), its scripts and keys (``_db``), the task that talks to Redis
 (``_link``), host sharing (``_share``), the Scrapy glue (``_glue``), the
 :class:`~scrapy_hostqueue.frontier.redis._frontier.SharedFrontier`

@@ -64,8 +64,10 @@ def is_oom(error: BaseException) -> bool:
 
 
 class HeldRequest(NamedTuple):
-    """A request kept in this process, in the form the push script takes:
-    its id, fingerprint (b"" for none), host, rank and encoded form."""
+    """A request kept in this process, in the form the push script takes.
+
+    Its id, fingerprint (b"" for none), host, rank and encoded form.
+    """
 
     rid: str
     fingerprint: bytes
@@ -90,9 +92,10 @@ def _line(held: HeldRequest, url: str | None = None) -> str:
 def write_held(
     path: str, requests: Iterable[HeldRequest], url: Callable[[HeldRequest], str | None]
 ) -> int:
-    """Write *requests* to *path* (JSON lines, ``url`` given for the eye);
-    returns how many. ``python -m scrapy_hostqueue push --requests`` loads
-    such a file."""
+    """Write *requests* to *path* (JSON lines, ``url`` given for the eye); returns how many.
+
+    ``python -m scrapy_hostqueue push --requests`` loads such a file.
+    """
     count = 0
     with open(path, "w", encoding="utf-8") as out:
         for held in requests:
@@ -102,8 +105,10 @@ def write_held(
 
 
 def read_held(lines: Iterable[str]) -> Iterator[HeldRequest]:
-    """The requests of a file :func:`write_held` (or a spill) wrote;
-    ``ValueError`` naming the line for one that is not."""
+    """Read the requests of a file :func:`write_held` (or a spill) wrote.
+
+    ``ValueError`` naming the line for one that is not.
+    """
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -121,9 +126,11 @@ def read_held(lines: Iterable[str]) -> Iterator[HeldRequest]:
 
 
 class Backlog:
-    """Requests waiting for room in Redis, first in first out: in memory up
-    to *limit*, past it appended to the file *path* (made when needed,
-    removed once read back)."""
+    """Requests waiting for room in Redis, first in first out.
+
+    In memory up to *limit*, past it appended to the file *path* (made when needed, removed once
+    read back).
+    """
 
     def __init__(self, limit: int, path: str) -> None:
         self.limit = max(1, limit)
@@ -203,9 +210,11 @@ def _mb(size: float) -> str:
 
 
 class Capacity:
-    """How full Redis is, as this process sees it, and what that means for
-    its pushes: how many an exchange sends (:meth:`budget`), and the log
-    lines. *where* names the Redis in them; *clock* gives seconds."""
+    """How full Redis is, as this process sees it, and what that means for its pushes.
+
+    How many an exchange sends (:meth:`budget`), and the log lines. *where* names the Redis in them;
+    *clock* gives seconds.
+    """
 
     def __init__(self, backlog: Backlog, where: str, clock: Callable[[], float]) -> None:
         self.backlog = backlog
@@ -257,8 +266,7 @@ class Capacity:
             self._warned_high = False
 
     def budget(self, acks: int) -> int:
-        """How many kept requests the next exchange sends, with *acks*
-        acknowledgements in it."""
+        """How many kept requests the next exchange sends, with *acks* acknowledgements in it."""
         if not self.backlog:
             return 0
         if self.full_since is not None:
@@ -279,9 +287,11 @@ class Capacity:
         self.max_backlog = max(self.max_backlog, len(self.backlog))
 
     def refused(self) -> bool:
-        """Redis refused pushes for lack of memory: back off. Returns True
-        when this starts a spell worth a WARNING (then :meth:`warn_full`,
-        with what the crawl's keys hold)."""
+        """Redis refused pushes for lack of memory: back off.
+
+        Returns True when this starts a spell worth a WARNING (then :meth:`warn_full`, with what the
+        crawl's keys hold).
+        """
         now = self.clock()
         self._refused_at = now
         self._retry_at = now + self._retry_wait
@@ -312,8 +322,7 @@ class Capacity:
         )
 
     def accepted(self) -> None:
-        """Redis took the pushes of an exchange: when the backlog is empty,
-        the spell is over."""
+        """Redis took the pushes of an exchange: when the backlog is empty, the spell is over."""
         self._retry_wait = RETRY_FIRST
         if self.full_since is None or self.backlog:
             return

@@ -1,5 +1,6 @@
-"""What a Redis server does with a crawl's keys when it is full or restarts:
-read once at start-up, and shown by the ``frontier`` command.
+"""What a Redis server does with a crawl's keys when it is full or restarts.
+
+Read once at start-up, and shown by the ``frontier`` command.
 
 Pure: no Scrapy or Twisted import, and the ``redis`` client is passed in.
 A crawl's keys have no TTL, so only the ``allkeys-*`` policies can evict
@@ -42,8 +43,10 @@ class ServerSettings:
 
 
 def read(client: Any, **node: Any) -> ServerSettings:
-    """Read *client*'s server (``INFO``, ``CONFIG GET``); *node* names the
-    node of a Redis Cluster (``target_nodes=``)."""
+    """Read *client*'s server (``INFO``, ``CONFIG GET``).
+
+    *node* names the node of a Redis Cluster (``target_nodes=``).
+    """
     memory = client.info("memory", **node)
     persistence = client.info("persistence", **node)
     server = client.info("server", **node)
@@ -68,8 +71,10 @@ def read(client: Any, **node: Any) -> ServerSettings:
 
 
 def eviction_refusal(server: ServerSettings, where: str) -> str | None:
-    """Why a crawl must not run on *server*, or None: a policy that evicts
-    keys without a TTL deletes queues, leases and fingerprints silently."""
+    """Why a crawl must not run on *server*, or None.
+
+    A policy that evicts keys without a TTL deletes queues, leases and fingerprints silently.
+    """
     if not server.policy.startswith("allkeys-"):
         return None
     return (
@@ -81,8 +86,10 @@ def eviction_refusal(server: ServerSettings, where: str) -> str | None:
 
 
 def persistence_warning(server: ServerSettings, where: str) -> str | None:
-    """A line for the log when *server* keeps nothing on disk, or when that
-    could not be checked; None when it persists."""
+    """Return a log line when *server* keeps nothing on disk, or when that is unknown.
+
+    None when it persists.
+    """
     if server.aof or server.save:
         return None
     if server.save is None:
@@ -99,9 +106,11 @@ def persistence_warning(server: ServerSettings, where: str) -> str | None:
 
 
 def lost_cause(run_id: str, now_run_id: str, uptime: float, since: float) -> str:
-    """Why Redis no longer holds a crawl, in words: it had *run_id* when
-    this process joined it *since* seconds ago, and has *now_run_id* and has
-    run for *uptime* seconds now."""
+    """Why Redis no longer holds a crawl, in words.
+
+    It had *run_id* when this process joined it *since* seconds ago, and has *now_run_id* and has
+    run for *uptime* seconds now.
+    """
     if run_id and now_run_id == run_id:
         return "this Redis was flushed (FLUSHDB, FLUSHALL) or the crawl's keys deleted"
     if uptime < since:
@@ -138,9 +147,11 @@ def describe(server: ServerSettings) -> str:
 
 
 def bloom_refusal(client: Any, where: str, key: str, **node: Any) -> str | None:
-    """Why a crawl that asks for a Bloom filter cannot have one on *client*'s
-    server (it has no ``BF.*`` commands: ``BF.EXISTS`` of *key*, a key of the
-    crawl, refused as unknown), or None."""
+    """Say why a crawl cannot have the Bloom filter it asks for, or None.
+
+    *client*'s server has no ``BF.*`` commands: ``BF.EXISTS`` of *key*, a
+    key of the crawl, is refused as unknown.
+    """
     try:
         client.execute_command("BF.EXISTS", key, "-", **node)
     except Exception as error:

@@ -1,5 +1,6 @@
-"""``python -m scrapy_hostqueue push|frontier redis://...``: feed a shared
-crawl from outside, and see what it holds.
+"""``python -m scrapy_hostqueue push|frontier redis://...``.
+
+Feed a shared crawl from outside, and see what it holds.
 
 Synchronous ``redis`` client: these are commands, not a crawl.
 """
@@ -42,7 +43,7 @@ _CHUNK = 200
 
 
 def _client(url: str) -> Any:
-    """A client of the Redis at *url*: of a Redis Cluster if it is a node of one."""
+    """Make a client of the Redis at *url*: of a Redis Cluster if it is a node of one."""
     redis = redis_client_module()
     try:
         client, _cluster = connect(redis, url, timeout=10)
@@ -63,10 +64,12 @@ def _check_layout(client: Any, url: str, crawl_id: str) -> None:
 
 
 def _requests(urls: Iterable[str], priority: int) -> Iterator[HeldRequest]:
-    """A request for each of *urls*, as the spider's default callback gets
-    them, in the push script's form: encoded as the crawl's store encodes
-    its requests (:class:`RequestCodec`, the fields at their defaults left
-    out)."""
+    """Make a request for each of *urls*, in the push script's form.
+
+    A request for each of *urls*, as the spider's default callback gets
+    them, encoded as the crawl's store encodes its requests
+    (:class:`RequestCodec`, the fields at their defaults left out).
+    """
     codec = RequestCodec(None, debug=False)
     for address in urls:
         request = Request(address.strip(), priority=priority)
@@ -84,10 +87,13 @@ def push(
     priority: int = 0,
     requests: Iterable[HeldRequest] = (),
 ) -> tuple[int, int]:
-    """Queue a request for each of *urls* in the crawl, through its
+    """Queue a request for each of *urls*, then *requests*, in the crawl.
+
+    Queue a request for each of *urls* in the crawl, through its
     dupefilter, as its spider's default callback would get them, then
     *requests* as they are (from a file a crawl wrote, :func:`read_held`).
-    Returns ``(queued, duplicates)``."""
+    Returns ``(queued, duplicates)``.
+    """
     client = _client(url)
     try:
         _check_layout(client, url, crawl_id)
@@ -118,7 +124,7 @@ def _when(ms: float, now: float) -> str:
 
 
 def report(url: str, crawl_id: str, *, top: int = 10) -> str:
-    """What the shared crawl *crawl_id* holds, as text."""
+    """Say what the shared crawl *crawl_id* holds, as text."""
     client = _client(url)
     try:
         _check_layout(client, url, crawl_id)

@@ -1,4 +1,4 @@
-"""The Redis layout of a shared crawl and the Lua scripts that change it.
+r"""The Redis layout of a shared crawl and the Lua scripts that change it.
 
 Pure: no Scrapy or Twisted import, and no import of the ``redis`` client
 either (the caller passes its client in), so the package imports without it.
@@ -12,7 +12,7 @@ legal there. Keys (after the prefix):
                 is created; every script checks it first (see below)
 ``procs``       zset: process id -> heartbeat expiry (ms since the epoch)
 ``procseq``     counter giving processes their ids
-``r``           hash: request id -> ``"<rank> <host>\\n"`` + the encoded request,
+``r``           hash: request id -> ``"<rank> <host>\n"`` + the encoded request,
                 for the requests leased and those queued by id (``b:<host>``)
 ``q:<host>``    zset: the ranks the host has requests of in ``l:<host>:<rank>``
                 (member the rank, score minus the rank: the highest first)
@@ -120,7 +120,7 @@ QUEUED_BYTES = 4
 
 
 def prefix(crawl_id: str) -> str:
-    """The key prefix of *crawl_id* (with its hash tag)."""
+    """Return the key prefix of *crawl_id* (with its hash tag)."""
     return f"hq:{{{crawl_id}}}:"
 
 
@@ -895,9 +895,11 @@ def split_value(value: bytes) -> tuple[str, int, bytes]:
 
 
 def fingerprint_key(fingerprint: bytes) -> bytes:
-    """What the dupefilter keeps of a request's *fingerprint*: its first
-    :data:`FP_BYTES` bytes when it is a digest (Scrapy's are 20-byte SHA1s),
-    else (a shorter one, any bytes) an 8-byte digest of it."""
+    """Return what the dupefilter keeps of a request's *fingerprint*.
+
+    Its first :data:`FP_BYTES` bytes when it is a digest (Scrapy's are
+    20-byte SHA1s), else (a shorter one, any bytes) an 8-byte digest of it.
+    """
     if len(fingerprint) >= 16:
         return fingerprint[:FP_BYTES]
     return hashlib.blake2b(fingerprint, digest_size=FP_BYTES).digest()
@@ -909,9 +911,11 @@ BLOOM_CAPACITY = 10_000_000
 
 
 def _dupefilter(client: Any, p: str, bloom: float | None) -> None:
-    """Make the crawl's dupefilter as asked (*bloom* the error rate of a
-    Bloom filter, 0 exact fingerprints, None whatever the crawl has), or
-    refuse a crawl made with the other one."""
+    """Make the crawl's dupefilter as asked, or refuse one made otherwise.
+
+    *bloom* is the error rate of a Bloom filter, 0 exact fingerprints, None
+    whatever the crawl has; a crawl made with the other one is refused.
+    """
     mode = client.hget(p + "fp", "mode")
     if mode is None and bloom is not None:
         if bloom > 0:
@@ -932,10 +936,13 @@ def _dupefilter(client: Any, p: str, bloom: float | None) -> None:
 
 
 def open_crawl(client: Any, crawl_id: str, bloom: float | None = None) -> str:
-    """Check the layout of *crawl_id* with a synchronous *client*, make the
+    """Check the layout of *crawl_id*, make the crawl if it is not there.
+
+    Check the layout of *crawl_id* with a synchronous *client*, make the
     crawl if it is not there (its layout version, its identity and its
     dupefilter: see :func:`_dupefilter` for *bloom*), and return its
-    identity. Raises :class:`RedisFrontierError`."""
+    identity. Raises :class:`RedisFrontierError`.
+    """
     p = prefix(crawl_id)
     version = client.get(p + "version")
     if version is None:
@@ -956,10 +963,13 @@ def open_crawl(client: Any, crawl_id: str, bloom: float | None = None) -> str:
 
 
 def register(client: Any, crawl_id: str, expiry_ms: int, bloom: float | None = 0.0) -> str:
-    """Join *crawl_id* (see :func:`open_crawl`; *bloom* the error rate of
-    its Bloom filter, 0 exact fingerprints) with a synchronous *client* (at
+    """Join *crawl_id* and return this process's id.
+
+    Join *crawl_id* (see :func:`open_crawl`; *bloom* the error rate of its
+    Bloom filter, 0 exact fingerprints) with a synchronous *client* (at
     start-up, before the crawl runs): register this process and return its
-    id. Raises :class:`RedisFrontierError`."""
+    id. Raises :class:`RedisFrontierError`.
+    """
     open_crawl(client, crawl_id, bloom)
     proc = client.eval(_JOIN, 1, prefix(crawl_id), expiry_ms)
     return proc.decode() if isinstance(proc, bytes) else str(proc)
@@ -976,8 +986,11 @@ return tostring(proc)
 
 
 def crawl_token(client: Any, crawl_id: str) -> str:
-    """The identity of *crawl_id* on the Redis of the synchronous *client*
-    (written by :func:`open_crawl`): what a process gives every script."""
+    """Return the identity of *crawl_id*, which a process gives every script.
+
+    The identity of *crawl_id* on the Redis of the synchronous *client*
+    (written by :func:`open_crawl`): what a process gives every script.
+    """
     token = client.get(prefix(crawl_id) + "crawl")
     if token is None:
         raise RedisFrontierError(

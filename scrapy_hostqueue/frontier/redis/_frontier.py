@@ -1,8 +1,9 @@
-"""The Redis frontier (``HOSTQUEUE_FRONTIER = "redis://..."``) as the
-scheduler holds it: this process's part in the shared crawl
-(:class:`~scrapy_hostqueue.frontier.redis._glue.RedisFrontier`), the
-dupefilter in front of the shared one, and the fingerprints the store
-dedupes by across processes."""
+"""The Redis frontier (``HOSTQUEUE_FRONTIER = "redis://..."``) as the scheduler holds it.
+
+This process's part in the shared crawl
+(:class:`~scrapy_hostqueue.frontier.redis._glue.RedisFrontier`), the dupefilter in front of the
+shared one, and the fingerprints the store dedupes by across processes.
+"""
 
 from __future__ import annotations
 
@@ -31,9 +32,11 @@ if TYPE_CHECKING:
 def shared_fingerprint(
     crawler: Crawler, dupefilter: BaseDupeFilter
 ) -> Callable[[Request], bytes | None]:
-    """What the Redis store dedupes a request by across processes: its
-    fingerprint, or None (not filtered) for ``dont_filter`` requests and
-    crawls with a dupefilter of their own."""
+    """Return what the Redis store dedupes a request by across processes.
+
+    Its fingerprint, or None (not filtered) for ``dont_filter`` requests and crawls with a
+    dupefilter of their own.
+    """
     if not isinstance(dupefilter, FrontierDupeFilter):
         return lambda request: None
     fingerprinter = crawler.request_fingerprinter
@@ -46,10 +49,12 @@ def shared_fingerprint(
 
 
 class SharedFrontier:
-    """The Redis frontier: the job is the shared crawl in Redis, which this
-    process joins when the spider opens and hands back what it holds to
-    when it closes. Each process drops its own duplicates; the push script
-    in Redis drops the others' (see :func:`shared_fingerprint`)."""
+    """The Redis frontier.
+
+    The job is the shared crawl in Redis, which this process joins when the spider opens and hands
+    back what it holds to when it closes. Each process drops its own duplicates; the push script in
+    Redis drops the others' (see :func:`shared_fingerprint`).
+    """
 
     queue = "disk"
 
@@ -63,8 +68,10 @@ class SharedFrontier:
 
     @classmethod
     def open(cls, crawler: Crawler, config: HostQueueConfig, *, debug: bool) -> Self:
-        """Connect, check the crawl's layout and register this process (see
-        :meth:`RedisFrontier.open`)."""
+        """Connect, check the crawl's layout and register this process.
+
+        See :meth:`RedisFrontier.open`.
+        """
         return cls(crawler, RedisFrontier.open(crawler, config), debug=debug)
 
     def dupefilter(self) -> BaseDupeFilter:
@@ -94,7 +101,7 @@ class SharedFrontier:
         return 0, 0
 
     def stop(self) -> None:
-        """The store's task stops at :meth:`close`, once it has handed back."""
+        """Do nothing: the store's task stops at :meth:`close`, once it has handed back."""
 
     def save(self, given_up: Iterable[tuple[str, Request]]) -> int:
         return 0  # every change is in Redis already

@@ -1,7 +1,7 @@
-"""Scrapy glue of the Redis store (``HOSTQUEUE_FRONTIER = "redis://..."``):
-checking Redis at start-up, the store's codec and fingerprints, the
-dupefilter in front of the shared one, the store's task, and the graceful
-hand-back at close.
+"""Scrapy glue of the Redis store (``HOSTQUEUE_FRONTIER = "redis://..."``).
+
+Checking Redis at start-up, the store's codec and fingerprints, the dupefilter in front of the
+shared one, the store's task, and the graceful hand-back at close.
 
 The ``redis`` client is imported here, lazily: the package imports and runs
 without it for the memory and SQLite stores.
@@ -52,7 +52,7 @@ REDIS_FULL = "hostqueue_redis_full"
 
 
 def redis_client_module() -> Any:
-    """The ``redis`` package, or a one-line error saying how to install it."""
+    """Import the ``redis`` package, or fail with one line saying how to install it."""
     try:
         # Lazily: the package works without the client for the other stores.
         import redis  # noqa: PLC0415
@@ -77,9 +77,12 @@ FILE_OPTIONS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
 
 
 def shown_url(url: str) -> str:
-    """*url* without its secrets, for log lines and messages: the password
+    """Return *url* without its secrets, for log lines and messages.
+
+    *url* without its secrets, for log lines and messages: the password
     (``redis://:***@host``, ``redis://user:***@host``) and the values of
-    :data:`SECRET_OPTIONS` in its query."""
+    :data:`SECRET_OPTIONS` in its query.
+    """
     parts = urlsplit(url)
     netloc = parts.netloc
     if "@" in netloc:
@@ -95,15 +98,17 @@ def shown_url(url: str) -> str:
 
 
 def _unknown_option(error: TypeError) -> str:
-    """The option a client's constructor refused (*error*), as it names it."""
+    """Return the option a client's constructor refused (*error*), as it names it."""
     found = re.search(r"keyword argument '(\w+)'", str(error))
     return found.group(1) if found else str(error)
 
 
 def check_url(redis: Any, url: str) -> None:
-    """Refuse, without connecting, a Redis URL the client cannot use, with
-    one line saying why: a malformed URL, an option it does not take, a TLS
-    option without ``rediss://``, a certificate file that is not there."""
+    """Refuse, without connecting, a Redis URL the client cannot use, with one line saying why.
+
+    A malformed URL, an option it does not take, a TLS option without ``rediss://``, a certificate
+    file that is not there.
+    """
     shown = shown_url(url)
     try:
         options = redis.connection.parse_url(url)
@@ -138,10 +143,13 @@ def check_url(redis: Any, url: str) -> None:
 
 
 def check_cluster_options(redis: Any, url: str) -> None:
-    """Refuse, in one line, an option of *url* that the asyncio client of a
+    """Refuse an option of *url* that the asyncio cluster client does not take.
+
+    Refuse, in one line, an option of *url* that the asyncio client of a
     Redis Cluster does not take (it takes fewer than the synchronous one,
     e.g. no ``ssl_password``): built here, not connected, rather than fail
-    with a traceback when the crawl's task starts."""
+    with a traceback when the crawl's task starts.
+    """
     try:
         redis.asyncio.cluster.RedisCluster.from_url(url)
     except TypeError as error:
@@ -152,8 +160,11 @@ def check_cluster_options(redis: Any, url: str) -> None:
 
 
 def connect_problem(redis: Any, url: str, error: BaseException, where: str = "the URL") -> str:
-    """What the client's *error* connecting to *url* means, and what to do
-    about it *where* the URL is given, in words for one line."""
+    """Say what the client's *error* connecting to *url* means, in one line.
+
+    What the client's *error* connecting to *url* means, and what to do
+    about it *where* the URL is given, in words for one line.
+    """
     text = str(error).strip().rstrip(".")
     if isinstance(error, redis.exceptions.AuthenticationError):
         if "password" in redis.connection.parse_url(url):
@@ -190,11 +201,14 @@ def connect_problem(redis: Any, url: str, error: BaseException, where: str = "th
 
 
 def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
-    """The client's errors that mean Redis is away, or restarted, or was
+    """Return the client's errors that mean Redis is away for now.
+
+    The client's errors that mean Redis is away, or restarted, or was
     made a replica by a failover (``READONLY``: it takes writes again once
     it is a master again, or its clients reach the new master); on a Redis
     Cluster also that the crawl's slot is not served for now (a node down, a
-    failover, a slot moving)."""
+    failover, a slot moving).
+    """
     exceptions = redis.exceptions
     cluster = (
         exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN, retries used up
@@ -214,8 +228,10 @@ def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
 
 
 def _cluster_node(redis: Any, url: str, options: dict[str, Any]) -> bool:
-    """Whether the server at *url* is a node of a Redis Cluster, asked in
-    database 0 whatever database *url* names."""
+    """Whether the server at *url* is a node of a Redis Cluster.
+
+    Asked in database 0 whatever database *url* names.
+    """
     pool = redis.ConnectionPool.from_url(url, **options)
     pool.connection_kwargs["db"] = 0
     try:
@@ -228,13 +244,16 @@ def _cluster_node(redis: Any, url: str, options: dict[str, Any]) -> bool:
 
 
 def connect(redis: Any, url: str, *, timeout: float = CONNECT_TIMEOUT) -> tuple[Any, bool]:
-    """A synchronous client of the Redis at *url*, and whether it talks to a
+    """Return a synchronous client of the Redis at *url*, a cluster client if need be.
+
+    A synchronous client of the Redis at *url*, and whether it talks to a
     Redis Cluster: when the server at *url* is a node of one (``INFO
     cluster`` says ``cluster_enabled:1``), a cluster client, which finds the
     other nodes from it. Raises the client's errors when Redis is away, and
     :class:`RedisFrontierError` when the cluster does not serve all its slots
     or *url* names a database other than 0, or is one :func:`check_url`
-    refuses."""
+    refuses.
+    """
     check_url(redis, url)
     options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
     plain = redis.Redis.from_url(url, **options)
@@ -276,8 +295,10 @@ def connect(redis: Any, url: str, *, timeout: float = CONNECT_TIMEOUT) -> tuple[
 
 
 def async_client(redis: Any, url: str, *, cluster: bool) -> Any:
-    """The asyncio client of the store's task: of a Redis Cluster if
-    *cluster* (what :func:`connect` found)."""
+    """Make the asyncio client of the store's task.
+
+    Of a Redis Cluster if *cluster* (what :func:`connect` found).
+    """
     kind = redis.asyncio.cluster.RedisCluster if cluster else redis.asyncio.Redis
     # No retries inside the client: the store's task retries, with its
     # back-off and its log lines, and sends a failed batch again whole.
@@ -290,9 +311,11 @@ def async_client(redis: Any, url: str, *, cluster: bool) -> Any:
 
 
 class LocalSeen:
-    """The fingerprints this process pushed, as the dupefilter's first,
-    local, answer: a request seen here is a duplicate; one not seen here is
-    pushed, and the shared seen set in Redis decides."""
+    """The fingerprints this process pushed, as the dupefilter's first, local, answer.
+
+    A request seen here is a duplicate; one not seen here is pushed, and the shared seen set in
+    Redis decides.
+    """
 
     def __init__(self, limit: int = LOCAL_SEEN) -> None:
         self._seen: set[bytes] = set()
@@ -307,15 +330,19 @@ class LocalSeen:
         return False
 
     def clear(self) -> None:
-        """Forget every fingerprint: Redis may have lost some of them (a
-        failover to a replica that missed the last writes)."""
+        """Forget every fingerprint.
+
+        Redis may have lost some of them (a failover to a replica that missed the last writes).
+        """
         self._seen.clear()
 
 
 class RedisFrontier:
-    """One process's part in a shared crawl: registered with Redis at
-    start-up (:meth:`open`), then its store's task (:meth:`start`) until the
-    graceful hand-back (:meth:`close`)."""
+    """One process's part in a shared crawl.
+
+    Registered with Redis at start-up (:meth:`open`), then its store's task (:meth:`start`) until
+    the graceful hand-back (:meth:`close`).
+    """
 
     def __init__(  # noqa: PLR0917 - what open() found
         self,
@@ -349,11 +376,13 @@ class RedisFrontier:
 
     @classmethod
     def open(cls, crawler: Crawler, config: HostQueueConfig) -> RedisFrontier:
-        """Connect, check the crawl's layout and register this process; a
-        :class:`RedisFrontierError` with one line if Redis cannot be used.
+        """Connect, check the crawl's layout and register this process.
+
+        Raises a :class:`RedisFrontierError` with one line if Redis cannot be used.
 
         A synchronous client, once, before the crawl runs: the component is
-        being built and nothing else runs on the loop yet."""
+        being built and nothing else runs on the loop yet.
+        """
         assert config.frontier_url is not None
         redis = redis_client_module()
         url = config.frontier_url
@@ -423,8 +452,10 @@ class RedisFrontier:
         return self.store
 
     def start(self, wake: Callable[[], None]) -> None:
-        """Start the store's task on the running loop; *wake* is called when
-        Redis gave this process work, or the crawl finished."""
+        """Start the store's task on the running loop.
+
+        *wake* is called when Redis gave this process work, or the crawl finished.
+        """
         assert self.store is not None
         redis = redis_client_module()
         self._client = async_client(redis, self.url, cluster=self.cluster)
@@ -458,11 +489,14 @@ class RedisFrontier:
         )
 
     def _on_lost(self, kind: str) -> None:
-        """Redis no longer holds the crawl (*kind* ``"lost"``), or stays
+        """Close the crawl because Redis lost it or stays full.
+
+        Redis no longer holds the crawl (*kind* ``"lost"``), or stays
         full with nothing that could free memory (``"full"``): one ERROR,
         and the crawl closes (its finish reason :data:`FRONTIER_LOST` or
         :data:`REDIS_FULL`, then an error for ``scrapy crawl``'s exit
-        status)."""
+        status).
+        """
         assert self.store is not None
         path = self.store.file_path("held")
         shown = shown_url(self.url)

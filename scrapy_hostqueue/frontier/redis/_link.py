@@ -62,12 +62,14 @@ class FrontierLost(Exception):
 
 
 def batched(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """*ops* in the order a step sends them: between two operations of
-    other kinds, every push, then every acknowledgement, each in its order,
-    so that one script call takes each run (a page's links pushed, then the
-    page acknowledged, alternate). A page's acknowledgement stays after the
-    pushes of the links found on it, which came before it; the other
-    operations (claims, hand-backs, refills, shares) keep their place."""
+    """*ops* in the order a step sends them.
+
+    Between two operations of other kinds, every push, then every acknowledgement, each in its
+    order, so that one script call takes each run (a page's links pushed, then the page
+    acknowledged, alternate). A page's acknowledgement stays after the pushes of the links found on
+    it, which came before it; the other operations (claims, hand-backs, refills, shares) keep their
+    place.
+    """
     out: list[tuple[Any, ...]] = []
     pushes: list[tuple[Any, ...]] = []
     acks: list[tuple[Any, ...]] = []
@@ -87,8 +89,10 @@ def batched(ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 class RedisLink:
-    """Runs *store*'s exchanges with Redis through *client*; *errors* are the
-    client's errors that mean Redis is away (or restarted)."""
+    """Runs *store*'s exchanges with Redis through *client*.
+
+    *errors* are the client's errors that mean Redis is away (or restarted).
+    """
 
     def __init__(
         self,
@@ -118,8 +122,11 @@ class RedisLink:
         return self._task
 
     async def run(self) -> None:
-        """Step until the store closes; through an outage, log once and retry
-        with a back-off, then resync and send the failed batch again."""
+        """Step until the store closes.
+
+        Through an outage, log once and retry with a back-off, then resync and send the failed batch
+        again.
+        """
         store = self.store
         backoff = 0.1
         outage_at: float | None = None
@@ -204,8 +211,11 @@ class RedisLink:
         return {name: await self.client.script_load(src) for name, src in SCRIPTS.items()}
 
     async def lost_cause(self) -> str:
-        """Why Redis no longer holds the crawl, as far as ``INFO server``
-        tells ("" if it cannot)."""
+        """Say why Redis no longer holds the crawl, as far as ``INFO server`` tells.
+
+        Why Redis no longer holds the crawl, as far as ``INFO server``
+        tells ("" if it cannot).
+        """
         try:
             server = await self.info("server")
         except Exception:  # away again: no cause given
@@ -225,8 +235,7 @@ class RedisLink:
             self._keys_at_start = {"r": sizes[1], "fp": sizes[2]}
 
     async def _key_sizes(self) -> list[int]:
-        """Requests in ``r`` (leased, or queued by id), the bytes of ``r``,
-        and the fingerprints the dupefilter holds."""
+        """Read the requests in ``r``, the bytes of ``r``, and the fingerprints counted."""
         p = self.store.prefix
         pipe = self.client.pipeline(transaction=False)
         pipe.hlen(p + "r")
@@ -235,8 +244,11 @@ class RedisLink:
         return [int(value or 0) for value in await pipe.execute()]
 
     async def describe_keys(self) -> str:
-        """What the crawl's keys hold now, and how they grew since this
-        process started, in words for the log."""
+        """Say what the crawl's keys hold now, and how they grew.
+
+        What the crawl's keys hold now, and how they grew since this process
+        started, in words for the log.
+        """
         store = self.store
         p = store.prefix
         try:
@@ -256,8 +268,11 @@ class RedisLink:
         )
 
     async def step(self, *, beat: bool, totals: bool) -> None:
-        """One exchange: what the log holds (up to :data:`BATCH` operations),
-        then the heartbeat (*beat*) and the totals (*totals*)."""
+        """One exchange.
+
+        What the log holds (up to :data:`BATCH` operations), then the heartbeat (*beat*) and the
+        totals (*totals*).
+        """
         store = self.store
         if self.shas is None:
             self.shas = await self.load_scripts()
@@ -380,9 +395,11 @@ class RedisLink:
 
     @staticmethod
     def _check(results: list[Any]) -> None:
-        """Raise what a batch's answers hold other than Redis full: the
-        crawl gone from Redis (:class:`FrontierLost`), else the first
-        error (then the whole batch is sent again)."""
+        """Raise what a batch's answers hold other than Redis full.
+
+        The crawl gone from Redis (:class:`FrontierLost`), else the first error (then the whole
+        batch is sent again).
+        """
         errors = [result for result in results if isinstance(result, Exception)]
         if any(LOST in str(error) for error in errors):
             raise FrontierLost
@@ -391,10 +408,13 @@ class RedisLink:
                 raise error
 
     async def resync(self) -> None:
-        """Give back what Redis handed this process that it never heard of
+        """Set this process and Redis straight after a lost connection or a failover.
+
+        Give back what Redis handed this process that it never heard of
         (an answer lost with the connection); take back what this process
         holds that Redis forgot (writes a failover lost), and drop the hosts
-        another process holds since."""
+        another process holds since.
+        """
         if self.shas is None:
             self.shas = await self.load_scripts()
         store = self.store
@@ -412,9 +432,11 @@ class RedisLink:
                 await asyncio.wait_for(self._task, 10.0)
 
     async def close(self, timeout: float = 10.0) -> str | None:
-        """Stop the task; send what the log holds; give back every held host
-        (its window back to its queue, its state saved) and unregister.
-        Returns None, or why it could not (Redis away)."""
+        """Stop the task.
+
+        Send what the log holds; give back every held host (its window back to its queue, its state
+        saved) and unregister. Returns None, or why it could not (Redis away).
+        """
         store = self.store
         store.closing = True
         self._wake.set()

@@ -5,7 +5,7 @@ Pure: no Scrapy, Twisted or ``redis`` import. The Redis store
 share record are ``OFFER`` and ``SHARE`` in
 :mod:`scrapy_hostqueue.frontier.redis._db`.
 
-A host is leased whole to one process, its *holder*. When the holder's
+A host is held whole by one process, its *holder*. When the holder's
 process has more of the host than it can work alone (a deep queue, a limit
 of a few requests, no spacing) and another process finds no host to claim,
 the holder lends that process a *part* of the host's limit ``L``: ``part =
@@ -63,10 +63,11 @@ WORKING = "working"
 
 @dataclass
 class Share:
-    """This process's side of a shared host: its holder (*owner*) or its
-    co-holder. *limit* is the host's limit that was split, *part* the
-    co-holder's; *wanted* the limit the AIMD middleware last set here, which
-    the cap holds down."""
+    """This process's side of a shared host: its holder (*owner*) or its co-holder.
+
+    *limit* is the host's limit that was split, *part* the co-holder's; *wanted* the limit the AIMD
+    middleware last set here, which the cap holds down.
+    """
 
     owner: bool
     limit: int
@@ -89,7 +90,7 @@ class Share:
         return self.limit - self.part
 
     def limit_here(self) -> int:
-        """The limit the frontier applies here: the AIMD one, capped."""
+        """Return the limit the frontier applies here: the AIMD one, capped."""
         return max(1, min(self.wanted, self.cap))
 
 
@@ -103,11 +104,12 @@ def may_share(
     queued: int,
     prefetch: int,
 ) -> bool:
-    """Whether a held host is busy enough to lend a part of its *limit*: two
-    processes can both work it, it is not spaced (``Crawl-delay``, a
-    download delay), blocked or given up, it answers, and its queue holds
-    several times its limit. The holder must be able to bring what it has
-    handed out (at a cap of one, plus *prefetch*) down to its own part."""
+    """Whether a held host is busy enough to lend a part of its *limit*.
+
+    Two processes can both work it, it is not spaced (``Crawl-delay``, a download delay), blocked or
+    given up, it answers, and its queue holds several times its limit. The holder must be able to
+    bring what it has handed out (at a cap of one, plus *prefetch*) down to its own part.
+    """
     part = limit // 2
     return (
         limit >= 2

@@ -110,9 +110,11 @@ STUCK_FULL = 10.0
 
 
 class _Entry(Generic[T]):
-    """A request in a host's window: its id in Redis ("" for one kept in
-    memory only, its codec could not encode it), rank, and the request or
-    its encoded form."""
+    """A request in a host's window.
+
+    Its id in Redis ("" for one kept in memory only, its codec could not encode it), rank, and the
+    request or its encoded form.
+    """
 
     __slots__ = ("data", "item", "rank", "rid")
 
@@ -280,10 +282,13 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._dirty.add(key)
 
     def __len__(self) -> int:
-        """Requests queued here, pushed and not answered yet, and queued in
+        """Count the requests left, here and in the shared crawl.
+
+        Requests queued here, pushed and not answered yet, and queued in
         the shared crawl (as last read); plus one while the crawl is not
         finished (requests leased elsewhere may yet bring more), so that the
-        scheduler keeps the crawl open."""
+        scheduler keeps the crawl open.
+        """
         return (
             len(self._mem)
             + self._unanswered
@@ -296,8 +301,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return list(self._held)
 
     def finished(self) -> bool:
-        """Whether the shared crawl had nothing queued or leased anywhere for
-        ``finish_grace`` seconds (never with ``wait_for_urls``)."""
+        """Whether the shared crawl has had nothing left for ``finish_grace`` seconds.
+
+        Whether the shared crawl had nothing queued or leased anywhere for
+        ``finish_grace`` seconds (never with ``wait_for_urls``).
+        """
         return self._finished
 
     # -- requests ----------------------------------------------------------------
@@ -362,9 +370,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return key, item
 
     def _lease(self, key: str, entry: _Entry[T], held: _Held | None) -> T:
-        """The item of *entry*, handed out from *key*'s window: decoded if
-        only its bytes are here, and leased until acknowledged if it is in
-        Redis."""
+        """Hand out the item of *entry* from *key*'s window.
+
+        Decoded if only its bytes are here, and leased until acknowledged if it is in Redis.
+        """
         item = entry.item
         if item is None:
             assert entry.data is not None
@@ -389,7 +398,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             held.unacked -= 1
         self.outbox.append(("ack", rid))
 
-    def release(self, key: str, rank: int, item: T) -> None:
+    def give_back(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
         if lease is None:
             self._mem.push(key, rank, _Entry("", rank, item))
@@ -401,9 +410,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._mem.push(key, rank, _Entry(lease[1], rank, item))
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse *key* from now on, crawl-wide; returns the requests of its
-        window, each leased until acknowledged (they go to their errbacks).
-        Those queued in Redis are dropped there."""
+        """Refuse *key* from now on, crawl-wide.
+
+        Returns the requests of its window, each leased until acknowledged (they go to their
+        errbacks). Those queued in Redis are dropped there.
+        """
         entries = self._mem.give_up(key)
         items = []
         held = self._held.get(key)
@@ -436,12 +447,13 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             yield key, queued + (held.remote if held is not None else 0), inflight, state
 
     def close(self) -> None:
-        """Nothing to do here: ``RedisLink.close`` hands back what the process
-        holds."""
+        """Nothing to do here: ``RedisLink.close`` hands back what the process holds."""
 
     def set_limit(self, key: str, limit: int) -> None:
-        """The AIMD middleware's limit for *key*; on a shared host, held down
-        to this process's part."""
+        """Set the AIMD middleware's limit for *key*.
+
+        On a shared host, held down to this process's part.
+        """
         held = self._held.get(key)
         share = held.share if held is not None else None
         if share is None:
@@ -468,8 +480,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
     # -- host state in Redis -----------------------------------------------------
 
     def _state(self, key: str) -> tuple[str, int]:
-        """The state of *key* as JSON, and when it may be claimed again (ms
-        since the epoch, 0: now)."""
+        """Return the state of *key* as JSON, and when it may be claimed again.
+
+        The state of *key* as JSON, and when it may be claimed again (ms
+        since the epoch, 0: now).
+        """
         state = self._mem.known_state(key)
         if state is None:
             return "", 0
@@ -542,8 +557,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return max(0, self.max_hold - working)
 
     def tick(self, now: float) -> None:
-        """Append to the log what the held hosts need now: refills, saves,
-        hand-backs; and a claim if this process can work more hosts."""
+        """Append to the log what the held hosts need now: refills, saves, hand-backs.
+
+        And a claim if this process can work more hosts.
+        """
         mem = self._mem
         if not len(mem):
             # Nothing to hand out: room for more hosts, whether or not the
@@ -556,7 +573,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         )
         for key, held in list(self._held.items()):
             queued = mem.queued(key)
-            inflight = mem.inflight(key)
+            inflight = mem.in_flight(key)
             state = mem.known_state(key)
             if held.share is not None:
                 self._tick_share(key, held, state, now)
@@ -614,9 +631,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self.outbox.append(("claim", want, self._window, part))
 
     def _send_backlog(self) -> None:
-        """Send as many requests kept back as Redis has room for now, and
-        tell Redis whether this process keeps any (the crawl is not
-        finished while it does)."""
+        """Send as many requests kept back as Redis has room for now.
+
+        Redis is told whether this process keeps any (the crawl is not finished while it does).
+        """
         capacity = self.capacity
         backlog = capacity.backlog
         if backlog:
@@ -629,9 +647,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self.outbox.append(("backlog", len(backlog)))
 
     def refused_pushes(self, ops: list[tuple[Any, ...]]) -> bool:
-        """Redis refused the pushes *ops* for lack of memory (nothing of
-        them applied): kept here, before the others kept back. True when
-        this starts a spell worth a WARNING."""
+        """Redis refused the pushes *ops* for lack of memory (nothing of them applied).
+
+        Kept here, before the others kept back. True when this starts a spell worth a WARNING.
+        """
         kept = []
         for _, rid, fingerprint, key, rank, keep, data, _item in ops:
             held = self._held.get(key)
@@ -643,9 +662,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return self.capacity.refused()
 
     def lose_frontier(self, cause: str = "") -> None:
-        """Redis no longer holds the crawl (*cause*: why, in words, if
-        known): hand out and send nothing more; what this process holds goes
-        to a file (:meth:`held_requests`)."""
+        """Redis no longer holds the crawl (*cause*: why, in words, if known).
+
+        Hand out and send nothing more; what this process holds goes to a file
+        (:meth:`held_requests`).
+        """
         if self.frontier_lost:
             return
         self.frontier_lost = True
@@ -654,9 +675,12 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self.on_lost("lost")
 
     def _check_stuck(self, now: float) -> None:
-        """Stop the crawl when Redis refuses new requests while nothing in
+        """Stop the crawl when Redis is full and nothing can free memory.
+
+        Stop the crawl when Redis refuses new requests while nothing in
         the crawl can free memory (nothing queued or leased anywhere, nothing
-        here): waiting would be for ever."""
+        here): waiting would be for ever.
+        """
         stuck = (
             self.capacity.full_since is not None
             and self.remote_queued <= 0
@@ -683,10 +707,12 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.capacity.backlog.close()
 
     def held_requests(self) -> Iterator[tuple[HeldRequest, T | None]]:
-        """Every request this process holds, with its item when it has it:
-        those of its windows, those handed out and not acknowledged, those
-        not sent yet and those kept back. Requests kept in memory only
-        (their codec could not encode them) have nothing to write."""
+        """Every request this process holds, with its item when it has it.
+
+        Those of its windows, those handed out and not acknowledged, those not sent yet and those
+        kept back. Requests kept in memory only (their codec could not encode them) have nothing to
+        write.
+        """
         for key, rank, entry in self._mem.items():
             item = entry.item
             if item is None:
@@ -703,8 +729,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         yield from self.unsent_requests()
 
     def unsent_requests(self) -> Iterator[tuple[HeldRequest, T | None]]:
-        """The requests this process pushed that Redis has not taken: not
-        sent yet, or kept back while Redis is full."""
+        """List the requests this process pushed that Redis has not taken.
+
+        Not sent yet, or kept back while Redis is full.
+        """
         for op in self.outbox:
             if op[0] == "push":
                 _, rid, fingerprint, key, rank, _keep, data, item = op
@@ -713,18 +741,23 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             yield held, None
 
     def file_path(self, kind: str) -> str:
-        """The file of this process's requests of *kind* (``backlog``:
+        """Return the file of this process's requests of *kind*.
+
+        The file of this process's requests of *kind* (``backlog``:
         kept back while Redis is full; ``held``: what it held when Redis
-        lost the crawl)."""
+        lost the crawl).
+        """
         name = re.sub(r"[^\w.-]", "_", self.crawl_id)
         return os.path.join(self.spill_dir, f"hostqueue-{name}-{self.proc}-{kind}.jsonl")
 
     def _give_up_surplus(self) -> None:
-        """Other processes wait for hosts: drain the hosts this process holds
-        beyond its fair share (the crawl's hosts over its processes, rounded
-        down), those with the least in flight first, then those that were
-        handed out the most. A draining host is handed nothing more and given
-        back once nothing of it is in flight."""
+        """Other processes wait for hosts.
+
+        Drain the hosts this process holds beyond its fair share (the crawl's hosts over its
+        processes, rounded down), those with the least in flight first, then those that were handed
+        out the most. A draining host is handed nothing more and given back once nothing of it is in
+        flight.
+        """
         hosts, processes = self.share
         working = [
             (key, held)
@@ -735,15 +768,16 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if surplus <= 0:
             return
         mem = self._mem
-        working.sort(key=lambda pair: (mem.inflight(pair[0]) + pair[1].unacked, -pair[1].served))
+        working.sort(key=lambda pair: (mem.in_flight(pair[0]) + pair[1].unacked, -pair[1].served))
         for key, held in working[:surplus]:
             held.draining = True
             self._give_back_window(key, release=False)
 
     def _forget_window(self, key: str) -> list[str]:
-        """Take the requests of *key* out of its window in memory; returns
-        their ids. Requests kept in memory only (no id) stay: there is
-        nowhere else to keep them."""
+        """Take the requests of *key* out of its window in memory; returns their ids.
+
+        Requests kept in memory only (no id) stay: there is nowhere else to keep them.
+        """
         ids = []
         for entry in self._mem.remove_queued(key):
             if entry.rid:
@@ -754,10 +788,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return ids
 
     def _let_go(self, key: str) -> _Held:
-        """Stop holding *key* without a word to Redis, which gave it to
-        another process or took it back (its window's requests are queued
-        there again): forget its window, and give it its whole limit again
-        if it was shared."""
+        """Stop holding *key* without a word to Redis.
+
+        Redis gave it to another process or took it back (its window's requests are queued there
+        again): forget its window, and give it its whole limit again if it was shared.
+        """
         held = self._held.pop(key)
         self._forget_window(key)
         if held.share is not None:
@@ -792,7 +827,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
     # -- busy hosts shared with another process ----------------------------------
 
     def _block_ms(self, key: str) -> int:
-        """The block of *key* as wall-clock ms, 0 if it has none."""
+        """Return the block of *key* as wall-clock ms, 0 if it has none."""
         state = self._mem.known_state(key)
         now = self._mem.clock()
         if state is None or state.blocked_until <= now:
@@ -814,8 +849,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         )
 
     def _may_offer(self, key: str, held: _Held, state: HostState | None, now: float) -> bool:
-        """Whether to lend a part of *key*, held here, to a process that
-        found no host (see :mod:`scrapy_hostqueue.frontier.redis._share`)."""
+        """Whether to lend a part of *key* to a process that found no host.
+
+        Whether to lend a part of *key*, held here, to a process that
+        found no host (see :mod:`scrapy_hostqueue.frontier.redis._share`).
+        """
         return (
             self.share_hosts
             and self.connected
@@ -827,8 +865,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         )
 
     def _tick_share(self, key: str, held: _Held, state: HostState | None, now: float) -> None:
-        """Move a shared host's hand-over on, and send its share step: the
-        block this process saw, read back what the other holder saw."""
+        """Move a shared host's hand-over on, and send its share step.
+
+        The block this process saw, read back what the other holder saw.
+        """
         share = held.share
         assert share is not None
         mem = self._mem
@@ -845,7 +885,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 # was offered in Redis, the whole limit is this process's.
                 held.share = None
                 mem.set_limit(key, share.wanted)
-            elif mem.inflight(key) <= share.limit - share.part:
+            elif mem.in_flight(key) <= share.limit - share.part:
                 share.phase, share.since = OFFERED, now
                 mem.set_limit(key, share.limit_here())
                 self.outbox.append(("offer", key, share.limit, share.part))
@@ -877,8 +917,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self.outbox.append(("share", key, role, self._block_ms(key), what, ()))
 
     def _end_part(self, key: str, held: _Held) -> None:
-        """A co-holder hands nothing more out of *key*: its window goes back,
-        and its part ends once nothing of it is in flight."""
+        """End a co-holder's part of *key*: it hands nothing more out of it.
+
+        Its window goes back, and its part ends once nothing of it is in flight.
+        """
         assert held.share is not None
         held.share.phase = RECALLING
         if not held.draining:
@@ -914,11 +956,12 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self._end_part(key, held)
 
     def lost(self) -> None:
-        """This process's heartbeat expired and what it held was reclaimed:
-        forget the windows (their requests are queued in Redis again).
+        """Drop what this process held, reclaimed when its heartbeat expired.
 
-        Said once per loss: the claims and the heartbeat that reach Redis
-        before it registers this process again find it gone too."""
+        Forget the windows (their requests are queued in Redis again). Said once per loss: the
+        claims and the heartbeat that reach Redis before it registers this process again find it
+        gone too.
+        """
         if self.unregistered:
             return
         self.unregistered = True
@@ -936,8 +979,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._known.clear()
 
     def drop_hosts(self, keys: list[str]) -> None:
-        """Redis says another process holds *keys* now: forget their windows
-        (requests in flight finish and are acknowledged)."""
+        """Redis says another process holds *keys* now.
+
+        Forget their windows (requests in flight finish and are acknowledged).
+        """
         for key in keys:
             if key not in self._held:
                 continue
@@ -1044,9 +1089,12 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return False
 
     def failed(self, ops: list[tuple[Any, ...]], *, sent: bool = False) -> list[tuple[Any, ...]]:
-        """The ops of a batch that failed, to send again: claims and refills
-        are dropped (the tick asks again). With *sent*, Redis may have
-        applied them (the answer was lost): the pushes are marked so."""
+        """Return the ops of a batch that failed, to send again.
+
+        Claims and refills are dropped (the tick asks again). With *sent*,
+        Redis may have applied them (the answer was lost): the pushes are
+        marked so.
+        """
         kept = []
         for op in ops:
             if sent and op[0] == "push":
@@ -1075,10 +1123,13 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         want_share: int = 0,
         backlog: int = 0,
     ) -> bool:
-        """The crawl-wide totals were read (*hungry*: other processes that
+        """Take in the crawl-wide totals just read.
+
+        The crawl-wide totals were read (*hungry*: other processes that
         wait for hosts; *want_share*: other processes that found no host at
         all; *backlog*: requests other processes keep back while Redis is
-        full): True if the crawl just finished."""
+        full): True if the crawl just finished.
+        """
         self.remote_queued = int(queued or 0)
         self.remote_leased = int(leased or 0)
         self._others_hungry = hungry > 0
@@ -1110,8 +1161,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return self._wall()
 
     def resync_args(self) -> list[Any]:
-        """What this process knows it holds, for the resync script: the host
-        count, the hosts, then the request ids."""
+        """Return what this process knows it holds, for the resync script.
+
+        The host count, the hosts, then the request ids.
+        """
         hosts = list(self._held)
         return [len(hosts), *hosts, *self._known]
 

@@ -1,5 +1,7 @@
-"""The frontier file: one SQLite file (WAL mode) with the queued requests, the
-host state a crawl learned and the fingerprints its dupefilter has seen.
+"""The frontier file.
+
+One SQLite file (WAL mode) with the queued requests, the host state a crawl learned and the
+fingerprints its dupefilter has seen.
 
 Pure: no Scrapy or Twisted import. Writes are batched (group commit): they
 wait in memory, go into the open transaction before any read that must see
@@ -128,8 +130,10 @@ def _lock(path: str) -> IO[str]:
 
 
 class _Checkpointer(threading.Thread):
-    """Copies the WAL into the frontier file every CHECKPOINT_INTERVAL
-    seconds, beside the writer (a PASSIVE checkpoint waits for no one)."""
+    """Copies the WAL into the frontier file every CHECKPOINT_INTERVAL seconds.
+
+    Beside the writer (a PASSIVE checkpoint waits for no one).
+    """
 
     def __init__(self, path: str) -> None:
         super().__init__(name=f"frontier checkpoints {path}", daemon=True)
@@ -151,11 +155,13 @@ class _Checkpointer(threading.Thread):
 
 
 class SeenFilter:
-    """A Bloom filter of the fingerprints in the file: :meth:`add` tells a
-    fingerprint never added (most new ones) without a statement, which costs
-    more than the rest of the dupefilter's work. Its size is fixed
-    (:data:`FILTER_BITS`): past millions of fingerprints it tells fewer of
-    them, never a wrong one. It lives in the process (Python's ``hash``)."""
+    """A Bloom filter of the fingerprints in the file.
+
+    :meth:`add` tells a fingerprint never added (most new ones) without a statement, which costs
+    more than the rest of the dupefilter's work. Its size is fixed (:data:`FILTER_BITS`): past
+    millions of fingerprints it tells fewer of them, never a wrong one. It lives in the process
+    (Python's ``hash``).
+    """
 
     __slots__ = ("_bits", "_mask")
 
@@ -238,8 +244,10 @@ class FrontierFile:
             self._filter = self._load_filter()
 
     def _load_filter(self) -> SeenFilter | None:
-        """The filter of the fingerprints in the file; None if they are too
-        many to read at the start (see FILTER_LOAD_MAX)."""
+        """Load the filter of the fingerprints in the file.
+
+        None if they are too many to read at the start (see FILTER_LOAD_MAX).
+        """
         try:
             count = self.conn.execute(
                 "SELECT count(*) FROM (SELECT 1 FROM fingerprints LIMIT ?)",
@@ -354,10 +362,12 @@ class FrontierFile:
             self._maybe_flush()
 
     def seen(self, fingerprint: bytes) -> bool:
-        """Whether *fingerprint* was seen; notes it if not, in the batch of
-        the request pushed next (committed with it). Without a statement if it
-        is a recent one or the filter knows it is new; else one, into the
-        open transaction."""
+        """Whether *fingerprint* was seen.
+
+        Notes it if not, in the batch of the request pushed next (committed with it). Without a
+        statement if it is a recent one or the filter knows it is new; else one, into the open
+        transaction.
+        """
         recent = self._recent
         if fingerprint in recent or fingerprint in self._older:
             return True
@@ -415,8 +425,10 @@ class FrontierFile:
 
     def flush(self) -> None:
         """Put the pending writes into the open transaction (not committed).
-        After a failed write, nothing more is written: the file keeps its
-        last commit, and :meth:`commit` raises."""
+
+        After a failed write, nothing more is written: the file keeps its last commit, and
+        :meth:`commit` raises.
+        """
         if self.failed is not None:
             self._clear()
             return
@@ -479,8 +491,11 @@ class FrontierFile:
                 raise self._fail("cannot be written", error) from error
 
     def _fail(self, what: str, error: BaseException) -> FrontierFileError:
-        """A write failed: nothing more is committed (what the last commit
-        holds stays as it was), and the caller is told once."""
+        """Return the error for a failed write.
+
+        Nothing more is committed (what the last commit holds stays as it was), and the caller is
+        told once.
+        """
         failure = self._error(what, error)
         if self.failed is None:
             self.failed = failure
@@ -501,8 +516,11 @@ class FrontierFile:
             raise self._error("cannot be read", error) from error
 
     def head(self, host: str, limit: int) -> list[tuple[int, int, bytes]]:
-        """``(id, rank, data)`` of the first *limit* queued (not leased)
-        requests of *host*, in serving order."""
+        """Return the first *limit* queued requests of *host*, in serving order.
+
+        ``(id, rank, data)`` of the first *limit* queued (not leased)
+        requests of *host*, in serving order.
+        """
         rows = self._read(
             "SELECT id, nrank, data FROM requests WHERE host = ? AND leased = 0 "
             "ORDER BY nrank, id LIMIT ?",
@@ -511,7 +529,7 @@ class FrontierFile:
         return [(rowid, -nrank, data) for rowid, nrank, data in rows]
 
     def data(self, rowid: int) -> bytes:
-        """The encoded request of row *rowid*."""
+        """Return the encoded request of row *rowid*."""
         pending = self._inserts.get(rowid)
         if pending is not None:
             data: bytes = pending[3]

@@ -1,6 +1,6 @@
-"""The SQLite frontier (``HOSTQUEUE_FRONTIER = "sqlite"``, the default with
-``JOBDIR``): its Scrapy glue, the group-commit timer, and taking over a
-``JOBDIR`` saved by the in-memory store.
+"""The SQLite frontier (``HOSTQUEUE_FRONTIER = "sqlite"``, the default with ``JOBDIR``).
+
+Its Scrapy glue, the group-commit timer, and taking over a ``JOBDIR`` saved by the in-memory store.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ FRONTIER_WRITE_FAILED = "hostqueue_frontier_write_failed"
 
 
 class SqliteFrontier:
-    """The SQLite frontier: the store on a frontier file, which is the job
-    (committed every :data:`COMMIT_INTERVAL`), and the seen fingerprints
-    in it in place of ``requests.seen``. A ``hostqueue.state`` the in-memory
-    store left in the ``JOBDIR`` is taken over into the file once."""
+    """The SQLite frontier.
+
+    The store on a frontier file, which is the job (committed every :data:`COMMIT_INTERVAL`), and
+    the seen fingerprints in it in place of ``requests.seen``. A ``hostqueue.state`` the in-memory
+    store left in the ``JOBDIR`` is taken over into the file once.
+    """
 
     queue = "disk"
 
@@ -62,7 +64,7 @@ class SqliteFrontier:
 
     @classmethod
     def open(cls, crawler: Crawler, path: str, jobdir: str | None, *, debug: bool) -> Self:
-        """The frontier on the file at *path*, opened and locked."""
+        """Open the frontier on the file at *path* and lock it."""
         return cls(crawler, FrontierFile(path), jobdir, debug=debug)
 
     def dupefilter(self) -> BaseDupeFilter:
@@ -89,9 +91,10 @@ class SqliteFrontier:
     def resume(
         self, spider: Spider, push: Callable[[Request], bool], refuse: Callable[[str], None]
     ) -> tuple[int, int]:
-        """Start the frontier file's commits; take over a JOBDIR the in-memory
-        store saved. Returns the requests resumed (no host blocks: the file
-        keeps them with its hosts)."""
+        """Start the frontier file's commits; take over a JOBDIR the in-memory store saved.
+
+        Returns the requests resumed (no host blocks: the file keeps them with its hosts).
+        """
         store = self._store
         assert self.codec is not None and store is not None
         self.codec.spider = spider
@@ -143,8 +146,11 @@ class SqliteFrontier:
 
 
 def _read_seen(path: str) -> list[bytes]:
-    """The fingerprints in Scrapy's ``requests.seen`` (each a 2-byte
-    big-endian length, then the fingerprint)."""
+    """Read the fingerprints in Scrapy's ``requests.seen``.
+
+    The fingerprints in Scrapy's ``requests.seen`` (each a 2-byte
+    big-endian length, then the fingerprint).
+    """
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -161,10 +167,13 @@ def _read_seen(path: str) -> list[bytes]:
 def take_over_saved_job(
     jobdir: str, store: SqliteStore[Request], push: Callable[[Request], bool], spider: Spider
 ) -> int | None:
-    """Move a job the in-memory store saved in *jobdir* (``hostqueue.state``
+    """Move a job the in-memory store saved in *jobdir* into the frontier file.
+
+    Move a job the in-memory store saved in *jobdir* (``hostqueue.state``
     and ``requests.seen``) into the frontier file, then rename the state file
     ``hostqueue.state.imported``. Returns how many requests it took over,
-    None if there was none; raises if the state file cannot be read."""
+    None if there was none; raises if the state file cannot be read.
+    """
     path = state_path(jobdir)
     saved = load_state(path, spider)
     if saved is None:
@@ -182,9 +191,11 @@ def take_over_saved_job(
 
 
 class CommitTimer:
-    """Commits the frontier file every :data:`COMMIT_INTERVAL` seconds; if a
-    commit fails (a full disk), logs one ERROR line and closes the crawl:
-    the file keeps its last commit, from which the crawl resumes."""
+    """Commits the frontier file every :data:`COMMIT_INTERVAL` seconds.
+
+    If a commit fails (a full disk), logs one ERROR line and closes the crawl: the file keeps its
+    last commit, from which the crawl resumes.
+    """
 
     def __init__(self, crawler: Crawler, store: SqliteStore[Request]) -> None:
         self._crawler = crawler

@@ -30,7 +30,7 @@ def _when(wall: float, now: float) -> str:
 
 
 def report(path: str, *, top: int = 10) -> str:
-    """The report on the frontier file at *path*, as text."""
+    """Report on the frontier file at *path*, as text."""
     frontier = FrontierFile(frontier_file(path), readonly=True)
     try:
         queued = dict(frontier.queued_per_host())
@@ -79,7 +79,7 @@ def report(path: str, *, top: int = 10) -> str:
 
 
 def _aimd_text(data: dict[str, float] | None) -> str:
-    """What the AIMD middleware learned about a host, in words."""
+    """Say what the AIMD middleware learned about a host, in words."""
     if not data:
         return ""
     parts = []

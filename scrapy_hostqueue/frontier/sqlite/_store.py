@@ -1,4 +1,4 @@
-"""The SQLite store: the frontier in one file, crash-safe, memory bounded by hosts.
+"""The SQLite store: the queued requests in one file, crash-safe, memory bounded by hosts.
 
 Pure logic: no Scrapy or Twisted import; items are encoded by the caller's
 codec. Every queued request is a row of the frontier file
@@ -69,9 +69,11 @@ SPARE = 2048
 
 
 class _Entry(Generic[T]):
-    """A request in memory: its row (0: kept in memory only, its codec could
-    not encode it), its rank, and the item, or None to decode it when it is
-    handed out: from *data*, its bytes, or if None, from the file."""
+    """A request in memory.
+
+    Its row (0: kept in memory only, its codec could not encode it), its rank, and the item, or None
+    to decode it when it is handed out: from *data*, its bytes, or if None, from the file.
+    """
 
     __slots__ = ("data", "item", "rank", "rowid")
 
@@ -168,11 +170,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             return True
         # Kept whole only for a host being crawled: the others' requests wait
         # as bytes.
-        inflight = self._mem.inflight(key)
-        entry = _Entry(rowid, rank, item) if inflight else _Entry(rowid, rank, None, data)
+        in_flight = self._mem.in_flight(key)
+        entry = _Entry(rowid, rank, item) if in_flight else _Entry(rowid, rank, None, data)
         if not self._mem.push(key, rank, entry):
             return False
-        if not inflight:
+        if not in_flight:
             self._keep_spare(rowid, item)
         self.file.insert(rowid, key, rank, data)
         self._held.add(rowid)
@@ -186,8 +188,10 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             spare.popitem(last=False)
 
     def _to_backlog(self, key: str, rank: int) -> bool:
-        """Whether a request of *rank* for *key* waits in the file (and is
-        counted there): behind requests of its host already waiting there."""
+        """Whether a request of *rank* for *key* waits in the file (and is counted there).
+
+        Behind requests of its host already waiting there.
+        """
         backlog = self._backlog.get(key, 0)
         if not backlog or rank > self._bound[key]:
             return False
@@ -205,7 +209,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         self._backlog_total += count
 
     def _trim(self, key: str) -> None:
-        if self._mem.inflight(key):
+        if self._mem.in_flight(key):
             window = self._active_window
         else:
             window = self._window
@@ -226,16 +230,18 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             self._mem.push(key, entry.rank, entry)
 
     def _refill(self, key: str) -> None:
-        """Read the next requests of *key*'s backlog into memory: up to its
-        window, which grows for a host with requests in flight (their rows,
-        as bytes: a read, and the flush of the pending writes before it, per
-        few requests handed out cost more than the memory)."""
+        """Read the next requests of *key*'s backlog into memory.
+
+        Up to its window, which grows for a host with requests in flight (their rows, as bytes: a
+        read, and the flush of the pending writes before it, per few requests handed out cost more
+        than the memory).
+        """
         backlog = self._backlog.get(key, 0)
         if not backlog:
             return
         held = self._mem.queued(key)
         window = self._window
-        if self._mem.inflight(key):
+        if self._mem.in_flight(key):
             # Four times larger at each read while the host is worked on, up to the
             # active window: a host handed out a few requests (a broad crawl's
             # many hosts) reads few rows, a host worked on at length few times.
@@ -285,8 +291,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         return key, item
 
     def _item(self, entry: _Entry[T]) -> T:
-        """The request of *entry*, leaving memory: whole, from the spare, or
-        decoded."""
+        """Return the request of *entry*, leaving memory: whole, from the spare, or decoded."""
         item = entry.item
         if item is None:
             item = self._spare.pop(entry.rowid, None)
@@ -299,7 +304,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         if self.export_learned is not None:
             # Its answer (or failure) taught the middleware something.
             self._dirty_hosts.add(key)
-        if not self._mem.inflight(key):
+        if not self._mem.in_flight(key):
             self._trim(key)
 
     def ack(self, item: T) -> None:
@@ -307,7 +312,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         if lease is not None:
             self.file.delete(lease[1])
 
-    def release(self, key: str, rank: int, item: T) -> None:
+    def give_back(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
         if lease is None:
             self._mem.push(key, rank, _Entry(0, rank, item))
@@ -324,9 +329,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             self._trim(key)
 
     def give_up(self, key: str) -> list[T]:
-        """Refuse *key* from now on; returns its queued requests, from memory
-        and from the file, each leased until acknowledged (they go to their
-        errbacks)."""
+        """Give up *key* from now on; return its queued requests.
+
+        From memory and from the file, each leased until acknowledged (they go
+        to their errbacks).
+        """
         self._dirty_hosts.add(key)
         entries = self._mem.give_up(key)
         backlog = self._backlog.pop(key, 0)
@@ -351,8 +358,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         return items
 
     def items(self) -> Iterator[tuple[str, int, T]]:
-        """``(key, rank, item)`` of every queued request, from the file and
-        memory (O(requests), decoding each)."""
+        """List ``(key, rank, item)`` of every queued request.
+
+        ``(key, rank, item)`` of every queued request, from the file and
+        memory (O(requests), decoding each).
+        """
         for key, rank, entry in self._mem.items():
             if not entry.rowid:
                 assert entry.item is not None
@@ -361,9 +371,10 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             yield key, rank, self._decode(data)
 
     def seen(self, fingerprint: bytes) -> bool:
-        """The dupefilter's question, answered from the file: whether
-        *fingerprint* was seen; notes it if not (in the same commit as the
-        request pushed next)."""
+        """Answer the dupefilter from the file: whether *fingerprint* was seen.
+
+        Notes it if not (in the same commit as the request pushed next).
+        """
         return self.file.seen(fingerprint)
 
     # -- hosts -----------------------------------------------------------------
@@ -372,8 +383,8 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
         return self._mem.queued(key) + self._backlog.get(key, 0)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        for key, queued, inflight, state in self._mem.hosts():
-            yield key, queued + self._backlog.get(key, 0), inflight, state
+        for key, queued, in_flight, state in self._mem.hosts():
+            yield key, queued + self._backlog.get(key, 0), in_flight, state
 
     # -- the file ----------------------------------------------------------------
 
@@ -420,8 +431,7 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
             )
 
     def _resume(self) -> int:
-        """Take over what the file holds: host state, then a window of every
-        host's queue."""
+        """Take over what the file holds: host state, then a window of every host's queue."""
         now = self._mem.clock()
         to_monotonic = now - self._wall()
         queued = dict(self.file.queued_per_host())
@@ -457,8 +467,11 @@ class SqliteStore(LayeredStore[_Entry[T]], Generic[T]):
 
 
 def parse_learned(text: str | None) -> dict[str, float] | None:
-    """The ``learned`` column of a host row as a dict (None if it is empty or
-    not a JSON object of numbers)."""
+    """Read the ``learned`` column of a host row as a dict.
+
+    The ``learned`` column of a host row as a dict (None if it is empty or
+    not a JSON object of numbers).
+    """
     if not text:
         return None
     try:

@@ -1,12 +1,13 @@
-"""A shared frontier on a Redis that asks for a password, and one reached
-over TLS, as a user runs them: ``scrapy crawl`` processes and the ``push``
-and ``frontier`` commands with ``redis://:PASSWORD@...`` and ``rediss://``
-URLs, a wrong password or an untrusted certificate refused at start in one
-line, and the password never written out.
+"""A shared frontier on a Redis that asks for a password, and one reached over TLS.
+
+Both are run as a user runs them: ``scrapy crawl`` processes and the ``push`` and ``frontier``
+commands with ``redis://:PASSWORD@...`` and ``rediss://`` URLs, a wrong password or an untrusted
+certificate refused at start in one line, and the password never written out.
 
 The bundled ``redis-server`` 6.2 has no TLS: a forwarder that ends TLS
 stands in front of a plain server (:class:`tests.helpers.redis.CuttableProxy`),
-with a certificate made in the test."""
+with a certificate made in the test.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ SITE = [HostSpec(latency=0.01, pages=25)] * 2
 
 @pytest.fixture(scope="module")
 def password_server() -> Iterator[RedisServer]:
-    """A real ``redis-server`` that asks for :data:`PASSWORD`."""
+    """Start a real ``redis-server`` that asks for :data:`PASSWORD`."""
     with RedisServer(password=PASSWORD) as server:
         yield server
 
@@ -52,8 +53,10 @@ def _with_password(server: RedisServer, password: str | None) -> str:
 
 
 def _crawl(url: str, crawl_id: str, tmp_path: Path) -> tuple[list[dict[str, int]], str]:
-    """One ``scrapy crawl`` of :data:`SITE` on the shared frontier at *url*:
-    the pages each host served, and the crawl's log."""
+    """One ``scrapy crawl`` of :data:`SITE` on the shared frontier at *url*.
+
+    The pages each host served, and the crawl's log.
+    """
     with watched_hosts(SITE, process=True) as hosts:
         worker = start_demo_crawl(
             [hosts.page_url(i, 0) for i in range(len(hosts))],
@@ -213,9 +216,11 @@ async def test_a_client_certificate_and_a_password_over_tls(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Mutual TLS: the server asks the client for a certificate, given in
-    the URL (``ssl_certfile``, ``ssl_keyfile``); the crawl's asyncio client
-    and the commands' client take the same URL."""
+    """Mutual TLS: the server asks the client for a certificate, given in the URL.
+
+    The server asks the client for a certificate, given in the URL (``ssl_certfile``,
+    ``ssl_keyfile``); the crawl's asyncio client and the commands' client take the same URL.
+    """
     client = Certificate.make(tmp_path, "127.0.0.1", "client")
     tls = certificate.server_context(client_ca=client.cert)
     with CuttableProxy(password_server.port, tls=tls) as proxy:
@@ -240,8 +245,10 @@ async def test_a_client_certificate_and_a_password_over_tls(
 def test_ssl_cert_reqs_none_connects_without_checking_the_certificate(
     redis_server: RedisServer, certificate: Certificate, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """What ``ssl_cert_reqs=none`` does: TLS without checking whom the
-    client talks to (the docs advise ``ssl_ca_certs`` instead)."""
+    """What ``ssl_cert_reqs=none`` does.
+
+    TLS without checking whom the client talks to (the docs advise ``ssl_ca_certs`` instead).
+    """
     redis_server.flushall()
     with CuttableProxy(redis_server.port, tls=certificate.server_context()) as proxy:
         url = f"rediss://127.0.0.1:{proxy.port}/0"
@@ -260,8 +267,10 @@ def test_ssl_cert_reqs_none_connects_without_checking_the_certificate(
 
 @deferred_f_from_coro_f
 async def test_a_redis_cluster_with_a_password(capsys: pytest.CaptureFixture[str]) -> None:
-    """The URL of one node with the password: the cluster is found through
-    it, and the cluster client gives the password to every node."""
+    """The URL of one node with the password.
+
+    The cluster is found through it, and the cluster client gives the password to every node.
+    """
     with RedisClusterServers(3, password=PASSWORD) as cluster:
         url = cluster.url
         assert url.startswith(f"redis://:{PASSWORD}@")

@@ -1,8 +1,11 @@
-"""A full Redis (``maxmemory`` with ``noeviction``) and a Redis that lost the
+"""A full Redis and a Redis that lost the crawl, at the store's level.
+
+A full Redis (``maxmemory`` with ``noeviction``) and a Redis that lost the
 crawl, at the store's level on a real ``redis-server``: pushes refused and
 kept back (in memory, past a bound in a file) while acknowledgements, the
 heartbeat and claims go on; a batch refused halfway; nothing lost, nothing
-pushed twice. And the pure parts: the backlog's order, when to log."""
+pushed twice. And the pure parts: the backlog's order, when to log.
+"""
 
 from __future__ import annotations
 
@@ -201,11 +204,12 @@ async def test_a_full_redis_keeps_pushes_here_and_takes_acknowledgements(
 async def test_a_batch_refused_halfway_is_sent_again_from_where_it_stopped(
     server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One batch of 40 push scripts of 5 requests each, on a Redis with
-    room for a few: the first scripts start below maxmemory and run to
-    their end, the others are refused before they write. The requests of
-    the first are in Redis once; the others wait here, and go when there is
-    room."""
+    """One batch of 40 push scripts of 5 requests each, on a Redis with room for a few.
+
+    The first scripts start below maxmemory and run to their end, the others are refused before they
+    write. The requests of the first are in Redis once; the others wait here, and go when there is
+    room.
+    """
     monkeypatch.setattr(redislink, "CHUNK", 5)
     sync = redis.Redis.from_url(server.url)
     a = _process(server, sync, spill_dir=str(tmp_path))
@@ -302,9 +306,10 @@ async def test_a_redis_that_lost_the_crawl_is_told_apart_and_left_alone(
 async def test_a_redis_full_with_nothing_that_could_free_memory_stops_the_crawl(
     server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nothing queued or leased anywhere, Redis full: waiting would be for
-    ever. The store says so once (the crawl then stops), and keeps what
-    Redis refused for the file."""
+    """Nothing queued or leased anywhere, Redis full: waiting would be for ever.
+
+    The store says so once (the crawl then stops), and keeps what Redis refused for the file.
+    """
     monkeypatch.setattr(store_module, "STUCK_FULL", 0.3)
     sync = redis.Redis.from_url(server.url)
     a = _process(server, sync, spill_dir=str(tmp_path), lease_timeout=0.3)

@@ -1,8 +1,9 @@
-"""The Redis store on a Redis Cluster of real ``redis-server`` nodes (three
-masters): the client is found from the URL of any node, every key of a crawl
-lives on the node serving the crawl's slot, and hand-out, acknowledgement and
-lease expiry work through the cluster client as on one server; and two
-``scrapy crawl`` processes run one crawl on it (``crawl`` marker)."""
+"""The Redis store on a Redis Cluster of real ``redis-server`` nodes (three masters).
+
+The client is found from the URL of any node, every key of a crawl lives on the node serving the
+crawl's slot, and hand-out, acknowledgement and lease expiry work through the cluster client as on
+one server; and two ``scrapy crawl`` processes run one crawl on it (``crawl`` marker).
+"""
 
 from __future__ import annotations
 
@@ -62,13 +63,13 @@ def sync(cluster: RedisClusterServers) -> Iterator[Any]:
 
 
 def _crawl_node(cluster: RedisClusterServers, sync: Any) -> int:
-    """The index of the node serving the crawl's slot."""
+    """Return the index of the node serving the crawl's slot."""
     port = sync.get_node_from_key(P).port
     return [node.port for node in cluster.nodes].index(int(port))
 
 
 def _process(url: str, sync: Any, **options: Any) -> StoreProcess:
-    """A store on the cluster, its task's steps run by hand."""
+    """Make a store on the cluster, its task's steps run by hand."""
     client = async_client(redis, url, cluster=True)
     return StoreProcess(new_store(sync, CRAWL, **options), client, redis_errors(redis))
 
@@ -79,8 +80,10 @@ def _stats(sync: Any) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_every_command_of_a_script_touches_a_key_of_the_crawl(name: str) -> None:
-    """On a cluster a script may touch keys of its node's slots only: every
-    key it touches is built on the prefix, its one key (``KEYS[1]``)."""
+    """On a cluster a script may touch keys of its node's slots only.
+
+    Every key it touches is built on the prefix, its one key (``KEYS[1]``).
+    """
     script = SCRIPTS[name]
     # A key is written P..'name', or held in a local set to one.
     on_prefix = ("P..", *(f"{var} " for var in re.findall(r"local (\w+) = P\.\.", script)))

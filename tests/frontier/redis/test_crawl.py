@@ -1,6 +1,7 @@
-"""Several ``scrapy crawl`` processes on one shared frontier in Redis (a real
-``redis-server``): one politeness budget per host, asserted from the hosts'
-side, and nothing lost when one process is killed.
+"""Several ``scrapy crawl`` processes on one shared frontier in Redis (a real ``redis-server``).
+
+One politeness budget per host, asserted from the hosts' side, and nothing lost when one process is
+killed.
 
 The crawls run as a user runs them, in subprocesses in ``example_project``;
 the hosts run in a child process of their own and count what they served.
@@ -48,8 +49,11 @@ WORKERS = 3
 
 @pytest.fixture
 def server(redis_server: RedisServer) -> RedisServer:
-    """The session's Redis server, emptied for this test (each test has a
-    crawl id of its own too)."""
+    """Return the session's Redis server, emptied for this test.
+
+    The session's Redis server, emptied for this test (each test has a
+    crawl id of its own too).
+    """
     redis_server.flushall()
     redis_server.reset_stats()
     return redis_server
@@ -298,8 +302,7 @@ def test_urls_pushed_from_outside_are_crawled(server: RedisServer, tmp_path: Pat
 
 
 def _host_counts(tmp_path: Path, hostname: str) -> list[tuple[int, int]]:
-    """Per worker: the host's responses, and the parts of busy hosts it was
-    lent."""
+    """Per worker: the host's responses, and the parts of busy hosts it was lent."""
     out = []
     for path in sorted(tmp_path.glob("stats*.json")):
         stats = json.loads(path.read_text())["stats"]
@@ -315,9 +318,11 @@ def _host_counts(tmp_path: Path, hostname: str) -> list[tuple[int, int]]:
 def _crawl_one_busy_host(
     server: RedisServer, tmp_path: Path, spec: HostSpec, crawl: str, **settings: Any
 ) -> tuple[HostStats, list[tuple[int, int]]]:
-    """Two ``scrapy crawl`` processes on one host of *spec*: the host's
-    counts at the server, and per process its responses and the parts of
-    the host it was lent. Both processes ended normally."""
+    """Two ``scrapy crawl`` processes on one host of *spec*.
+
+    The host's counts at the server, and per process its responses and the parts of the host it was
+    lent. Both processes ended normally.
+    """
     with watched_hosts([spec], process=True) as hosts:
         workers = [
             _worker(server, hosts, tmp_path, n, crawl, HOSTQUEUE_AIMD_START=4, **settings)

@@ -1,8 +1,11 @@
-"""The shared crawl at Redis's edges, with real ``redis-server`` processes and
+"""The shared crawl at Redis's edges, with real servers and real crawl processes.
+
+The shared crawl at Redis's edges, with real ``redis-server`` processes and
 real ``scrapy crawl`` processes: a Redis that lost the crawl (restarted
 without persistence, flushed), one restarted with its append-only file or
 stopped for a while, one too small for the crawl's frontier, and the
-start-up checks of its settings."""
+start-up checks of its settings.
+"""
 
 from __future__ import annotations
 
@@ -62,8 +65,11 @@ def _acked(client: Any) -> int:
 
 
 def _wait_acked(client: Any, workers: list[subprocess.Popen[bytes]], count: int) -> None:
-    """Until *count* requests are acknowledged and every one of *workers*
-    has joined the crawl (a slow start must not meet the event)."""
+    """Wait until *count* requests are acknowledged and every worker joined the crawl.
+
+    Until *count* requests are acknowledged and every one of *workers*
+    has joined the crawl (a slow start must not meet the event).
+    """
     deadline = time.monotonic() + 60
     while _acked(client) < count or client.zcard(P + "procs") < len(workers):
         assert time.monotonic() < deadline, "the crawl did not get going"
@@ -78,8 +84,11 @@ def _results(tmp_path: Path, count: int) -> tuple[list[str], list[dict[str, Any]
 
 
 def _lines_about(log: str) -> list[str]:
-    """The log lines of the package at WARNING or above, and its INFO lines
-    about the shared frontier or Redis, after its start-up line."""
+    """Return the package's log lines about trouble and about the shared frontier.
+
+    The log lines of the package at WARNING or above, and its INFO lines
+    about the shared frontier or Redis, after its start-up line.
+    """
     lines = log.splitlines()
     start = next(n for n, line in enumerate(lines) if "shared frontier at" in line)
     return [
@@ -93,10 +102,13 @@ def _lines_about(log: str) -> list[str]:
 def _lost_crawl(
     server: RedisServer, tmp_path: Path, lose: Any, url: str | None = None
 ) -> tuple[list[int], list[float], list[str], list[dict[str, Any]], int]:
-    """Two crawls of a site bigger than they finish before *lose* is called
+    """Run two crawls and call *lose* halfway; return what became of them.
+
+    Two crawls of a site bigger than they finish before *lose* is called
     (once 300 pages are acknowledged); returns their exit codes, the seconds
     each took to exit after *lose* returned, their logs and stats, and the
-    pages acknowledged before."""
+    pages acknowledged before.
+    """
     specs = [HostSpec(latency=0.03, pages=150, links=3)] * 10
     client = redis.Redis.from_url(server.url)
     with LocalHosts(specs, process=True) as hosts:
@@ -123,8 +135,10 @@ def _check_lost(
     results: list[dict[str, Any]],
     cause: str,
 ) -> list[Path]:
-    """What every process does when Redis lost the crawl (the ERROR line
-    naming *cause*); returns the files of the requests they held."""
+    """Check what every process does when Redis lost the crawl.
+
+    Returns the files of the requests they held.
+    """
     files = []
     for code, seconds, log, result in zip(codes, took, logs, results, strict=True):
         assert "Traceback" not in log, log[-4000:]
@@ -183,9 +197,10 @@ def _every_page(stats: list[HostStats], specs: list[HostSpec]) -> int:
 
 
 def _survived(server: RedisServer, tmp_path: Path, event: Any) -> tuple[list[str], int]:
-    """Two crawls of 4 hosts of 60 pages; *event* once 60 pages are
-    acknowledged. Both must finish; returns their logs and the pages
-    fetched more than once."""
+    """Two crawls of 4 hosts of 60 pages; *event* once 60 pages are acknowledged.
+
+    Both must finish; returns their logs and the pages fetched more than once.
+    """
     specs = [HostSpec(latency=0.03, pages=60, links=3)] * 4
     client = redis.Redis.from_url(server.url)
     with LocalHosts(specs, process=True) as hosts:
@@ -245,10 +260,13 @@ def test_a_redis_that_keeps_nothing_on_disk_is_one_warning(tmp_path: Path) -> No
 
 
 def test_a_redis_too_small_for_the_frontier_still_gets_every_page(tmp_path: Path) -> None:
-    """``maxmemory`` at half of what the frontier took of Redis at its peak
+    """A Redis too small for the frontier still gets every page, slowly.
+
+    ``maxmemory`` at half of what the frontier took of Redis at its peak
     (measured in a first crawl without a limit), ``noeviction``: 2,000 pages
     over 10 hosts, two processes (``python -m bench.redis_full`` runs the
-    same with 10,000 pages over 20 hosts)."""
+    same with 10,000 pages over 20 hosts).
+    """
     result = run_full(hosts=10, pages=200, workers=2, fraction=0.5, directory=tmp_path)
     limited = result["limited"]
     assert limited["missing"] == 0
@@ -265,8 +283,10 @@ def test_a_redis_too_small_for_the_frontier_still_gets_every_page(tmp_path: Path
 
 
 def test_a_url_naming_another_server_stops_every_process(tmp_path: Path) -> None:
-    """The crawl's Redis replaced by another server at the same address: a
-    server that was already running, which never held the crawl."""
+    """The crawl's Redis replaced by another server at the same address.
+
+    A server that was already running, which never held the crawl.
+    """
     with RedisServer() as server, RedisServer() as other, CuttableProxy(server.port) as proxy:
 
         def swap() -> None:

@@ -1,12 +1,13 @@
-"""The shared frontier through a failover of Redis: a Redis Cluster of real
-``redis-server`` nodes with one replica per master, the master serving the
-crawl's slot handed over to its replica (``CLUSTER FAILOVER``) or killed
-with SIGKILL and its replica promoted (``CLUSTER FAILOVER TAKEOVER``) while
-two ``scrapy crawl`` processes run one crawl (``crawl`` marker); the writes
-a failover to a lagging replica lost, taken back or done again; the scripts
-lost by Redis (a replica promoted on Redis 7, which does not copy ``SCRIPT
-LOAD``) loaded again without an outage; a server made a replica; and the
-dupefilter's memory of this process's pushes forgotten after an outage."""
+"""The shared frontier through a failover of Redis.
+
+A Redis Cluster of real ``redis-server`` nodes with one replica per master, the master serving the
+crawl's slot handed over to its replica (``CLUSTER FAILOVER``) or killed with SIGKILL and its
+replica promoted (``CLUSTER FAILOVER TAKEOVER``) while two ``scrapy crawl`` processes run one crawl
+(``crawl`` marker); the writes a failover to a lagging replica lost, taken back or done again; the
+scripts lost by Redis (a replica promoted on Redis 7, which does not copy ``SCRIPT LOAD``) loaded
+again without an outage; a server made a replica; and the dupefilter's memory of this process's
+pushes forgotten after an outage.
+"""
 
 from __future__ import annotations
 
@@ -59,14 +60,17 @@ PAGES = sum(spec.pages or 0 for spec in SPECS)
 
 @pytest.fixture
 def cluster() -> Iterator[RedisClusterServers]:
-    """Three masters with a replica each, for one test (a failover changes
-    the roles, a kill ends a node)."""
+    """Start three masters with a replica each, for one test.
+
+    Three masters with a replica each, for one test (a failover changes
+    the roles, a kill ends a node).
+    """
     with RedisClusterServers(3, replicas=1) as running:
         yield running
 
 
 def _crawl_stat(cluster: RedisClusterServers, name: str) -> int:
-    """A crawl-wide total, read from the node serving the crawl's slot."""
+    """Read a crawl-wide total from the node serving the crawl's slot."""
     home = cluster.serving(redis.cluster.key_slot(P.encode()))
     return int(home.command(f"HGET {P}stats {name}") or 0)
 
@@ -74,10 +78,12 @@ def _crawl_stat(cluster: RedisClusterServers, name: str) -> int:
 def _crawl_through(
     cluster: RedisClusterServers, tmp_path: Path, failover: Callable[[RedisServer], None]
 ) -> tuple[list[HostStats], list[str], list[dict[str, Any]], int]:
-    """Two ``scrapy crawl`` processes crawl :data:`SPECS` on *cluster*; once
-    a third of the pages is acknowledged, *failover* is called with the master
-    serving the crawl's slot. Returns the hosts' counts, each process's log
-    and stats, and the pages acknowledged before the failover."""
+    """Two ``scrapy crawl`` processes crawl :data:`SPECS` on *cluster*.
+
+    Once a third of the pages is acknowledged, *failover* is called with the master serving the
+    crawl's slot. Returns the hosts' counts, each process's log and stats, and the pages
+    acknowledged before the failover.
+    """
     with watched_hosts(SPECS, process=True) as hosts:
         settings: dict[str, Any] = {
             "HOSTQUEUE_FRONTIER": cluster.url,
@@ -115,10 +121,11 @@ def _check_crawl(
     *,
     limit: int = 2,
 ) -> None:
-    """What holds through any failover: the crawl went on after it and
-    finished in both processes, no host had more than *limit* in flight,
-    every page was fetched, and an outage, if any, was logged once and
-    ended."""
+    """Check what holds through any failover.
+
+    The crawl went on after it and finished in both processes, no host had more than *limit* in
+    flight, every page was fetched, and an outage, if any, was logged once and ended.
+    """
     assert 0 < acked < PAGES, acked  # the failover came mid-crawl
     for log, result in zip(logs, results, strict=True):
         assert "Traceback" not in log, log[-4000:]
@@ -138,9 +145,11 @@ def _check_crawl(
 def test_a_crawl_goes_on_through_a_manual_failover_fetching_every_page_once(
     cluster: RedisClusterServers, tmp_path: Path
 ) -> None:
-    """``CLUSTER FAILOVER`` sent to the replica: the master stops taking
-    writes, waits until its replica has every one, and hands over; nothing
-    the crawl wrote is lost."""
+    """``CLUSTER FAILOVER`` sent to the replica.
+
+    The master stops taking writes, waits until its replica has every one, and hands over; nothing
+    the crawl wrote is lost.
+    """
     stats, logs, results, acked = _crawl_through(
         cluster, tmp_path, lambda master: cluster.failover(cluster.replica_of(master))
     )
@@ -157,13 +166,16 @@ def test_a_crawl_goes_on_through_a_manual_failover_fetching_every_page_once(
 def test_a_crawl_goes_on_when_its_master_is_killed_and_its_replica_takes_over(
     cluster: RedisClusterServers, tmp_path: Path, lag: float
 ) -> None:
-    """The master serving the crawl's slot killed with SIGKILL, its replica
+    """The master serving the crawl's slot killed, its replica promoted: the crawl goes on.
+
+    The master serving the crawl's slot killed with SIGKILL, its replica
     promoted without it (``TAKEOVER``): each process loses Redis once, waits,
     finds the new master and goes on. With *lag*, the replica had stopped
     copying the master's writes that long before: the writes of those
     seconds are lost (replication is asynchronous), and what they held is
     done again: a page is fetched twice at most once per acknowledgement or
-    push lost, and none is missed."""
+    push lost, and none is missed.
+    """
     lost: dict[str, int] = {}
 
     def kill(master: RedisServer) -> None:
@@ -193,7 +205,7 @@ def test_a_crawl_goes_on_when_its_master_is_killed_and_its_replica_takes_over(
 
 
 def _stats_of(node: RedisServer) -> dict[str, int]:
-    """The crawl-wide totals as *node* holds them."""
+    """Return the crawl-wide totals as *node* holds them."""
     reply = node.command(f"HGETALL {P}stats")
     assert isinstance(reply, list)
     return {str(name): int(str(value)) for name, value in zip(reply[::2], reply[1::2], strict=True)}
@@ -203,9 +215,12 @@ def _stats_of(node: RedisServer) -> dict[str, int]:
 async def test_scripts_redis_lost_are_loaded_again_without_an_outage(
     redis_server: RedisServer, redis_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A Redis that lost the scripts (a replica promoted on Redis 7, which
+    """A Redis that lost the scripts has them loaded again, without an outage.
+
+    A Redis that lost the scripts (a replica promoted on Redis 7, which
     does not copy ``SCRIPT LOAD`` to replicas; here ``SCRIPT FLUSH``): the
-    task loads them again and sends its batch at once, no outage."""
+    task loads them again and sends its batch at once, no outage.
+    """
     caplog.set_level(logging.INFO, "scrapy_hostqueue")
     a = StoreProcess(
         new_store(redis_client, "scripts"),
@@ -232,13 +247,16 @@ async def test_scripts_redis_lost_are_loaded_again_without_an_outage(
 async def test_writes_a_failover_lost_are_taken_back_or_redone(
     cluster: RedisClusterServers, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The master killed while its replica had not copied its last writes
+    """What a failover lost is taken back or done again.
+
+    The master killed while its replica had not copied its last writes
     (asynchronous replication), the replica promoted: what the processes
     wrote meanwhile is lost. The request acknowledged meanwhile is queued
     again (fetched twice, not lost), and so is a request queued lean that
     the claim lost had leased; a host claimed meanwhile is the claimer's
     again when it reconnects first, and dropped by it when another process
-    claimed it first; no request is leased to two processes."""
+    claimed it first; no request is leased to two processes.
+    """
     sync, _ = connect(redis, cluster.url)
     home = cluster.serving(redis.cluster.key_slot(P.encode()))
     replica = cluster.replica_of(home)
@@ -280,7 +298,7 @@ async def test_writes_a_failover_lost_are_taken_back_or_redone(
     assert sync.hget(P + "owner", "h2") is None
 
     async def back(p: StoreProcess) -> None:
-        """What the task does when Redis is back: the scripts, the resync."""
+        """Do what the task does when Redis is back: the scripts, the resync."""
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -338,12 +356,13 @@ async def test_writes_a_failover_lost_are_taken_back_or_redone(
 
 
 async def _fail_over(master: RedisServer, replica: RedisServer) -> None:
-    """``FAILOVER`` sent to *master* (no cluster): it stops taking writes,
-    waits until *replica* has every one, and the two swap roles. Returns once
-    *master* is a replica with its link to *replica* up: nothing written is
-    lost. (A replica promoted with ``REPLICAOF NO ONE`` while it lags drops
-    the writes it missed, and the old master, made its replica, drops them
-    too with a full resynchronisation.)"""
+    """``FAILOVER`` sent to *master* (no cluster).
+
+    It stops taking writes, waits until *replica* has every one, and the two swap roles. Returns
+    once *master* is a replica with its link to *replica* up: nothing written is lost. (A replica
+    promoted with ``REPLICAOF NO ONE`` while it lags drops the writes it missed, and the old master,
+    made its replica, drops them too with a full resynchronisation.)
+    """
     deadline = time.monotonic() + 10
     while replication(replica).get("master_link_status") != "up":
         assert time.monotonic() < deadline, replication(replica)
@@ -366,10 +385,12 @@ async def _fail_over(master: RedisServer, replica: RedisServer) -> None:
 async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """One Redis server (no cluster) with a replica: a failover makes the
-    crawl's server a replica of the other, which answers its writes with
-    ``READONLY``; the process waits, as for a lost connection, and goes on
-    once the server is a master again."""
+    """One Redis server (no cluster) with a replica.
+
+    A failover makes the crawl's server a replica of the other, which answers its writes with
+    ``READONLY``; the process waits, as for a lost connection, and goes on once the server is a
+    master again.
+    """
     with RedisServer() as first, RedisServer() as second:
         for server in (first, second):
             # The first sync at once (Redis 7 waits 5 s before a diskless one).
@@ -415,10 +436,13 @@ async def test_a_server_made_a_replica_is_an_outage_until_it_is_a_master_again(
 async def test_the_dupefilter_forgets_its_fingerprints_when_redis_is_back(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After an outage Redis may lack requests this process pushed (a
+    """After an outage the dupefilter forgets the fingerprints Redis may have lost.
+
+    After an outage Redis may lack requests this process pushed (a
     failover to a replica that missed them): a link to one, found again when
     the page that had it is fetched again, must be pushed again, not dropped
-    by the dupefilter's memory of this process's pushes."""
+    by the dupefilter's memory of this process's pushes.
+    """
     crawler = get_crawler(Spider, {"HOSTQUEUE_FRONTIER": redis_url, "HOSTQUEUE_CRAWL_ID": "forget"})
     # No engine here.
     monkeypatch.setattr(internals, "on_request_leaving_downloader", lambda *_: lambda: None)

@@ -1,8 +1,10 @@
-"""What a shared crawl costs Redis, measured at a real ``redis-server``
-(``used_memory``): a queued request at most its lean encoding plus about 32
+"""What a shared crawl costs Redis, measured at a real ``redis-server``.
+
+Measured by ``used_memory``: a queued request at most its lean encoding plus about 32
 bytes, its fingerprint at most 16 bytes once the request is no longer
 queued; the fingerprints exact (no request lost to a wrong "seen" across
-bucket splits); and the Bloom mode refused where the server has no ``BF.*``."""
+bucket splits); and the Bloom mode refused where the server has no ``BF.*``.
+"""
 
 from __future__ import annotations
 
@@ -40,14 +42,13 @@ pytestmark = pytest.mark.requires_redis
 
 @pytest.fixture
 def server() -> Iterator[RedisServer]:
-    """A server of this test's own: nothing else changes its memory."""
+    """Start a server of this test's own: nothing else changes its memory."""
     with RedisServer() as server:
         yield server
 
 
 def _drop_queues(client: Any, crawl_id: str) -> None:
-    """The crawl's queues gone, as once their requests were fetched: the
-    fingerprints stay."""
+    """Delete the crawl's queues, as once their requests were fetched; keep the fingerprints."""
     p = prefix(crawl_id).replace("{", "[{]").replace("}", "[}]")
     for pattern in ("l:*", "q:*"):
         keys = list(client.scan_iter(match=p + pattern, count=1000))
@@ -85,8 +86,10 @@ def test_a_queued_request_costs_its_encoding_and_a_fingerprint_16_bytes(
 
 
 def test_fingerprints_stay_exact_while_their_buckets_split(server: RedisServer) -> None:
-    """Every URL pushed again after its bucket was split (many times) is
-    still a duplicate, and every new one is still new."""
+    """Keep every URL pushed again a duplicate, and every new one new.
+
+    Their buckets were split many times in between.
+    """
     urls = list(realistic_urls(6_000, hosts=50))
     assert push(server.url, "exact", urls[:3_000]) == (3_000, 0)
     assert push(server.url, "exact", urls) == (3_000, 3_000)
@@ -146,7 +149,7 @@ def _bloom_module() -> str:
 
 @pytest.fixture
 def bloom_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisServer]:
-    """A redis-server with the BF.* commands; a small first filter."""
+    """Start a redis-server with the BF.* commands; a small first filter."""
     monkeypatch.setattr(_db, "BLOOM_CAPACITY", 100_000)
     with RedisServer(options=("--loadmodule", _bloom_module())) as server:
         yield server

@@ -1,6 +1,8 @@
-"""A busy host shared by two processes within its one limit: the Redis
-store's share rules against a real ``redis-server``, two stores standing for
-two processes, their task's steps run by hand on a fake clock."""
+"""A busy host shared by two processes within its one limit.
+
+The Redis store's share rules against a real ``redis-server``, two stores standing for two
+processes, their task's steps run by hand on a fake clock.
+"""
 
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ class Process(StoreProcess):
             self.store.ack(item)
 
     def in_flight(self) -> int:
-        return self.store.inflight("h")
+        return self.store.in_flight("h")
 
     def limit(self) -> int:
         return self.store.host_state("h").limit
@@ -60,8 +62,11 @@ class Process(StoreProcess):
 async def _shared(
     redis_server: RedisServer, redis_client: Any, clock: FakeClock
 ) -> tuple[Process, Process]:
-    """a holds "h" (limit 4, 60 requests queued) with 4 in flight; b has
-    no host. Returns them once b works a part of "h"."""
+    """Share "h" between a holder and a process without a host.
+
+    a holds "h" (limit 4, 60 requests queued) with 4 in flight; b has no host. Returns them once b
+    works a part of "h".
+    """
     a = Process(redis_server.url, redis_client, clock)
     b = Process(redis_server.url, redis_client, clock)
     for n in range(60):
@@ -254,8 +259,10 @@ def test_which_hosts_may_be_lent(limit: int, options: dict[str, Any], expected: 
 async def test_two_holders_never_have_more_than_the_limit_in_flight(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    """Random hand-outs, answers, steps and time on two processes: at every
-    moment the two have at most the host's limit in flight between them."""
+    """Random hand-outs, answers, steps and time on two processes.
+
+    At every moment the two have at most the host's limit in flight between them.
+    """
     rng = random.Random(7)
     clock = FakeClock(1000.0)
     a = Process(redis_server.url, redis_client, clock)

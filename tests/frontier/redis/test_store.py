@@ -1,5 +1,7 @@
-"""The Redis store against a real ``redis-server``: two stores on one crawl
-stand for two processes; the task's steps are run one at a time."""
+"""The Redis store against a real ``redis-server``.
+
+Two stores on one crawl stand for two processes; the task's steps are run one at a time.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def _store(redis_client: Any, **options: Any) -> RedisStore[str]:
 
 
 def _process(url: str, store: RedisStore[str]) -> StoreProcess:
-    """A store and an asyncio client, stepped by hand."""
+    """Make a store and an asyncio client, stepped by hand."""
     client = redis.asyncio.Redis.from_url(url)
     return StoreProcess(store, client, (redis.exceptions.ConnectionError,))
 
@@ -328,9 +330,11 @@ def test_a_crawl_id_of_another_layout_is_refused(redis_client: Any) -> None:
 async def test_a_batch_sent_twice_changes_nothing_more(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    """What a lost answer does: the batch is sent again as it was, marked
-    as sent before; the requests queued lean answer "queued" again (their
-    fingerprints name this process), not "duplicate"."""
+    """Send a batch whose answer was lost again as it was, marked as sent before.
+
+    The requests queued lean answer "queued" again (their fingerprints name
+    this process), not "duplicate".
+    """
     a = _process(redis_server.url, _store(redis_client))
     a.store.push("h1", 0, "h1/0")
     a.store.push("h2", 0, "h2/0")
@@ -449,11 +453,14 @@ def test_a_step_sends_each_run_of_pushes_and_acknowledgements_in_one_script_call
 async def test_a_process_redis_forgot_says_so_once_and_registers_again(
     redis_server: RedisServer, redis_client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Another process's heartbeat reclaimed what this one held (its own
+    """A process Redis forgot says so once, registers again and claims again.
+
+    Another process's heartbeat reclaimed what this one held (its own
     heartbeat expired, or a failover lost its registration): its claims find
     it gone until it is registered again. One WARNING, then its next step
     renews the heartbeat, which registers it, and it claims the host again,
-    without waiting for its next beat."""
+    without waiting for its next beat.
+    """
     a = _process(redis_server.url, _store(redis_client))
     b = _process(redis_server.url, _store(redis_client))
     a.store.push("h", 0, "h/0")

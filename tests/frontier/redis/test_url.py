@@ -1,7 +1,9 @@
-"""The Redis URL of a shared frontier, before any connection: what log lines
-show of it (never its secrets), and the URLs refused at once with one line
-(a malformed URL, an option the client does not take, TLS options without
-TLS, a certificate file that is not there)."""
+"""The Redis URL of a shared frontier, before any connection.
+
+What log lines show of it (never its secrets), and the URLs refused at once with one line (a
+malformed URL, an option the client does not take, TLS options without TLS, a certificate file that
+is not there).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``scrapy crawl`` with JOBDIR (the SQLite frontier), killed with SIGKILL at
+"""``scrapy crawl`` with JOBDIR, killed with SIGKILL again and again, loses nothing.
+
+``scrapy crawl`` with JOBDIR (the SQLite frontier), killed with SIGKILL at
 seeded random moments and started again each time until it finishes: no page
 and no item is lost, and what is fetched twice stays within what was in
 flight at the kills plus one commit window.

@@ -1,4 +1,6 @@
-"""``scrapy crawl`` with JOBDIR (the SQLite frontier), stopped by one SIGINT
+"""``scrapy crawl`` with JOBDIR, stopped by one SIGINT and started again.
+
+``scrapy crawl`` with JOBDIR (the SQLite frontier), stopped by one SIGINT
 (Ctrl-C) and started again: every page of a finite site is fetched exactly once
 across the two runs, and a host the AIMD middleware slowed down stays slowed
 down in the run that resumes.

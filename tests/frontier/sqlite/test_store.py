@@ -1,5 +1,6 @@
-"""Tests of the SQLite store and its file: serving order, bounded windows,
-leases across a reopen, group commit, and the files it refuses.
+"""Tests of the SQLite store and its file.
+
+Serving order, bounded windows, leases across a reopen, group commit, and the files it refuses.
 
 A fake clock for the ring; no crawl, no sleep.
 """
@@ -39,8 +40,7 @@ from tests.helpers.clock import FakeClock
 
 
 class Item:
-    """A request stand-in: a name, encoded as bytes (``unencodable`` ones
-    cannot be)."""
+    """A request stand-in: a name, encoded as bytes (``unencodable`` ones cannot be)."""
 
     def __init__(self, name: str, *, unencodable: bool = False) -> None:
         self.name = name
@@ -64,9 +64,11 @@ def open_store(path: Path, *, limit: int = 100, window: int = WINDOW) -> SqliteS
 
 
 def killed(store: SqliteStore[Item]) -> None:
-    """The process dies: what is not committed is lost, and the file's lock,
-    its connections and its checkpoint thread go without a word (a
-    connection left open would be reported unclosed when collected)."""
+    """Kill the process that holds *store*, as far as the store can tell.
+
+    What is not committed is lost, and the file's lock, its connections and its checkpoint thread go
+    without a word (a connection left open would be reported unclosed when collected).
+    """
     file = store.file
     assert file._checkpointer is not None and file._lock is not None
     file._checkpointer.stop()
@@ -120,8 +122,10 @@ def test_serving_order_matches_the_memory_store(path: Path) -> None:
 def test_interleaved_pushes_and_pops_keep_each_hosts_order(
     tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int, bool]]
 ) -> None:
-    """Within a host, requests come out by rank, FIFO among equals, whatever
-    part of the queue waits in the file."""
+    """Within a host, requests come out by rank, FIFO among equals.
+
+    This holds whatever part of the queue waits in the file.
+    """
     path = tmp_path_factory.mktemp("prop") / "f.db"
     store = open_store(path, window=2)
     queued: dict[str, list[tuple[int, int]]] = {}
@@ -183,8 +187,10 @@ def test_unacknowledged_requests_come_back_after_a_crash(path: Path) -> None:
 
 
 def test_what_was_not_committed_is_lost_only_with_its_acknowledgement(path: Path) -> None:
-    """A commit holds every write made before it: children pushed before
-    their parent's acknowledgement are durable when it is."""
+    """A commit holds every write made before it.
+
+    Children pushed before their parent's acknowledgement are durable when it is.
+    """
     store = open_store(path)
     store.push("h", 0, Item("parent"))
     store.commit()
@@ -233,10 +239,11 @@ def test_fingerprints_are_kept(path: Path) -> None:
 def test_fingerprints_are_told_after_a_crash(
     path: Path, monkeypatch: pytest.MonkeyPatch, filtered: bool
 ) -> None:
-    """Seen fingerprints are told apart from new ones after a crash, with the
-    filter in front of the table and without it (a file with more
-    fingerprints than it takes in at the start), across the generations of
-    recent ones."""
+    """Seen fingerprints are told apart from new ones after a crash.
+
+    This holds with the filter in front of the table and without it (a file with more fingerprints
+    than it takes in at the start), across the generations of recent ones.
+    """
     monkeypatch.setattr(sqlfile, "RECENT", 64)
     fingerprints = [hashlib.sha1(str(n).encode()).digest() for n in range(3000)]
     store = open_store(path)
@@ -331,8 +338,10 @@ def test_host_state_survives(path: Path) -> None:
 
 
 class Learner:
-    """The AIMD middleware's side of the store's learned state: what it knows
-    per host, what it was given back."""
+    """The AIMD middleware's side of the store's learned state.
+
+    What it knows per host, what it was given back.
+    """
 
     def __init__(self, known: dict[str, dict[str, float]] | None = None) -> None:
         self.known = dict(known or {})
@@ -346,7 +355,7 @@ class Learner:
 
 
 def attach(store: SqliteStore[Item], learner: Learner) -> None:
-    """What the scheduler does when the AIMD middleware attaches."""
+    """Do what the scheduler does when the AIMD middleware attaches."""
     store.export_learned = learner.learned
     store.import_learned = learner.relearn
 
@@ -434,14 +443,14 @@ def test_a_file_without_the_learned_column_gets_it(path: Path) -> None:
     last.close()
 
 
-def test_released_requests_are_served_again(path: Path) -> None:
+def test_requests_given_back_are_served_again(path: Path) -> None:
     store = open_store(path, window=2)
     for n in range(6):
         store.push("h", 0, Item(str(n)))
     popped = store.pop()
     assert popped is not None
     store.finish("h")
-    store.release("h", 0, popped[1])
+    store.give_back("h", 0, popped[1])
     assert sorted(int(n) for _, n in drain(store)) == list(range(6))
     store.close()
 
@@ -694,8 +703,10 @@ def test_the_codec_writes_what_request_to_dict_gives() -> None:
 
 
 def test_the_cpu_bench_runs_the_same_crawl_on_both_stores() -> None:
-    """``python -m bench.frontier_cpu`` compares the stores on one crawl: the
-    same requests enqueued and handed out with each (timing is its business)."""
+    """``python -m bench.frontier_cpu`` compares the stores on one crawl.
+
+    The same requests enqueued and handed out with each (timing is its business).
+    """
     from bench import frontier_cpu
 
     memory = frontier_cpu.crawl("memory", pages=60, per_host=10)
