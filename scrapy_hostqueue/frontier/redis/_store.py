@@ -1,9 +1,9 @@
-"""The Redis store: one crawl shared by several processes, one budget per host.
+"""The Redis store: one crawl shared by several processes, one limit per host.
 
 Pure logic plus an asyncio task: no Scrapy or Twisted import, and the
 ``redis`` client is passed in (see :mod:`scrapy_hostqueue.frontier.redis._glue`).
 
-**Exclusive host leases.** A process *claims* hosts that have queued
+**Each host held by one process.** A process *claims* hosts that have queued
 requests (see :mod:`scrapy_hostqueue.frontier.redis._db` for the keys), works
 them with the in-memory store's ring, the AIMD middleware and the send gate
 as a single process does, and gives a host back when it has been idle for
@@ -89,7 +89,7 @@ ACTIVE_WINDOW = 64
 #: Seconds a held host with nothing to do stays held before it is given back.
 HOLD_GRACE = 0.5
 #: Seconds a held host that was never handed out stays held while this
-#: process had no room for it (its other hosts kept its budget busy) before
+#: process had no room for it (its other hosts kept its global limit busy) before
 #: it is given back; and how recently this process must have had room
 #: (nothing to hand out) to claim hosts.
 UNUSED_GRACE = 1.0
@@ -442,9 +442,9 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         return self._mem.queued(key) + (held.remote if held is not None else 0)
 
     def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        for key, queued, inflight, state in self._mem.hosts():
+        for key, queued, in_flight, state in self._mem.hosts():
             held = self._held.get(key)
-            yield key, queued + (held.remote if held is not None else 0), inflight, state
+            yield key, queued + (held.remote if held is not None else 0), in_flight, state
 
     def close(self) -> None:
         """Nothing to do here: ``RedisLink.close`` hands back what the process holds."""
@@ -573,7 +573,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         )
         for key, held in list(self._held.items()):
             queued = mem.queued(key)
-            inflight = mem.in_flight(key)
+            in_flight = mem.in_flight(key)
             state = mem.known_state(key)
             if held.share is not None:
                 self._tick_share(key, held, state, now)
@@ -585,7 +585,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 mem.set_limit(key, held.share.limit_here())
             if held.refilling:
                 continue
-            busy = bool(inflight or held.unacked or held.pending)
+            busy = bool(in_flight or held.unacked or held.pending)
             ready_at = state.ready_at() if state is not None else 0.0
             long_wait = ready_at > now + RELEASE_BLOCKED
             if not busy and (held.draining or long_wait):
