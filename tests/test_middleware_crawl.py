@@ -630,7 +630,6 @@ async def test_robots_crawl_delay_spaces_request_starts(
     free_urls = hosts.start_urls(1, 60)
     start = interleave(hosts.start_urls(0, 4), free_urls[:4]) + free_urls[4:]
     crawler = make_crawler(handler, ROBOTSTXT_OBEY=True, HOSTQUEUE_AIMD_START=4)
-    began = time.monotonic()
     await crawler.crawl_async(start_urls=start)
     hosts.wait_idle()  # the hosts' counters are final
     delayed, free = hosts.stats(0), hosts.stats(1)
@@ -638,9 +637,14 @@ async def test_robots_crawl_delay_spaces_request_starts(
     assert delayed.robots_served == 1
     assert delayed.min_gap is not None
     assert delayed.min_gap >= delay - 0.025, delayed.arrivals
-    # The other host is not held back by it.
+    # The other host is not held back by it: it is served while the delayed
+    # host waits, and its requests are not spaced. (Which host finishes first
+    # is the machine's speed: 60 pages take 3-5 s of a loaded one.)
     assert free.served == 60
-    assert free.arrivals[-1] - began < delayed.arrivals[-1] - began
+    for earlier, later in itertools.pairwise(delayed.arrivals):
+        assert any(earlier < a < later for a in free.arrivals), (delayed.arrivals, free.arrivals)
+    assert free.min_gap is not None
+    assert free.min_gap < delay / 2, free.arrivals
     assert stat(crawler, stat_key("crawl_delay_host_count")) == 1
 
 
