@@ -12,7 +12,9 @@
       "budget_hosts": [...],        # optional: only these hostnames' responses
                                     # count toward the budget
       "stop_at_budget": true,       # false: mark the budget's time, crawl on
-      "response_times": false       # true: list the time of every response
+      "response_times": false,      # true: list the time of every response
+      "monitor_url_file": "PATH"    # optional: the live monitor's URL is written
+                                    # there once it listens (bench/monitor_cost.py)
     }
 
 Start URLs are interleaved across hosts (host 0 page 0, host 1 page 0, ...), as a
@@ -222,6 +224,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 if key.startswith("downloader/exception_type_count/") and "Timeout" in key
             ),
         }
+        if monitors:
+            data["monitor_requests"] = monitors[0].server.answered
         if marks.response_times is not None and marks.first_request is not None:
             data["response_times"] = [
                 round(moment - marks.first_request, 4) for moment in marks.response_times
@@ -235,9 +239,32 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(jobdir, ignore_errors=True)
         os._exit(0)
 
+    monitors: list[Any] = []  # the live monitor, once its URL is written
+
     def start_the_clock(spider: scrapy.Spider) -> None:
         if time_limit:
             asyncio.get_running_loop().call_later(time_limit, exit_with, "time_limit")
+        url_file = config.get("monitor_url_file")
+        if url_file:
+            # The monitor starts in its own spider_opened handler: look for it
+            # once the loop runs again.
+            asyncio.get_running_loop().call_soon(write_monitor_url, url_file)
+
+    def write_monitor_url(path: str) -> None:
+        from scrapy_hostqueue.monitor.extension import HostQueueMonitor
+
+        assert crawler.extensions is not None
+        monitor = next(
+            (m for m in crawler.extensions.middlewares if isinstance(m, HostQueueMonitor)), None
+        )
+        if monitor is None:
+            return  # the monitor is off
+        if monitor.url is None:
+            # Its server is still starting.
+            asyncio.get_running_loop().call_later(0.05, write_monitor_url, path)
+            return
+        monitors.append(monitor)
+        Path(path).write_text(monitor.url)
 
     marks = Marks(
         budget,

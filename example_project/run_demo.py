@@ -29,10 +29,12 @@ import importlib.util
 import json
 import math
 import os
+import re
 import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -158,8 +160,8 @@ def build_parser() -> _Parser:
     parser.add_argument(
         "--timeout",
         type=_seconds,
-        default=120.0,
-        help="stop the crawl after this many seconds (default 120)",
+        default=None,
+        help="stop the crawl after this many seconds (default 120; 3600 with --monitor)",
     )
     parser.add_argument(
         "--jobdir",
@@ -172,6 +174,12 @@ def build_parser() -> _Parser:
         metavar="N",
         help="with --jobdir: kill the crawl (SIGKILL) once the hosts served N pages, "
         "then start it again on the same JOBDIR",
+    )
+    parser.add_argument(
+        "--monitor",
+        action="store_true",
+        help="keep the crawl, and its live monitor page, up until Enter is pressed "
+        "(or --timeout): no page budget, and the spider stays open when idle",
     )
     parser.add_argument(
         "--workers",
@@ -199,9 +207,13 @@ class CrawlResult:
     finish_reason: str | None = None
     scrapy_stats: dict[str, Any] = field(default_factory=dict)
     timed_out: bool = False
+    #: --monitor: the crawl runs until stopped, by Enter or --timeout.
+    kept_up: bool = False
 
     @property
     def ok(self) -> bool:
+        if self.kept_up:
+            return self.returncode == 0 and self.finish_reason == "shutdown"
         return (
             self.returncode == 0 and not self.timed_out and self.finish_reason in OK_FINISH_REASONS
         )
@@ -248,6 +260,8 @@ def crawl_command(
             "-s",
             "HOSTQUEUE_TIMELINE_INTERVAL=0.25",
         ]
+    if args.monitor:
+        command += ["-s", "CLOSESPIDER_PAGECOUNT=0", "-s", "DEMO_KEEP_OPEN=True"]
     if args.jobdir is not None:
         command += ["-s", f"JOBDIR={args.jobdir.resolve()}"]
     if frontier is not None:
@@ -273,26 +287,81 @@ def run_crawl(
     log_path: Path,
     timeout: float,
     kill: Callable[[subprocess.Popen[bytes]], object] | None = None,
+    *,
+    keep_up: bool = False,
 ) -> CrawlResult:
     """Run the crawl with its output in ``log_path``; stop it after ``timeout``.
 
     *kill*, if given, is called with the process once it runs (and may kill it).
+    The monitor's URL is printed once the crawl logs it; *keep_up*: the crawl
+    runs until Enter is pressed (or *timeout*).
     """
     started = time.monotonic()
     timed_out = False
+    watch = CrawlWatch([log_path], keep_up)
     with log_path.open("wb") as log:
         process = _start(command, log)
         try:
             if kill is not None:
                 kill(process)
-            returncode = process.wait(timeout)
+            returncode = watch.wait(process, started + timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             returncode = _stop(process)
         except KeyboardInterrupt:
             _stop(process)
             raise
-    return CrawlResult(returncode, time.monotonic() - started, timed_out=timed_out)
+    return CrawlResult(returncode, time.monotonic() - started, timed_out=timed_out, kept_up=keep_up)
+
+
+#: The line a crawl logs with its monitor's URL.
+MONITOR_LINE = re.compile(r"Monitor: (http://\S+)")
+
+
+class CrawlWatch:
+    """Waits for crawl processes, printing each monitor URL their logs give.
+
+    With *keep_up*, a press on Enter stops them (a closed stdin does not).
+    """
+
+    def __init__(self, log_paths: list[Path], keep_up: bool = False) -> None:
+        self.log_paths = log_paths
+        self.urls: dict[Path, str] = {}
+        self.enter = threading.Event()
+        if keep_up:
+            threading.Thread(target=self._read_enter, daemon=True).start()
+
+    def _read_enter(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            if sys.stdin.readline():
+                self.enter.set()
+
+    def announce(self) -> None:
+        for path in self.log_paths:
+            if path in self.urls:
+                continue
+            with contextlib.suppress(OSError), path.open("rb") as log:
+                found = MONITOR_LINE.search(log.read(200_000).decode(errors="replace"))
+                if found:
+                    self.urls[path] = found.group(1)
+                    name = f" ({path.stem})" if len(self.log_paths) > 1 else ""
+                    print(f"monitor{name}: {found.group(1)}", flush=True)
+
+    def wait(self, process: subprocess.Popen[bytes], deadline: float) -> int:
+        """*process*'s exit code; TimeoutExpired past *deadline*."""
+        while True:
+            if self.enter.is_set():
+                return _stop(process)
+            left = deadline - time.monotonic()
+            try:
+                code = process.wait(max(0.0, min(0.25, left)))
+            except subprocess.TimeoutExpired:
+                if left <= 0.25:
+                    raise
+                self.announce()
+            else:
+                self.announce()
+                return code
 
 
 def _start(command: list[str], log: Any) -> subprocess.Popen[bytes]:
@@ -305,27 +374,33 @@ def _start(command: list[str], log: Any) -> subprocess.Popen[bytes]:
 
 
 def run_crawls(
-    commands: list[list[str]], log_paths: list[Path], timeout: float
+    commands: list[list[str]], log_paths: list[Path], timeout: float, *, keep_up: bool = False
 ) -> list[CrawlResult]:
     """Run the crawls at once, each with its output in its log.
 
-    Stop those still running ``timeout`` seconds after the start.
+    Stop those still running ``timeout`` seconds after the start (*keep_up*:
+    or when Enter is pressed).
     """
     started = time.monotonic()
     results: list[CrawlResult] = []
+    watch = CrawlWatch(log_paths, keep_up)
     with contextlib.ExitStack() as stack:
         logs = [stack.enter_context(path.open("wb")) for path in log_paths]
         processes = [_start(command, log) for command, log in zip(commands, logs, strict=True)]
         try:
             for process in processes:
-                left = max(0.0, started + timeout - time.monotonic())
                 try:
-                    returncode = process.wait(left)
+                    returncode = watch.wait(process, started + timeout)
                     timed_out = False
                 except subprocess.TimeoutExpired:
                     returncode, timed_out = _stop(process), True
                 results.append(
-                    CrawlResult(returncode, time.monotonic() - started, timed_out=timed_out)
+                    CrawlResult(
+                        returncode,
+                        time.monotonic() - started,
+                        timed_out=timed_out,
+                        kept_up=keep_up,
+                    )
                 )
         except KeyboardInterrupt:
             for process in processes:
@@ -559,8 +634,9 @@ def run_workers(
         for i, label in enumerate(labels):
             print(f"  {hosts.url(i):<28} {label}")
         how = "one shared frontier" if frontier else "each on its own"
+        budget = "" if args.monitor else f"up to {args.pages} pages "
         print(
-            f"crawling up to {args.pages} pages with {workers} scrapy crawl processes, "
+            f"crawling {budget}with {workers} scrapy crawl processes, "
             f"{how} (logs: {output_dir}/crawl-K.log) ...",
             flush=True,
         )
@@ -574,7 +650,9 @@ def run_workers(
         for path in stats_paths:
             path.unlink(missing_ok=True)
         try:
-            results = run_crawls(commands, logs, args.timeout)
+            if args.monitor:
+                print("the crawls go on until you press Enter (or --timeout)", flush=True)
+            results = run_crawls(commands, logs, args.timeout, keep_up=args.monitor)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
@@ -657,6 +735,8 @@ def run_workers(
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.timeout is None:
+        args.timeout = 3600.0 if args.monitor else 120.0
     host_set = _host_set(args, parser)
     output_dir: Path = args.output_dir.resolve()
     try:
@@ -675,10 +755,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, label in enumerate(labels):
             print(f"  {hosts.url(i):<28} {label}")
         mode = "stock Scrapy" if args.stock else "scrapy-hostqueue"
-        print(
-            f"crawling up to {args.pages} pages with {mode} (log: {log_path}) ...",
-            flush=True,
-        )
+        budget = "" if args.monitor else f"up to {args.pages} pages "
+        print(f"crawling {budget}with {mode} (log: {log_path}) ...", flush=True)
         command = crawl_command(start_urls, args, output_dir)
         try:
             if args.kill_after is not None:
@@ -697,7 +775,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{args.jobdir} shows what it holds) ...",
                         flush=True,
                     )
-            result = run_crawl(command, log_path, args.timeout)
+            if args.monitor:
+                print("the crawl goes on until you press Enter (or --timeout)", flush=True)
+            result = run_crawl(command, log_path, args.timeout, keep_up=args.monitor)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130

@@ -4,7 +4,8 @@
 (``HOSTQUEUE_TIMELINE_FILE``); the chart itself is :mod:`scrapy_hostqueue._plot`.
 ``frontier PATH`` prints what a frontier file (``HOSTQUEUE_FRONTIER``) holds;
 ``frontier redis://... --crawl-id ID`` what a shared crawl holds, and ``push
-redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue.frontier`).
+redis://... --crawl-id ID URL...`` feeds it (see :mod:`scrapy_hostqueue.frontier`);
+``monitor redis://... --crawl-id ID`` serves its live monitor from Redis.
 """
 
 from __future__ import annotations
@@ -104,6 +105,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also the requests of FILE, as a crawl wrote them when Redis lost the crawl "
         "or was full (their callbacks, meta and priority kept)",
     )
+    monitor_parser = commands.add_parser(
+        "monitor",
+        help="serve the live monitor of a shared crawl on Redis",
+        description="Serve the page of a shared crawl (HOSTQUEUE_FRONTIER = 'redis://...') "
+        "from what its processes publish to Redis, with no crawl in this process, until "
+        "Ctrl-C. Prints the page's URL, with its token.",
+    )
+    monitor_parser.add_argument(
+        "url", help="redis://host:port/db; env:NAME reads it from the environment variable NAME"
+    )
+    monitor_parser.add_argument("--crawl-id", required=True, help="HOSTQUEUE_CRAWL_ID")
+    monitor_parser.add_argument(
+        "--bind", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
+    )
+    monitor_parser.add_argument(
+        "--port", type=int, default=0, help="the port to listen on (default: a free one)"
+    )
+    monitor_parser.add_argument(
+        "--hosts", type=int, default=50, help="hosts shown one by one (default 50)"
+    )
     # URLs may come after --crawl-id, where argparse no longer takes them.
     args, extra = parser.parse_known_args(argv)
     if extra and (args.command != "push" or any(arg.startswith("-") for arg in extra)):
@@ -125,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(f"queued {queued}, {duplicates} already seen")
         return 0
+    if args.command == "monitor":
+        return _monitor(monitor_parser, args)
     if args.command == "frontier":
         if args.top < 1:
             parser.error("--top must be >= 1")
@@ -148,6 +171,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"wrote {args.output}")
+    return 0
+
+
+def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415 - only this command needs them
+    import ipaddress  # noqa: PLC0415
+
+    from scrapy_hostqueue.monitor._shared import serve  # noqa: PLC0415
+
+    if args.hosts < 1:
+        parser.error("--hosts must be >= 1")
+    if not 0 <= args.port <= 65_535:
+        parser.error("--port must be from 0 to 65535")
+    try:
+        ipaddress.ip_address(args.bind)
+    except ValueError:
+        parser.error(f"--bind must be an IP address, got {args.bind!r}")
+    url = _location(parser, args.url)
+    if not frontier.is_shared(url):
+        parser.error(f"{args.url}: not a Redis URL (redis://, rediss://)")
+    try:
+        asyncio.run(serve(url, args.crawl_id, args.bind, args.port, args.hosts))
+    except KeyboardInterrupt:
+        return 0
+    except (RedisFrontierError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

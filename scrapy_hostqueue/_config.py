@@ -8,6 +8,7 @@ error messages live in one place.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import math
 import os
@@ -327,6 +328,21 @@ def _spill_dir(settings: BaseSettings) -> str:
     return value
 
 
+def _bind_address(settings: BaseSettings) -> str:
+    """HOSTQUEUE_MONITOR_BIND: an IP address to listen on (loopback by default)."""
+    value = _raw(settings, "HOSTQUEUE_MONITOR_BIND")
+    if value is None or value == "":
+        return "127.0.0.1"
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise HostQueueSettingsError(
+            f"HOSTQUEUE_MONITOR_BIND must be an IP address such as '127.0.0.1', got {value!r}"
+        ) from None
+
+
 @dataclass(frozen=True)
 class HostQueueConfig:
     """The effective configuration of every component, validated."""
@@ -381,6 +397,12 @@ class HostQueueConfig:
     log_interval: float  # 0 = no periodic log line
     timeline_file: str | None
     timeline_interval: float
+    # The live monitor
+    monitor: bool
+    monitor_bind: str
+    monitor_port: int  # 0 = a free port
+    monitor_hosts: int  # hosts the snapshot shows one by one; the rest add up
+    monitor_interval: float  # seconds a snapshot is served before the next
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> HostQueueConfig:
@@ -497,4 +519,9 @@ class HostQueueConfig:
             ),
             timeline_file=timeline or None,
             timeline_interval=_interval(settings, "HOSTQUEUE_TIMELINE_INTERVAL", 1.0),
+            monitor=_boolean(settings, "HOSTQUEUE_MONITOR", True),
+            monitor_bind=_bind_address(settings),
+            monitor_port=_integer(settings, "HOSTQUEUE_MONITOR_PORT", 0, maximum=65_535),
+            monitor_hosts=_integer(settings, "HOSTQUEUE_MONITOR_HOSTS", 50, minimum=1),
+            monitor_interval=_interval(settings, "HOSTQUEUE_MONITOR_INTERVAL", 1.0),
         )

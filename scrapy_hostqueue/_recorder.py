@@ -28,7 +28,9 @@ import heapq
 import itertools
 import logging
 import math
+import time
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING
 
 from scrapy import signals
@@ -56,6 +58,13 @@ NO_HOST = "_nohost"
 HOSTS_PREFIX = f"{PREFIX}/hosts/"
 #: Hosts named in the periodic log line.
 LOG_BUSIEST = 5
+#: Limit changes, blocks and give-ups kept per tracked host, for the monitor.
+EVENTS_PER_HOST = 12
+
+#: One host event: ``(time.monotonic(), kind, reason, before, after)``. Kinds:
+#: ``limit`` (*before* and *after* are the limits), ``block`` (*after* is its
+#: length in seconds), ``given-up`` (*after* is the requests dropped).
+HostEvent = tuple[float, str, str, float, float]
 
 
 def stat_key(name: str) -> str:
@@ -131,7 +140,7 @@ class LatencyHistogram:
 class HostCounters:
     """What the recorder knows about one host (or the aggregate)."""
 
-    __slots__ = ("base", "counts", "highs", "latency", "limit", "lows", "weight")
+    __slots__ = ("base", "counts", "events", "highs", "latency", "limit", "lows", "weight")
 
     def __init__(self, base: int = 0) -> None:
         #: Additive values (``*_count``, ``blocked_seconds``), by key name.
@@ -145,6 +154,13 @@ class HostCounters:
         #: floor it inherited then (see the module docstring).
         self.base = base
         self.weight = 0
+        #: The host's last limit changes, blocks and give-up (made at the first).
+        self.events: deque[HostEvent] | None = None
+
+    def event(self, kind: str, reason: str, before: float, after: float) -> None:
+        if self.events is None:
+            self.events = deque(maxlen=EVENTS_PER_HOST)
+        self.events.append((time.monotonic(), kind, reason, before, after))
 
     @property
     def priority(self) -> int:
@@ -247,6 +263,10 @@ class HostStatsRecorder:
         """Hosts that currently have their own keys, busiest first."""
         table = self._table
         return heapq.nlargest(self.max_hosts, table, key=lambda host: table[host].priority)
+
+    def entry(self, host: str) -> HostCounters | None:
+        """*host*'s own entry if the table tracks it, without counting an event."""
+        return self._table.get(host or NO_HOST)
 
     def table_size(self) -> int:
         """Entries held (the tracked hosts and their heap entries), for tests of boundedness."""
@@ -359,6 +379,14 @@ class HostStatsRecorder:
         entry.high("max_limit", limit)
         entry.low("min_limit", limit)
 
+    def limit_event(self, host: str, old: int, new: int, reason: str) -> None:
+        """Keep a limit change of the AIMD rule among *host*'s events.
+
+        For the monitor; not counted as an event of its own.
+        """
+        if self.enabled:
+            self.counters(host, weight=0).event("limit", reason, old, new)
+
     def backoff(self, host: str, reason: str) -> None:
         if self.enabled:
             self.counters(host).inc(f"backoff_count/{reason}")
@@ -367,6 +395,7 @@ class HostStatsRecorder:
         if not self.enabled:
             return
         entry = self.counters(host)
+        entry.event("block", reason, 0, max(0.0, float(seconds)))
         entry.inc(f"block_count/{reason}")
         entry.inc("blocked_seconds", max(0.0, float(seconds)))
 
@@ -388,7 +417,9 @@ class HostStatsRecorder:
         if not self.enabled:
             return
         self._global_inc("hosts_given_up_count")
-        self.counters(host).inc("given_up_count")
+        entry = self.counters(host)
+        entry.inc("given_up_count")
+        entry.event("given-up", "error-budget", 0, dropped)
         self.requests_dropped(host, dropped)
 
     def requests_dropped(self, host: str, count: int = 1) -> None:

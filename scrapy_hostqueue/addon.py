@@ -23,6 +23,7 @@ MIDDLEWARE = "scrapy_hostqueue.AIMDMiddleware"
 HANDLER = "scrapy_hostqueue.AiohttpDownloadHandler"
 EXTENSION = "scrapy_hostqueue.stats.HostQueueStats"
 GC_EXTENSION = "scrapy_hostqueue.GcTuning"
+MONITOR_EXTENSION = "scrapy_hostqueue.monitor.extension.HostQueueMonitor"
 START_MIDDLEWARE = "scrapy_hostqueue.StartRequestsMiddleware"
 #: Nearest the engine of Scrapy's spider middlewares (StartSpiderMiddleware is
 #: at 25), so that its time slice covers the whole start chain.
@@ -91,9 +92,11 @@ class Addon:
     :class:`~scrapy_hostqueue.AIMDMiddleware`,
     :class:`~scrapy_hostqueue.AiohttpDownloadHandler` (``http`` and ``https``),
     :class:`~scrapy_hostqueue.StartRequestsMiddleware`, the
-    ``HostQueueStats`` extension (periodic log line, timeline) and the
+    ``HostQueueStats`` extension (periodic log line, timeline), the
     :class:`~scrapy_hostqueue.GcTuning` extension (off with
-    ``HOSTQUEUE_GC_FREEZE = False`` and ``HOSTQUEUE_GC_YOUNG_THRESHOLD = 0``),
+    ``HOSTQUEUE_GC_FREEZE = False`` and ``HOSTQUEUE_GC_YOUNG_THRESHOLD = 0``)
+    and the live monitor (``HostQueueMonitor``, off with
+    ``HOSTQUEUE_MONITOR = False``),
     and sets ``CONCURRENT_ITEMS`` to 16, at add-on priority. A value the user set
     (another ``SCHEDULER``, a middleware disabled with ``None``, another
     handler for a scheme, ``CONCURRENT_ITEMS``) is kept, whether a component
@@ -136,6 +139,8 @@ class Addon:
         # Off (NotConfigured) with HOSTQUEUE_GC_FREEZE = False and
         # HOSTQUEUE_GC_YOUNG_THRESHOLD = 0.
         _enable(settings["EXTENSIONS"], 0, GC_EXTENSION, "scrapy_hostqueue.gc_tuning.GcTuning")
+        # Off (NotConfigured) with HOSTQUEUE_MONITOR = False.
+        _enable(settings["EXTENSIONS"], 0, MONITOR_EXTENSION, MONITOR_EXTENSION)
 
         settings.set("CONCURRENT_ITEMS", CONCURRENT_ITEMS, priority="addon")
 

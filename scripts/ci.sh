@@ -7,6 +7,13 @@
 set -u
 cd "$(dirname "$0")/.."
 started=$(date +%s)
+# The monitor's page is tested in a real browser (tests/monitor/test_page.py):
+# Debian's chromium, installed here when it is missing and CI runs as root.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium"
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null \
+        || echo "== could not install chromium: its test is skipped"
+fi
 passed=0
 failed=""
 missing=""

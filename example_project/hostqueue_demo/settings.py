@@ -33,6 +33,9 @@ REMOTE_CONTROL_ENABLED = False
 LOG_LEVEL = "INFO"
 FEED_EXPORT_ENCODING = "utf-8"
 
+# Stay open when out of work, until the crawl is stopped (the demo's --monitor).
+DEMO_KEEP_OPEN = False
+
 # Items as JSON lines, each written as it comes (survives kill -9); unset = off.
 DEMO_ITEMS_FILE = None
 ITEM_PIPELINES = {"hostqueue_demo.pipelines.ItemsFilePipeline": 300}

@@ -49,6 +49,7 @@ __all__ = [
     "MemoryStore",
     "RequestStore",
     "Standing",
+    "monitor_board",
     "open_frontier",
     "push",
     "report",
@@ -348,3 +349,14 @@ def push(
         with open(requests_file, encoding="utf-8") as lines:
             held = list(_capacity.read_held(lines))
     return _cli.push(url, crawl_id, urls, priority=priority, requests=held)
+
+
+def monitor_board(url: str, crawl_id: str) -> Any:
+    """Return where the processes of a shared crawl publish their monitor's snapshots.
+
+    That is ``frontier.redis._monitor.MonitorBoard`` for the crawl *crawl_id*
+    at *url*: ``open``, ``beat``, ``withdraw``, ``close``, all coroutines.
+    """
+    from scrapy_hostqueue.frontier.redis._monitor import MonitorBoard  # noqa: PLC0415
+
+    return MonitorBoard(url, crawl_id)

@@ -11,6 +11,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import scrapy
+from scrapy import signals
+from scrapy.crawler import Crawler
+from scrapy.exceptions import DontCloseSpider
 from scrapy.http import Response
 
 
@@ -41,10 +44,22 @@ class PagesSpider(scrapy.Spider):
 
     Start URLs, first found wins: ``-a start_urls="URL URL ..."``,
     ``-a start_urls_file=PATH`` (one URL per line), the ``DEMO_START_URLS`` setting.
-    Links to anything but a loopback address are dropped.
+    Links to anything but a loopback address are dropped. With the
+    ``DEMO_KEEP_OPEN`` setting the spider stays open when it runs out of work
+    (the demo's ``--monitor``), until the crawl is stopped.
     """
 
     name = "pages"
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> PagesSpider:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        if crawler.settings.getbool("DEMO_KEEP_OPEN"):
+            crawler.signals.connect(spider.keep_open, signal=signals.spider_idle)
+        return spider
+
+    def keep_open(self) -> None:
+        raise DontCloseSpider
 
     def __init__(
         self,

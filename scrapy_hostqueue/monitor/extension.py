@@ -1,0 +1,267 @@
+"""The live monitor's Scrapy extension.
+
+:class:`HostQueueMonitor` is a Scrapy extension (the add-on enables it) that
+serves, with aiohttp on the crawl's asyncio loop, the page ``/``, the
+snapshot ``/hosts.json`` and, with ``prometheus_client``, ``/metrics``. The
+snapshot is made at most once per ``HOSTQUEUE_MONITOR_INTERVAL`` from what the
+scheduler's hosts and the stats recorder already hold (see ``_snapshot``);
+nothing is added to a request's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+
+from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue import frontier
+from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._recorder import NO_HOST, get_recorder, stat_key
+from scrapy_hostqueue.monitor._crawlwide import merge
+from scrapy_hostqueue.monitor._metrics import metrics_maker
+from scrapy_hostqueue.monitor._server import MonitorServer, is_loopback, url
+from scrapy_hostqueue.monitor._shared import HEARTBEAT
+from scrapy_hostqueue.monitor._snapshot import CrawlFigures, HostDetail, HostRow, Snapshots
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from typing_extensions import Self
+
+    from scrapy_hostqueue._contracts import HostView
+
+__all__ = ["HostQueueMonitor"]
+
+logger = logging.getLogger(__name__)
+
+_STATUS_PREFIX = "downloader/response_status_count/"
+_HOST_STATUS_PREFIX = "status_count/"
+
+
+class HostQueueMonitor:
+    """Scrapy extension: the live monitor.
+
+    ``HOSTQUEUE_MONITOR``, on by default with the add-on. At start it logs
+    one INFO line with the page's URL, which carries a random token; the
+    server listens on ``HOSTQUEUE_MONITOR_BIND`` (loopback by default) and
+    ``HOSTQUEUE_MONITOR_PORT`` (a free port by default).
+    """
+
+    def __init__(self, crawler: Crawler, config: HostQueueConfig) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.recorder = get_recorder(crawler)
+        self.snapshots = Snapshots(config.monitor_hosts)
+        # /metrics: this process's figures (Prometheus scrapes every process).
+        self.server = MonitorServer(self.snapshot, metrics_maker(self.local_snapshot))
+        self.url: str | None = None
+        self._started = time.monotonic()
+        self._cached: dict[str, Any] | None = None
+        self._cached_at = float("-inf")
+        self._process: dict[str, Any] = {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "key": f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}",
+        }
+        #: On the Redis frontier: the other processes' last snapshots.
+        self._others: list[dict[str, Any]] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    @classmethod
+    @internals.refuses_at_start_up
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        config = HostQueueConfig.from_settings(crawler.settings)
+        if not config.monitor:
+            raise NotConfigured
+        extension = cls(crawler, config)
+        crawler.signals.connect(extension.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(extension.spider_closed, signal=signals.spider_closed)
+        return extension
+
+    async def spider_opened(self, spider: Spider) -> None:
+        address = self.config.monitor_bind
+        try:
+            port = await self.server.start(address, self.config.monitor_port)
+        except OSError as error:
+            logger.error(
+                "Monitor: cannot listen on %s port %d: %s; the crawl goes on without it",
+                address,
+                self.config.monitor_port,
+                error,
+            )
+            return
+        self._started = time.monotonic()
+        self.url = url(address, port, self.server.token)
+        logger.info("Monitor: %s", self.url)
+        if not is_loopback(address):
+            logger.warning(
+                "Monitor: listening on %s (HOSTQUEUE_MONITOR_BIND), beyond this machine; "
+                "anyone who can reach it and has the URL's token sees the crawl",
+                address,
+            )
+        if self.config.frontier_url:
+            crawl_id = self.config.crawl_id or spider.name
+            self._others = []
+            self._heartbeat = asyncio.ensure_future(self._beat(self.config.frontier_url, crawl_id))
+
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        await self.server.stop()
+
+    async def _beat(self, redis_url: str, crawl_id: str) -> None:
+        """Publish this process's snapshot to the shared crawl, read the others'.
+
+        Every ``_shared.HEARTBEAT`` seconds; at the end, withdraw it.
+        """
+        board = frontier.monitor_board(redis_url, crawl_id)
+        try:
+            await board.open()
+        except Exception as error:  # the crawl goes on without it
+            logger.warning("Monitor: no crawl-wide view: %s", error)
+            return
+        warned = False
+        key = self._process["key"]
+        try:
+            while True:
+                try:
+                    parts = await board.beat(self.local_snapshot())
+                except Exception as error:  # Redis away: the frontier says so too
+                    if not warned:
+                        logger.warning("Monitor: cannot publish to Redis: %s", error)
+                        warned = True
+                else:
+                    self._others = [part for part in parts if part["process"]["key"] != key]
+                await asyncio.sleep(HEARTBEAT)
+        finally:
+            with contextlib.suppress(Exception):
+                await board.withdraw(key)
+            with contextlib.suppress(Exception):
+                await board.close()
+
+    # -- the snapshot ------------------------------------------------------------
+
+    def local_snapshot(self) -> dict[str, Any]:
+        """Return this process's snapshot.
+
+        It is made again once it is older than ``HOSTQUEUE_MONITOR_INTERVAL``.
+        """
+        now = time.monotonic()
+        if self._cached is None or now - self._cached_at >= self.config.monitor_interval:
+            self._cached = self._take(now)
+            self._cached_at = now
+        return self._cached
+
+    def snapshot(self, host: str | None = None) -> dict[str, Any]:
+        """Return what ``/hosts.json`` serves.
+
+        This process's snapshot, or on the Redis frontier the whole crawl's;
+        with *host*'s history if given.
+        """
+        snap = self.local_snapshot()
+        if self._others is not None:
+            snap = merge([snap, *self._others], self.config.monitor_hosts, time.time())
+            snap["process"] = self._process
+        if host is None:
+            return snap
+        now = time.monotonic()
+        return self.snapshots.with_detail(snap, host, now, self._detail(host, now))
+
+    def _take(self, now: float) -> dict[str, Any]:
+        view = self.recorder.host_view
+        stats = self.crawler.stats
+        values: dict[str, Any] = stats.get_stats() if stats is not None else {}
+        crawl = CrawlFigures(
+            time=time.time(),
+            uptime=now - self._started,
+            concurrent_requests=self.config.global_concurrency,
+            max_active_hosts=self.config.max_active_hosts,
+            active_hosts=view.active_hosts if view is not None else 0,
+            queued=view.queued_requests if view is not None else 0,
+            responses=int(values.get("response_received_count", 0)),
+            statuses={
+                key[len(_STATUS_PREFIX) :]: int(value)
+                for key, value in values.items()
+                if key.startswith(_STATUS_PREFIX)
+            },
+            given_up_hosts=int(values.get(stat_key("hosts_given_up_count"), 0)),
+            scheduler=view is not None,
+            process=self._process,
+        )
+        rows = [] if view is None else self._rows(view, now)
+        crawl.live_hosts = sum(1 for row in rows if row.live)
+        return self.snapshots.take(now, crawl, rows, lambda host: self._detail(host, now))
+
+    def _rows(self, view: HostView, now: float) -> list[HostRow]:
+        """Return one row per live host, and per busy host no longer live.
+
+        A given-up host is one; O(live hosts + HOSTQUEUE_STATS_MAX_HOSTS).
+        """
+        rows: dict[str, HostRow] = {}
+        recorder = self.recorder
+        for key, queued, _handed_out, state in view.hosts():
+            entry = recorder.entry(key)
+            rows[key or NO_HOST] = HostRow(
+                host=key or NO_HOST,
+                queued=queued,
+                in_flight=view.on_wire(key),
+                cap=view.in_flight_cap(state),
+                limit=state.limit,
+                rank=entry.priority if entry is not None else 0,
+                blocked_left=max(0.0, state.blocked_until - now),
+                block_reason=state.block_reason,
+                spaced_left=max(0.0, state.spaced_until() - now),
+                given_up=state.given_up,
+                overdue=view.overdue(key),
+                live=True,
+            )
+        for host in recorder.named_hosts():
+            if host in rows:
+                continue
+            known = view.known_state(host)
+            entry = recorder.entry(host)
+            if known is None or entry is None:
+                continue
+            rows[host] = HostRow(
+                host=host,
+                queued=0,
+                in_flight=view.on_wire(host),
+                cap=view.in_flight_cap(known),
+                limit=known.limit,
+                rank=entry.priority,
+                blocked_left=max(0.0, known.blocked_until - now),
+                block_reason=known.block_reason,
+                given_up=known.given_up,
+            )
+        return list(rows.values())
+
+    def _detail(self, host: str, now: float) -> HostDetail:
+        entry = self.recorder.entry(host)
+        if entry is None:
+            return HostDetail()
+        counts = entry.counts
+        return HostDetail(
+            responses=int(counts.get("response_count", 0)),
+            statuses={
+                name[len(_HOST_STATUS_PREFIX) :]: int(value)
+                for name, value in counts.items()
+                if name.startswith(_HOST_STATUS_PREFIX)
+            },
+            latency_p50=entry.latency.quantile(0.5),
+            latency_p95=entry.latency.quantile(0.95),
+            events=[
+                (now - at, kind, reason, before, after)
+                for at, kind, reason, before, after in entry.events or ()
+            ],
+        )
