@@ -637,12 +637,15 @@ async def test_robots_crawl_delay_spaces_request_starts(
     assert delayed.robots_served == 1
     assert delayed.min_gap is not None
     assert delayed.min_gap >= delay - 0.025, delayed.arrivals
-    # The other host is not held back by it: it is served while the delayed
-    # host waits, and its requests are not spaced. (Which host finishes first
-    # is the machine's speed: 60 pages take 3-5 s of a loaded one.)
+    # The other host is not held back by it: while it has pages left it is
+    # served in each of the delayed host's waits, and its requests are not
+    # spaced. (Which host finishes first is the machine's speed: 60 pages
+    # take 0.2 s of an idle machine, 3-5 s of a loaded one.)
     assert free.served == 60
     for earlier, later in itertools.pairwise(delayed.arrivals):
-        assert any(earlier < a < later for a in free.arrivals), (delayed.arrivals, free.arrivals)
+        if earlier < free.arrivals[-1]:
+            inside = [a for a in free.arrivals if earlier < a < later]
+            assert inside, (delayed.arrivals, free.arrivals)
     assert free.min_gap is not None
     assert free.min_gap < delay / 2, free.arrivals
     assert stat(crawler, stat_key("crawl_delay_host_count")) == 1
