@@ -31,21 +31,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-import scrapy
 
 from bench import report
 from bench.runner import (
     ROOT,
     Run,
     Summary,
-    cpu_model,
     cpu_probe,
+    machine,
     run_micro,
     run_scenarios,
     summarise,
@@ -150,13 +147,7 @@ def main(argv: list[str]) -> int:
     meta: dict[str, Any] = {
         "timestamp": stamp,
         "command": "python -m bench " + " ".join(argv),
-        "machine": {
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "scrapy": scrapy.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "repeats": args.repeats,
         "extra_repeats": args.extra_repeats,
         "time_limit_cap": args.time_limit,
@@ -166,10 +157,10 @@ def main(argv: list[str]) -> int:
     # The machine's speed, before each scenario group and at the end.
     probes: list[tuple[str, float]] = [("start", cpu_probe())]
     meta["cpu_probe_ms"] = probes
-    machine = meta["machine"]
+    where = meta["machine"]
     print(
-        f"scrapy-hostqueue benchmark {stamp}: {machine['cores']} x {machine['cpu']}, "
-        f"Python {machine['python']}, Scrapy {machine['scrapy']}, "
+        f"scrapy-hostqueue benchmark {stamp}: {where['cores']} x {where['cpu']}, "
+        f"Python {where['python']}, Scrapy {where['scrapy']}, "
         f"rounds {args.repeats} (scrapy-pq, scrapy-autothrottle and outside S2 "
         f"scrapy-aiohttp: {args.extra_repeats}), "
         f"load average {os.getloadavg()[0]:.1f}, CPU probe {probes[0][1]:.1f} ms"

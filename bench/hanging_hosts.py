@@ -43,6 +43,7 @@ from bench.standalone import (
     PER_HOST_LIMIT,
     RESULTS,
     SETTINGS,
+    ProcessSide,
     configs_argument,
     crawl_order,
     median,
@@ -86,7 +87,7 @@ def specs(size: Size) -> list[HostSpec]:
 
 
 @dataclass
-class Crawl:
+class Crawl(ProcessSide):
     """One crawl, as the crawl process and the hosts saw it."""
 
     round: int
@@ -95,13 +96,6 @@ class Crawl:
     #: Seconds from the first request to the last healthy page's response;
     #: None if the crawl fell short (``error`` says why).
     healthy_time: float | None = None
-    error: str | None = None
-    finish_reason: str | None = None
-    wall: float | None = None
-    cpu: float | None = None
-    responses: int = 0
-    timeouts: int = 0
-    retries: int = 0
     #: Counted by the hosts: the healthy pages answered 200, out of ``healthy_pages``.
     healthy_served: int = 0
     healthy_pages: int = 0
@@ -153,15 +147,8 @@ def crawl(
     run.max_in_flight = max(run.max_in_flight_healthy, run.max_in_flight_hanging or 0)
     run.hung = sum(host.faults for host in stats)
     run.connections = sum(host.connections for host in stats)
-    if "error" in result:
-        run.error = str(result["error"])
+    if not run.read_process(result):
         return run
-    run.finish_reason = result["finish_reason"]
-    run.wall = result["wall"]
-    run.cpu = result["cpu"]
-    run.responses = result["pages"]
-    run.timeouts = result["timeouts"]
-    run.retries = result["retries"]
     run.healthy_time = result["time_to_budget"]
     if run.healthy_time is None:
         run.error = (

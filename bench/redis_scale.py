@@ -39,14 +39,22 @@ and local hosts, and runs each crawl in fresh processes
     each ``--seconds``: pages per second counted by the host, and the ratio of
     2 processes to 1. The most the host had in flight stays within 16.
 
+(m) **Memory.** Bytes of Redis memory per queued request and per
+    fingerprint, at the server, beside scrapy-redis's own scheduler in the
+    same run (see :mod:`bench.redis_memory`): ``--queued`` requests over
+    ``--queued-hosts`` hosts (200,000 over 2,000) and ``--fingerprints``
+    (1,000,000); ``--memory-full`` for the issue's sizes, 1,000,000 over
+    10,000 hosts and 10,000,000 (about 15 minutes).
+
 A version of scrapy-hostqueue that refuses ``HOSTQUEUE_FRONTIER = "redis://..."``
 runs the memory parts only, prints the refusal where the Redis figures would
 be, and exits with status 1. Writes ``bench/results/redis_scale-<timestamp>.json``.
 
-    python -m bench.redis_scale                  # about 3 minutes on 2 cores
+    python -m bench.redis_scale                  # about 6 minutes on 2 cores
     python -m bench.redis_scale --quick          # 1 round, 50 hosts, 5 s, budget 400
     python -m bench.redis_scale --parts a --rounds 3
     python -m bench.redis_scale --parts d        # the busy host only, about 1 minute
+    python -m bench.redis_scale --parts m        # the memory part only, about 2 minutes
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import redis_memory
 from bench.runner import ROOT, Run, child_environment, cpu_probe, crawl_scenario, describe
 from bench.scenarios import ADDON, CONFIGS, DEFAULT_BUDGET, SCENARIOS
 from bench.standalone import RESULTS, median, run_meta, write_results
@@ -544,8 +553,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--parts",
-        default="abd",
-        help="a (scale), b (overhead), d (one busy host), any of them (default abd)",
+        default="abdm",
+        help="a (scale), b (overhead), d (one busy host), m (memory), any of them (default abdm)",
+    )
+    parser.add_argument("--queued", type=int, help="(m) requests queued (default 200,000)")
+    parser.add_argument("--queued-hosts", type=int, help="(m) their hosts (default 2,000)")
+    parser.add_argument("--fingerprints", type=int, help="(m) fingerprints (default 1,000,000)")
+    parser.add_argument(
+        "--memory-full",
+        action="store_true",
+        help="(m) 1,000,000 queued over 10,000 hosts and 10,000,000 fingerprints",
     )
     parser.add_argument("--rounds", type=int, help="rounds of every crawl (default 2)")
     parser.add_argument("--hosts", type=int, help="(a) hosts at 10 ms (default 200)")
@@ -561,8 +578,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 round, 50 hosts, 5 s, budget 400")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     args = parser.parse_args(argv)
-    if not args.parts or set(args.parts) - set("abd"):
-        parser.error("--parts takes any of a, b and d")
+    if not args.parts or set(args.parts) - set("abdm"):
+        parser.error("--parts takes any of a, b, d and m")
+    full = args.memory_full
+    args.queued = args.queued or (1_000_000 if full else 20_000 if args.quick else 200_000)
+    args.queued_hosts = args.queued_hosts or (10_000 if full else 200 if args.quick else 2_000)
+    if args.fingerprints is None:
+        args.fingerprints = 10_000_000 if full else 50_000 if args.quick else 1_000_000
     args.scenario_names = [name.strip() for name in args.scenarios.split(",") if name.strip()]
     if not set(args.scenario_names) <= set(OVERHEAD_SCENARIOS):
         parser.error("--scenarios takes S1, S2 or both")
@@ -571,8 +593,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.hosts = args.hosts or (50 if quick else 200)
     args.seconds = args.seconds or (5.0 if quick else 10.0)
     args.budget = args.budget or (400 if quick else DEFAULT_BUDGET)
-    if min(args.rounds, args.hosts, args.budget) < 1 or args.seconds <= 0:
-        parser.error("--rounds, --hosts, --budget and --seconds must be positive")
+    if min(args.rounds, args.hosts, args.budget, args.queued, args.queued_hosts) < 1:
+        parser.error("--rounds, --hosts, --budget, --queued and --queued-hosts must be positive")
+    if args.seconds <= 0 or args.fingerprints < 0:
+        parser.error("--seconds must be positive, --fingerprints at least 0")
     return args
 
 
@@ -654,8 +678,18 @@ def main(argv: list[str]) -> int:
                             if item.commands_per_page is not None:
                                 line += f"  Redis {item.commands_per_page:.1f} commands/page"
                             print(line, flush=True)
+    memory = None
+    if "m" in args.parts and not refusal:
+        print(
+            f"(m) {args.queued:,} queued over {args.queued_hosts:,} hosts, "
+            f"{args.fingerprints:,} fingerprints",
+            flush=True,
+        )
+        memory = redis_memory.measure(args.queued, args.queued_hosts, args.fingerprints)
     summary = summarise(scale, overhead, refusal, busy)
     lines = report_lines(summary, args.parts)
+    if memory is not None:
+        lines += redis_memory.report_lines(memory)
     probes = [
         (f"(a) {run.store} x{run.processes}", run.probe_ms)
         for run in scale
@@ -711,6 +745,7 @@ def main(argv: list[str]) -> int:
                 for item in overhead
             ],
             "summary": summary,
+            "memory": memory.as_dict() if memory is not None else None,
             "report": lines,
         },
     )

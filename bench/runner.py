@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import scrapy
+
 from bench.scenarios import CONFIGS, Scenario, unavailable_reason
 from scrapy_hostqueue.testing import HostStats, LocalHosts
 
@@ -100,6 +102,17 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """Describe the machine a benchmark runs on, to be stored with its results."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "scrapy": scrapy.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def cpu_probe(rounds: int = 5) -> float:

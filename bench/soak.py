@@ -58,6 +58,7 @@ from bench.standalone import (
     PER_HOST_LIMIT,
     RESULTS,
     SETTINGS,
+    ProcessSide,
     configs_argument,
     crawl_order,
     median,
@@ -147,18 +148,11 @@ SMOKE = Size(
 
 
 @dataclass
-class Crawl:
+class Crawl(ProcessSide):
     """One crawl, as the crawl process and the hosts saw it."""
 
     round: int
     config: str
-    error: str | None = None
-    finish_reason: str | None = None
-    wall: float | None = None
-    cpu: float | None = None
-    responses: int = 0
-    timeouts: int = 0
-    retries: int = 0
     #: Seconds from the first request to the last healthy page's response.
     healthy_done: float | None = None
     #: The last response's time: the crawl's length.
@@ -286,15 +280,8 @@ def crawl(
         )
         run.max_in_flight[name] = max(host.max_in_flight for host in mine)
         run.connections_by_group[name] = sum(host.connections for host in mine)
-    if "error" in result:
-        run.error = str(result["error"])
+    if not run.read_process(result):
         return run
-    run.finish_reason = result["finish_reason"]
-    run.wall = result["wall"]
-    run.cpu = result["cpu"]
-    run.responses = result["pages"]
-    run.timeouts = result["timeouts"]
-    run.retries = result["retries"]
     times: list[float] = result.get("response_times", [])
     run.last_response = max(times, default=None)
     run.healthy_done = result["time_to_budget"]

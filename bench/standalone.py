@@ -9,16 +9,14 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import scrapy
-
-from bench.runner import ROOT, cpu_model, cpu_probe
+from bench.runner import ROOT, cpu_probe, machine
 from bench.scenarios import CONFIGS, unavailable_reason
 
 RESULTS = ROOT / "bench" / "results"
@@ -33,6 +31,38 @@ SETTINGS: dict[str, Any] = {
     "CONCURRENT_REQUESTS": 16,
     "CONCURRENT_REQUESTS_PER_DOMAIN": PER_HOST_LIMIT,
 }
+
+
+@dataclass(kw_only=True)
+class ProcessSide:
+    """What a standalone scenario's crawl process reports of one crawl.
+
+    A base of the scenarios' records of a crawl, which add what the hosts saw.
+    """
+
+    error: str | None = None
+    finish_reason: str | None = None
+    wall: float | None = None
+    cpu: float | None = None
+    responses: int = 0
+    timeouts: int = 0
+    retries: int = 0
+
+    def read_process(self, result: dict[str, Any]) -> bool:
+        """Fill in what the crawl process reported in *result*.
+
+        False when it reported an error instead (kept in ``error``).
+        """
+        if "error" in result:
+            self.error = str(result["error"])
+            return False
+        self.finish_reason = result["finish_reason"]
+        self.wall = result["wall"]
+        self.cpu = result["cpu"]
+        self.responses = result["pages"]
+        self.timeouts = result["timeouts"]
+        self.retries = result["retries"]
+        return True
 
 
 def configs_argument(value: str) -> list[str]:
@@ -116,13 +146,7 @@ def run_meta(prog: str, argv: Sequence[str]) -> dict[str, Any]:
         "timestamp": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
         "command": " ".join([f"python -m {prog}", *argv]),
         "commit": _commit(),
-        "machine": {
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "scrapy": scrapy.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         # Other work on the machine skews timings: say how busy it was.
         "load_average_at_start": os.getloadavg(),
         "cpu_probe_ms_at_start": cpu_probe(),

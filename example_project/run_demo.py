@@ -429,6 +429,26 @@ def _read_scrapy_stats(result: CrawlResult, path: Path) -> None:
     result.scrapy_stats = data.get("stats", {})
 
 
+def _idle_stats(hosts: LocalHosts) -> list[HostStats]:
+    """Return every host's counts once the hosts are idle, or after 5 s.
+
+    A hanging host may never go idle: then the counts are what the hosts saw so far.
+    """
+    with contextlib.suppress(TimeoutError):
+        hosts.wait_idle(timeout=5)
+    return hosts.all_stats()
+
+
+def _hosts_report(
+    host_set: list[tuple[str, HostSpec]], all_stats: list[HostStats]
+) -> list[dict[str, Any]]:
+    """Return each host's label, spec and counts, for ``hosts.json``."""
+    return [
+        {"label": label, "spec": spec.to_dict(), "stats": stats.to_dict()}
+        for (label, spec), stats in zip(host_set, all_stats, strict=True)
+    ]
+
+
 def _statuses(stats: HostStats) -> str:
     return " ".join(f"{code}:{count}" for code, count in sorted(stats.statuses.items()))
 
@@ -656,9 +676,7 @@ def run_workers(
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
-        with contextlib.suppress(TimeoutError):
-            hosts.wait_idle(timeout=5)
-        all_stats = hosts.all_stats()
+        all_stats = _idle_stats(hosts)
         redis_calls = None
         if frontier is not None:
             redis_calls = sum(
@@ -684,10 +702,7 @@ def run_workers(
             for result in results
         ],
         "redis_commands": redis_calls,
-        "hosts": [
-            {"label": label, "spec": spec.to_dict(), "stats": stats.to_dict()}
-            for (label, spec), stats in zip(host_set, all_stats, strict=True)
-        ],
+        "hosts": _hosts_report(host_set, all_stats),
     }
     (output_dir / "hosts.json").write_text(json.dumps(report, indent=2))
 
@@ -781,10 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
-        # A hanging host may never go idle: report what the server saw so far.
-        with contextlib.suppress(TimeoutError):
-            hosts.wait_idle(timeout=5)
-        all_stats = hosts.all_stats()
+        all_stats = _idle_stats(hosts)
 
     _read_scrapy_stats(result, stats_path)
     report = {
@@ -796,10 +808,7 @@ def main(argv: list[str] | None = None) -> int:
             "finish_reason": result.finish_reason,
             "timed_out": result.timed_out,
         },
-        "hosts": [
-            {"label": label, "spec": spec.to_dict(), "stats": stats.to_dict()}
-            for (label, spec), stats in zip(host_set, all_stats, strict=True)
-        ],
+        "hosts": _hosts_report(host_set, all_stats),
     }
     (output_dir / "hosts.json").write_text(json.dumps(report, indent=2))
 

@@ -365,6 +365,7 @@ class HostQueueConfig:
     redis_share_hosts: bool  # lend a part of a busy host to a process with no host
     redis_backlog: int  # requests kept back in memory while Redis is full; past it, a file
     redis_spill_dir: str  # where those files go; "": JOBDIR, else the temporary directory
+    redis_bloom: float  # the error rate of the crawl's Bloom filter; 0: exact fingerprints
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
     max_overdue: int  # overdue requests kept out of CONCURRENT_REQUESTS, 0 = none
@@ -471,6 +472,7 @@ class HostQueueConfig:
             redis_share_hosts=_boolean(settings, "HOSTQUEUE_REDIS_SHARE_HOSTS", True),
             redis_backlog=_integer(settings, "HOSTQUEUE_REDIS_BACKLOG", 10_000, minimum=1),
             redis_spill_dir=_spill_dir(settings),
+            redis_bloom=_number(settings, "HOSTQUEUE_REDIS_BLOOM_ERROR_RATE", 0.0, maximum=0.5),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
             max_overdue=_integer(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later
@@ -46,8 +46,41 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class Hosts:
+
+class StoreView(Generic[T]):
+    """The part of the stats' ``HostView`` that a request store answers by itself.
+
+    A base: :class:`Hosts` adds what the send gate knows (``on_wire``,
+    ``sent_back_from_gate``).
+    """
+
+    store: RequestStore[T]
+
+    @property
+    def active_hosts(self) -> int:
+        return self.store.active
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self.store)
+
+    def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
+        return self.store.hosts()
+
+    def known_state(self, host: str) -> HostState | None:
+        return self.store.known_state(host)
+
+    def in_flight_cap(self, state: HostState) -> int:
+        return self.store.in_flight_cap(state)
+
+    def overdue(self, host: str) -> int:
+        """Count the requests of *host* in flight and overdue."""
+        return self.store.overdue(host)
+
+
+class Hosts(StoreView[Request]):
     """The scheduler's hosts: the per-host queries and commands over its request store.
 
     The per-host query and command API of :class:`HostQueueScheduler`
@@ -162,28 +195,7 @@ class Hosts:
         self.records.give_up(request, host)
         return request
 
-    # -- HostView (stats) ----------------------------------------------------
-
-    @property
-    def active_hosts(self) -> int:
-        return self.store.active
-
-    @property
-    def queued_requests(self) -> int:
-        return len(self.store)
-
-    def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        return self.store.hosts()
-
-    def known_state(self, host: str) -> HostState | None:
-        return self.store.known_state(host)
-
-    def in_flight_cap(self, state: HostState) -> int:
-        return self.store.in_flight_cap(state)
-
-    def overdue(self, host: str) -> int:
-        """Count the requests of *host* in flight and overdue."""
-        return self.store.overdue(host)
+    # -- HostView (stats): the store's part in StoreView ---------------------
 
     def on_wire(self, host: str) -> int:
         """Count the requests of *host* sent and not yet answered.

@@ -16,29 +16,12 @@ from __future__ import annotations
 
 from scrapy.exceptions import IgnoreRequest
 
-from scrapy_hostqueue._errors import (
-    FrontierFileError,
-    HostQueueError,
-    HostQueueSettingsError,
-    PlotError,
-    RedisFrontierError,
-    RedisFrontierLost,
-    TimelineError,
-    UnsupportedDependencyError,
-)
+from scrapy_hostqueue import _errors
+from scrapy_hostqueue._errors import *  # noqa: F403 (the errors that need no Scrapy)
+from scrapy_hostqueue._errors import HostQueueError
 
-__all__ = [
-    "FrontierFileError",
-    "HostBlocked",
-    "HostGivenUp",
-    "HostQueueError",
-    "HostQueueSettingsError",
-    "PlotError",
-    "RedisFrontierError",
-    "RedisFrontierLost",
-    "TimelineError",
-    "UnsupportedDependencyError",
-]
+__all__ = ["HostBlocked", "HostGivenUp"]
+__all__ += _errors.__all__
 
 
 class HostBlocked(HostQueueError, IgnoreRequest):

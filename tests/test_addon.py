@@ -6,7 +6,6 @@ Values the user gave win, whether components are named by import path or given a
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,6 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 import scrapy_hostqueue._scrapy_internals as internals
-from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
 from scrapy_hostqueue import (
     Addon,
@@ -32,7 +30,7 @@ from scrapy_hostqueue import (
     StartRequestsMiddleware,
 )
 from scrapy_hostqueue.stats import HostQueueStats
-from tests.helpers.crawling import ADDON, PageSpider, settings
+from tests.helpers.crawling import ADDON, PageSpider, run_command, settings
 
 
 def applied(**overrides: Any) -> Settings:
@@ -287,15 +285,7 @@ def test_scrapy_crawl_with_a_bad_setting_says_so_in_one_line(wiring: list[str]) 
         *("-a", "start_urls=http://127.0.0.2:9/", "-s", "HOSTQUEUE_AIMD_FLOOR=0"),
         *wiring,
     ]
-    done = subprocess.run(
-        command,
-        cwd=PROJECT_DIR,
-        env=child_environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_command(command, PROJECT_DIR, timeout=120)
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if "HOSTQUEUE_AIMD_FLOOR" in line]
     assert len(errors) == 1, done.stderr

@@ -536,8 +536,15 @@ async def test_a_trailing_dot_after_an_ipv4_address_or_a_name_reaches_the_host(
         by_address = f"http://127.0.0.2.:{address_port}/page"
         by_name = f"http://site.hostqueue.test.:{name_port}/page"
         for url in (by_address, by_name):
-            response = await _download(handler, Request(url))
-            assert (response.status, response.url, response.body) == (200, url, b"page /page")
+            # The response keeps the URL as Scrapy wrote it (w3lib 2.6 and
+            # later drop the dot after an IPv4 address, earlier ones keep it).
+            request = Request(url)
+            response = await _download(handler, request)
+            assert (response.status, response.url, response.body) == (
+                200,
+                request.url,
+                b"page /page",
+            )
     assert [(seen.host, seen.headers["host"]) for seen in hosts.received] == [
         ("127.0.0.2", f"127.0.0.2:{address_port}"),
         # aiohttp sends a name's Host header without the dot.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from scrapy import Request, Spider
 from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue._config import HostQueueConfig
+from scrapy_hostqueue._hosts import StoreView
 from scrapy_hostqueue._recorder import TRACKED_PER_NAMED
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 from scrapy_hostqueue.stats import (
@@ -66,34 +66,14 @@ def test_with_a_send_gate_in_flight_counts_what_passed_the_gate() -> None:
     assert not any("_other" in key for key in stats)
 
 
-class _StoreView:
+class _StoreView(StoreView[str]):
     """The scheduler's HostView over a bare store, every request on the wire."""
 
     def __init__(self, store: MemoryStore[str]) -> None:
         self.store = store
 
-    @property
-    def active_hosts(self) -> int:
-        return self.store.active
-
-    @property
-    def queued_requests(self) -> int:
-        return len(self.store)
-
-    def hosts(self) -> Iterator[tuple[str, int, int, HostState]]:
-        return self.store.hosts()
-
-    def known_state(self, host: str) -> HostState | None:
-        return self.store.known_state(host)
-
-    def in_flight_cap(self, state: HostState) -> int:
-        return self.store.in_flight_cap(state)
-
     def on_wire(self, host: str) -> int:
         return self.store.in_flight(host)
-
-    def overdue(self, host: str) -> int:
-        return self.store.overdue(host)
 
     def sent_back_from_gate(self, request: Request) -> bool:
         return False

@@ -27,10 +27,11 @@ class RequestCodec:
     the dict (``request_from_dict`` gives them their defaults again): a request a spider follows has
     a URL and a callback, and the 13 fields cost more than twice the time to write and to read. A
     request that cannot be pickled (a ``meta`` holding a response, a selector) stays in memory only,
-    counted in ``scheduler/unserializable``, as with Scrapy's own scheduler.
+    counted in ``scheduler/unserializable``, as with Scrapy's own scheduler (*stats* None: not
+    counted).
     """
 
-    def __init__(self, stats: StatsCollector, debug: bool) -> None:
+    def __init__(self, stats: StatsCollector | None, debug: bool) -> None:
         self.spider: Spider | None = None
         self._stats = stats
         self._debug = debug
@@ -42,7 +43,8 @@ class RequestCodec:
         try:
             return pickle.dumps(self._to_dict(request), protocol=4)
         except Exception:
-            self._stats.inc_value("scheduler/unserializable")
+            if self._stats is not None:
+                self._stats.inc_value("scheduler/unserializable")
             if self._debug or not self._warned:
                 self._warned = True
                 logger.warning(

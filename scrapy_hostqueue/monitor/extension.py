@@ -125,23 +125,28 @@ class HostQueueMonitor:
 
         Every ``_shared.HEARTBEAT`` seconds; at the end, withdraw it.
         """
+        # Redis away (at start or later) is the shared frontier's to report,
+        # once per outage; the monitor says it at DEBUG and tries again.
         board = frontier.monitor_board(redis_url, crawl_id)
-        try:
-            await board.open()
-        except Exception as error:  # the crawl goes on without it
-            logger.warning("Monitor: no crawl-wide view: %s", error)
-            return
-        warned = False
+        while True:
+            try:
+                await board.open()
+                break
+            except Exception as error:  # the page shows this process meanwhile
+                logger.debug("Monitor: no crawl-wide view yet: %s", error)
+                await asyncio.sleep(HEARTBEAT)
+        away = False
         key = self._process["key"]
         try:
             while True:
                 try:
                     parts = await board.beat(self.local_snapshot())
-                except Exception as error:  # Redis away: the frontier says so too
-                    if not warned:
-                        logger.warning("Monitor: cannot publish to Redis: %s", error)
-                        warned = True
+                except Exception as error:
+                    if not away:
+                        logger.debug("Monitor: cannot publish to Redis: %s", error)
+                        away = True
                 else:
+                    away = False
                     self._others = [part for part in parts if part["process"]["key"] != key]
                 await asyncio.sleep(HEARTBEAT)
         finally:

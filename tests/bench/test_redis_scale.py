@@ -99,11 +99,11 @@ def test_a_refused_redis_frontier_is_said_and_measures_nothing() -> None:
 @pytest.mark.crawl
 @pytest.mark.requires_redis
 def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
-    # Part a in one run, parts d and b in another, side by side: each part
-    # runs end to end as in a whole run (their crawls are time-limited or
-    # tiny, so the two runs take about as long as the longer one).
+    # Parts a and m in one run, parts d and b in another, side by side: each
+    # part runs end to end as in a whole run (their crawls are time-limited
+    # or tiny, so the two runs take about as long as the longer one).
     runs = {}
-    for parts in ("a", "db"):
+    for parts in ("am", "db"):
         out = tmp_path / parts
         command = [
             sys.executable,
@@ -111,6 +111,7 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
             "bench.redis_scale",
             *("--parts", parts, "--quick", "--hosts", "8", "--seconds", "3"),
             *("--budget", "100", "--scenarios", "S1", "--out", str(out)),
+            *("--queued", "3000", "--queued-hosts", "30", "--fingerprints", "5000"),
         ]
         process = subprocess.Popen(command, cwd=ROOT, stdout=PIPE, stderr=PIPE, text=True)
         runs[parts] = (out, process)
@@ -125,7 +126,7 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    (a_code, a_out, a_result), (db_code, db_out, db_result) = done["a"], done["db"]
+    (a_code, a_out, a_result), (db_code, db_out, db_result) = done["am"], done["db"]
     memory = [run for run in a_result["scale_runs"] if run["store"] == "memory"]
     assert [run["processes"] for run in memory] == [1, 2]
     for run in memory:
@@ -147,6 +148,15 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
         assert [run["store"] for run in db_result["overhead_runs"]] == ["memory"]
     else:
         assert db_result["summary"]["refused"] is None
+        figures = a_result["memory"]
+        assert 0 < figures["queued_bytes"] < 130, figures
+        assert 0 < figures["fingerprint_bytes"] < figures["queued_bytes"], figures
+        assert re.search(r"this package [0-9.]+ B per queued request with its fingerprint", a_out)
+        if figures["scrapy_redis_queued_bytes"] is not None:
+            # The same requests through scrapy-redis's own scheduler.
+            assert figures["scrapy_redis_queued_bytes"] > figures["queued_bytes"], figures
+        else:
+            assert "scrapy-redis: not installed" in a_out
         redis = [run for run in a_result["scale_runs"] if run["store"] == "redis"]
         assert [run["processes"] for run in redis] == [1, 2]
         for run in redis:

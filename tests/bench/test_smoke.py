@@ -27,7 +27,6 @@ from bench.report import gc_lines, probe_lines, reference_lines, table_lines, ta
 from bench.runner import (
     Run,
     Summary,
-    child_environment,
     crawl_order,
     rounds_of,
     run_child,
@@ -38,7 +37,7 @@ from bench.scenarios import CONFIGS, SCENARIOS, Config, unavailable_reason
 from scrapy_hostqueue import GcTuning
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.helpers import ROOT
-from tests.helpers.crawling import PageSpider
+from tests.helpers.crawling import PageSpider, run_command
 
 
 def test_politeness_bounds_from_the_scenario_specs() -> None:
@@ -848,15 +847,7 @@ async def test_a_crawl_that_misses_pages_is_reported_with_what_repeats_it() -> N
 def test_the_lost_pages_command_fetches_every_page_of_every_crawl() -> None:
     command = [sys.executable, "-m", "bench.lost_pages", "--crawls", "4", "--parallel", "2"]
     command += ["--seed", "7", "--store", "both"]
-    done = subprocess.run(
-        command,
-        cwd=ROOT,
-        env=child_environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_command(command, ROOT, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(
         r"^4 of 4 crawls \(seed 7, store both\) fetched every page with a 200: [\d,]+ pages",

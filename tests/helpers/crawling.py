@@ -469,6 +469,24 @@ def start_demo_crawls(
     ]
 
 
+def run_command(
+    command: list[str], cwd: Path, *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run *command* in *cwd* with the environment of a crawl process; return its text output.
+
+    A non-zero exit is not an error: the caller asserts on ``returncode``.
+    """
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env=child_environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def crawl_refused_at_start(*settings: str) -> str:
     """Return the one ERROR line of a ``scrapy crawl`` that *settings* stop at start.
 
@@ -480,15 +498,7 @@ def crawl_refused_at_start(*settings: str) -> str:
     command += ["-a", "start_urls=http://127.0.0.1:9/"]
     for setting in settings:
         command += ["-s", setting]
-    done = subprocess.run(
-        command,
-        cwd=PROJECT_DIR,
-        env=child_environment(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_command(command, PROJECT_DIR, timeout=60)
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "Traceback" not in output, output[-3000:]

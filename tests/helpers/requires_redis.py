@@ -11,6 +11,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Iterable
 from types import ModuleType
 from typing import NoReturn
@@ -64,6 +65,21 @@ def import_redis() -> ModuleType:
         return importlib.import_module("redis")
     except ImportError:
         no_redis(NO_CLIENT, module=True)
+
+
+def redis_server_marks(
+    *marks: pytest.MarkDecorator, needs: str = "redis-server"
+) -> list[pytest.MarkDecorator]:
+    """Return the ``pytestmark`` of a module whose tests run a real ``redis-server``.
+
+    *marks* (``crawl``, say), ``requires_redis``, and a skip on Windows, which lacks what the
+    tests *needs*.
+    """
+    return [
+        *marks,
+        pytest.mark.requires_redis,
+        pytest.mark.skipif(sys.platform == "win32", reason=needs),
+    ]
 
 
 def unmarked(items: Iterable[pytest.Item]) -> list[str]:

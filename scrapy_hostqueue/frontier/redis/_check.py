@@ -16,6 +16,7 @@ from typing import Any
 
 __all__ = [
     "ServerSettings",
+    "bloom_refusal",
     "describe",
     "eviction_refusal",
     "lost_cause",
@@ -143,3 +144,24 @@ def describe(server: ServerSettings) -> str:
     else:
         persistence = "persistence: " + (", ".join(kept) or "none")
     return f"{memory}, maxmemory-policy {server.policy}, {persistence}"
+
+
+def bloom_refusal(client: Any, where: str, key: str, **node: Any) -> str | None:
+    """Say why a crawl cannot have the Bloom filter it asks for, or None.
+
+    *client*'s server has no ``BF.*`` commands: ``BF.EXISTS`` of *key*, a
+    key of the crawl, is refused as unknown.
+    """
+    try:
+        client.execute_command("BF.EXISTS", key, "-", **node)
+    except Exception as error:
+        if "unknown command" not in str(error).lower():
+            raise
+    else:
+        return None
+    return (
+        f"HOSTQUEUE_REDIS_BLOOM_ERROR_RATE asks for a Bloom filter, and the Redis at {where} "
+        "has no BF.* commands (Redis 8 has them built in, Redis Stack too, Valkey with its "
+        "bloom module): use such a server, or set HOSTQUEUE_REDIS_BLOOM_ERROR_RATE = 0 "
+        "for exact fingerprints"
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import pickle
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -20,12 +19,14 @@ from scrapy import Request
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.request import fingerprint
 
+from scrapy_hostqueue.frontier._codec import RequestCodec
 from scrapy_hostqueue.frontier.redis import _check
 from scrapy_hostqueue.frontier.redis._capacity import HeldRequest
 from scrapy_hostqueue.frontier.redis._db import (
     LAYOUT_VERSION,
     SCRIPTS,
     RedisFrontierError,
+    fingerprint_key,
     open_crawl,
     prefix,
     split_value,
@@ -66,12 +67,15 @@ def _requests(urls: Iterable[str], priority: int) -> Iterator[HeldRequest]:
     """Make a request for each of *urls*, in the push script's form.
 
     A request for each of *urls*, as the spider's default callback gets
-    them, in the push script's form.
+    them, encoded as the crawl's store encodes its requests
+    (:class:`RequestCodec`, the fields at their defaults left out).
     """
+    codec = RequestCodec(None, debug=False)
     for address in urls:
         request = Request(address.strip(), priority=priority)
         host = urlparse_cached(request).hostname or ""
-        data = pickle.dumps(request.to_dict(), protocol=4)
+        data = codec.encode(request)
+        assert data is not None  # a URL and a priority always encode
         yield HeldRequest("", fingerprint(request), host, priority * 2 + 1, data)
 
 
@@ -101,7 +105,8 @@ def push(
         statuses: Counter[int] = Counter()
         every = itertools.chain(_requests(urls, priority), requests)
         for n, held in enumerate(every):
-            args += [f"{source}.{n}", held.fingerprint, held.host, held.rank, "0", held.data]
+            key = fingerprint_key(held.fingerprint) if held.fingerprint else b""
+            args += [f"{source}.{n}", key, held.host, held.rank, "0", held.data]
             if len(args) >= 6 * _CHUNK:
                 statuses.update(script(keys=[p], args=[token, source, *args]))
                 args = []
@@ -148,7 +153,7 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
         f"  {stats.get('queued', 0):,} requests queued and {stats.get('leased', 0):,} leased; "
         f"{stats.get('pushed', 0):,} pushed, {stats.get('duplicates', 0):,} duplicates dropped, "
         f"{stats.get('acked', 0):,} done, {stats.get('reclaimed', 0):,} taken back from "
-        f"processes that stopped; {client.scard(p + 'seen'):,} fingerprints seen"
+        f"processes that stopped; {int(client.hget(p + 'fp', 'n') or 0):,} fingerprints seen"
         + (f"; {backlog:,} kept back in processes while Redis is full" if backlog else ""),
     ]
     leased: Counter[str] = Counter()

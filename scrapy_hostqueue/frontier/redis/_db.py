@@ -12,9 +12,19 @@ legal there. Keys (after the prefix):
                 is created; every script checks it first (see below)
 ``procs``       zset: process id -> heartbeat expiry (ms since the epoch)
 ``procseq``     counter giving processes their ids
-``r``           hash: request id -> ``"<rank> <host>\n"`` + the encoded request
-``q:<host>``    zset: the host's queued request ids, in serving order
-``qcount``      zset: host -> requests queued (the report's per-host counts)
+``r``           hash: request id -> ``"<rank> <host>\n"`` + the encoded request,
+                for the requests leased and those queued by id (``b:<host>``)
+``q:<host>``    zset: the ranks the host has requests of in ``l:<host>:<rank>``
+                (member the rank, score minus the rank: the highest first)
+``l:<host>:<rank>`` list: the host's queued requests of that rank, oldest
+                first, each its encoded form only (the lean entries: a few
+                bytes of Redis overhead each, see below)
+``b:<host>``    zset: the host's requests queued by id, values in ``r``
+                (given back after a lease, or pushed without a fingerprint),
+                score ``-rank * 1e9 + order``; served before the lists' of
+                a lower rank
+``qcount``      zset: host -> requests queued (the report's per-host counts,
+                and the count the scripts read)
 ``avail``       zset: host -> when it may be claimed (ms): hosts with queued
                 requests that no process holds
 ``owner``       hash: host -> the process holding it
@@ -23,7 +33,13 @@ legal there. Keys (after the prefix):
 ``state``       hash: host -> its state as JSON (limit, block, spacing,
                 learned), written when a process saves or gives the host back
 ``ready``       hash: host -> when it may be claimed again (ms), if later than now
-``seen``        set: fingerprints of the requests pushed (the dupefilter)
+``fp``          hash: the dupefilter: ``mode`` (``exact`` or ``bloom``), and
+                for ``exact`` the fingerprints counted (``n``) and the
+                buckets' ``level`` and ``split`` (see below)
+``f:<n>``       hash: a bucket of fingerprints (exact mode): the first 8
+                bytes of each fingerprint -> the number of the process that
+                pushed it
+``bloom``       the Bloom filter of the fingerprints (``BF.*``; bloom mode)
 ``gaveup``      set: hosts given up (their requests are refused)
 ``hungry``      zset: process -> when it last wanted hosts, found none and held
                 fewer than its fair share (ms)
@@ -42,7 +58,21 @@ legal there. Keys (after the prefix):
 
 A request id is ``<proc>.<n>``, chosen by the process that pushes it, so
 that every script is idempotent: a batch whose answer was lost with the
-connection is sent again as it was.
+connection is sent again as it was. A request queued in a list has no id
+there: the script that leases it gives it one (``t<n>``), and a push sent
+again finds it by its fingerprint, whose bucket holds the pushing process's
+number (the push sent again answers "queued", not "duplicate").
+
+**Lean bytes.** A request waiting in a host's queue is one list element: its
+encoded form (the codec's, with the host and the rank in the key), a few
+bytes of list overhead. The fingerprint of a request, queued or done, is 8
+bytes in one of many small hashes (linear hashing: one bucket more, split
+from the next one in turn, each time the fingerprints pass :data:`FP_LOAD`
+per bucket, so that a bucket stays a listpack of well under 128 entries):
+about 14.5 bytes each, exact up to the odds of two URLs sharing 64 bits of
+fingerprint (``n**2 / 2**65``: 2.7e-4 at 1e8 URLs, 2.7e-2 at 1e9). The Bloom
+mode keeps a Bloom filter instead (``BF.ADD``), its false positives being
+pages never fetched.
 
 **The crawl's identity.** Every script takes the crawl's token
 (``ARGV[1]``, what ``crawl`` held when the process joined) and answers the
@@ -62,13 +92,14 @@ for room.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import Any
 
 from scrapy_hostqueue._errors import RedisFrontierError
 
 #: The layout of the keys; a crawl id written with another is refused.
-LAYOUT_VERSION = "2"
+LAYOUT_VERSION = "3"
 #: The error a script answers when Redis no longer holds the crawl it was
 #: given the token of.
 LOST = "HQLOST"
@@ -77,6 +108,15 @@ LOST = "HQLOST"
 #: + order``, exact while ``|rank| < RANK_LIMIT``.
 _ORDER = 1_000_000_000
 RANK_LIMIT = 4_000_000
+#: Fingerprints per bucket (on average) past which one bucket more is made.
+FP_LOAD = 48
+#: Bytes of a fingerprint kept (see :func:`fingerprint_key`).
+FP_BYTES = 8
+#: About what a fingerprint costs in Redis (exact mode), and a request
+#: queued in a list besides its encoded form (bytes, as measured by
+#: ``python -m bench.redis_scale --parts m``).
+FP_COST = 15
+QUEUED_BYTES = 4
 
 
 def prefix(crawl_id: str) -> str:
@@ -109,7 +149,7 @@ local function pass_when_full()
 end
 local counters, qdelta, memo_owner, memo_ready, memo_gaveup, in_avail = {}, {}, {}, {}, {}, {}
 local memo_shared = {}
-local new_values, new_leases = {}, {}
+local new_values, new_leases, new_lists = {}, {}, {}
 local order_next
 local function hinc(field, n)
   counters[field] = (counters[field] or 0) + n
@@ -163,13 +203,11 @@ local function shared(host)
   end
   return s
 end
-local function enqueue(host, id, rank)
-  if not order_next then
-    order_next = tonumber(redis.call('GET', P..'order') or '0')
-  end
-  order_next = order_next + 1
-  local score = string.format('%%.0f', -rank * %(order)d + order_next %% %(order)d)
-  if redis.call('ZADD', P..'q:'..host, score, id) == 0 then return end
+-- The requests queued for the host, as this script left them so far.
+local function count_of(host)
+  return tonumber(redis.call('ZSCORE', P..'qcount', host) or '0') + (qdelta[host] or 0)
+end
+local function queued_one(host)
   qdelta[host] = (qdelta[host] or 0) + 1
   hinc('queued', 1)
   if not owner_of(host) and not in_avail[host] and not shared(host) then
@@ -177,24 +215,74 @@ local function enqueue(host, id, rank)
     in_avail[host] = true
   end
 end
+local function next_order()
+  if not order_next then
+    order_next = tonumber(redis.call('GET', P..'order') or '0')
+  end
+  order_next = order_next + 1
+  return order_next
+end
+-- A request queued by id (its value in r).
+local function enqueue(host, id, rank)
+  local score = string.format('%%.0f', -rank * %(order)d + next_order() %% %(order)d)
+  if redis.call('ZADD', P..'b:'..host, score, id) == 0 then return end
+  queued_one(host)
+end
+-- A request queued as its encoded form only, at the end of its rank's list
+-- (written at the script's end, one RPUSH per list).
+local function enqueue_lean(host, rank, data)
+  local name = 'l:'..host..':'..rank
+  local values = new_lists[name]
+  if not values then
+    values = {}
+    new_lists[name] = values
+    redis.call('ZADD', P..'q:'..host, -tonumber(rank), rank)
+  end
+  values[#values + 1] = data
+  queued_one(host)
+end
+-- Up to n of the host's queued requests, in serving order, leased to proc:
+-- {id, value, ...}. A request from a list gets its id now.
 local function take(proc, host, n)
-  local popped = redis.call('ZPOPMIN', P..'q:'..host, n)
-  local out = {}
-  local k = #popped / 2
-  if k == 0 then return out end
-  local ids = {}
-  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
-  local values = redis.call('HMGET', P..'r', unpack(ids))
-  local leased = {}
-  for i, id in ipairs(ids) do
-    local v = values[i]
-    if v then
-      leased[#leased + 1] = id
-      out[#out + 1] = id
-      out[#out + 1] = v
+  local out, leased = {}, {}
+  local k = 0
+  local by_id = redis.call('ZRANGE', P..'b:'..host, 0, 0, 'WITHSCORES')
+  while k < n do
+    local top = redis.call('ZRANGE', P..'q:'..host, 0, 0)[1]
+    local brank = by_id[1] and -math.floor(tonumber(by_id[2]) / %(order)d)
+    if not top and not brank then break end
+    if brank and (not top or brank >= tonumber(top)) then
+      local id = by_id[1]
+      redis.call('ZREM', P..'b:'..host, id)
+      k = k + 1
+      local v = redis.call('HGET', P..'r', id)
+      if v then
+        leased[#leased + 1] = id
+        out[#out + 1] = id
+        out[#out + 1] = v
+      end
+      by_id = redis.call('ZRANGE', P..'b:'..host, 0, 0, 'WITHSCORES')
+    else
+      local items = redis.call('LPOP', P..'l:'..host..':'..top, n - k) or {}
+      if #items < n - k then redis.call('ZREM', P..'q:'..host, top) end
+      local head = top..' '..host..'\\n'
+      for _, data in ipairs(items) do
+        local id = 't'..string.format('%%.0f', next_order())
+        local v = head..data
+        new_values[#new_values + 1] = id
+        new_values[#new_values + 1] = v
+        leased[#leased + 1] = id
+        out[#out + 1] = id
+        out[#out + 1] = v
+      end
+      k = k + #items
     end
   end
-  if #leased > 0 then redis.call('SADD', P..'lease:'..proc, unpack(leased)) end
+  if k == 0 then return out end
+  if #leased > 0 then
+    new_leases[proc] = new_leases[proc] or {}
+    for _, id in ipairs(leased) do table.insert(new_leases[proc], id) end
+  end
   hinc('queued', -k)
   hinc('leased', #leased)
   qdelta[host] = (qdelta[host] or 0) - k
@@ -211,7 +299,7 @@ local function give_back(proc, id)
   return 1
 end
 local function make_claimable(host)
-  if not owner_of(host) and redis.call('ZCARD', P..'q:'..host) > 0 then
+  if not owner_of(host) and count_of(host) > 0 then
     redis.call('ZADD', P..'avail', ready_at(host), host)
     in_avail[host] = true
   end
@@ -263,9 +351,78 @@ local function leave(proc)
   redis.call('HDEL', P..'backlog', proc)
   return n
 end
+-- The dupefilter (see the module's docstring): add a fingerprint, 1 if it
+-- is new. Exact mode: linear hashing over the small hashes f:<n>.
+local fp_mode, fp_level, fp_split, fp_count, fp_changed
+local function fp_read()
+  if not fp_mode then
+    local s = redis.call('HMGET', P..'fp', 'mode', 'level', 'split', 'n')
+    fp_mode = s[1] or 'exact'
+    fp_level, fp_split = tonumber(s[2] or '0'), tonumber(s[3] or '0')
+    fp_count = tonumber(s[4] or '0')
+  end
+end
+local function fp_hash(f)
+  local b1, b2, b3, b4 = string.byte(f, 1, 4)
+  return ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+end
+local function fp_index(f)
+  local m = 2 ^ fp_level
+  local h = fp_hash(f)
+  local b = h %% m
+  if b < fp_split then b = h %% (m * 2) end
+  return string.format('%%.0f', b)
+end
+-- One bucket more: the next bucket in turn gives the fingerprints that
+-- belong to the new one (a bucket holds well under 128 of them).
+local function fp_grow()
+  local m = 2 ^ fp_level
+  local from = P..'f:'..string.format('%%.0f', fp_split)
+  local all = redis.call('HGETALL', from)
+  local moved, names = {}, {}
+  for i = 1, #all, 2 do
+    if fp_hash(all[i]) %% (m * 2) ~= fp_split then
+      moved[#moved + 1] = all[i]
+      moved[#moved + 1] = all[i + 1]
+      names[#names + 1] = all[i]
+    end
+  end
+  if #names > 0 then
+    redis.call('HSET', P..'f:'..string.format('%%.0f', fp_split + m), unpack(moved))
+    redis.call('HDEL', from, unpack(names))
+  end
+  fp_split = fp_split + 1
+  if fp_split >= m then
+    fp_level = fp_level + 1
+    fp_split = 0
+  end
+end
+local function fp_add(f, tag)
+  fp_read()
+  if fp_mode == 'bloom' then return redis.call('BF.ADD', P..'bloom', f) end
+  if redis.call('HSETNX', P..'f:'..fp_index(f), f, tag) == 0 then return 0 end
+  fp_count = fp_count + 1
+  fp_changed = true
+  if fp_count > %(load)d * (2 ^ fp_level + fp_split) then fp_grow() end
+  return 1
+end
+-- Who pushed the fingerprint (exact mode; false in bloom mode).
+local function fp_tag(f)
+  fp_read()
+  if fp_mode == 'bloom' then return false end
+  return redis.call('HGET', P..'f:'..fp_index(f), f)
+end
+-- A command with the fixed arguments and the values, in chunks (Lua's unpack
+-- takes a few thousand at most).
+local function chunked(cmd, name, values)
+  for i = 1, #values, 1000 do
+    redis.call(cmd, P..name, unpack(values, i, math.min(i + 999, #values)))
+  end
+end
 local function flush()
-  if #new_values > 0 then redis.call('HSET', P..'r', unpack(new_values)) end
-  for proc, ids in pairs(new_leases) do redis.call('SADD', P..'lease:'..proc, unpack(ids)) end
+  for name, values in pairs(new_lists) do chunked('RPUSH', name, values) end
+  if #new_values > 0 then chunked('HSET', 'r', new_values) end
+  for proc, ids in pairs(new_leases) do chunked('SADD', 'lease:'..proc, ids) end
   if order_next then redis.call('SET', P..'order', order_next) end
   for host, d in pairs(qdelta) do
     if d ~= 0 and tonumber(redis.call('ZINCRBY', P..'qcount', d, host)) <= 0 then
@@ -275,6 +432,9 @@ local function flush()
   for field, n in pairs(counters) do
     if n ~= 0 then redis.call('HINCRBY', P..'stats', field, n) end
   end
+  if fp_changed then
+    redis.call('HSET', P..'fp', 'level', fp_level, 'split', fp_split, 'n', fp_count)
+  end
 end
 local function run(body)
   local result = body()
@@ -283,6 +443,7 @@ local function run(body)
 end
 return run(function()
 """.replace("%(order)d", str(_ORDER))
+    .replace("%(load)d", str(FP_LOAD))
     .replace("%(lost)s", LOST)
     .replace("%%", "%")
 )
@@ -290,39 +451,59 @@ _END = """
 end)
 """
 
-#: ARGV: proc, then (id, fingerprint or "", host, rank, keep "1"/"0", data)
-#: per request. Per request: 0 a duplicate, 1 queued, 2 leased to *proc*
-#: (it holds the host and asked to keep it), 3 refused (host given up).
+#: ARGV: proc, then (id, fingerprint key or "", host, rank, keep, data) per
+#: request, keep "1" or "0" and "r1" or "r0" for a request sent before in a
+#: batch whose answer was lost. Per request: 0 a duplicate, 1 queued, 2
+#: leased to *proc* (it holds the host and asked to keep it), 3 refused (host
+#: given up). A request with a fingerprint is queued lean (``l:<host>:<rank>``),
+#: one without by id (``b:<host>``).
 PUSH = (
     _COMMON
     + """
 local proc = ARGV[1]
+local tag = string.match(proc, '%d+$') or '0'
 local out = {}
 local kept = {}
 for i = 2, #ARGV, 6 do
   local id, fp, host, rank, keep = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local status
-  -- A request already pushed (this batch sent again after its answer was
-  -- lost) answers as it did; its fingerprint is in the seen set, so a new
-  -- request with a fingerprint costs one SADD.
-  local again = fp == '' or gave_up(host) or redis.call('SADD', P..'seen', fp) == 0
-  if again and redis.call('HEXISTS', P..'r', id) == 1 then
-    status = redis.call('SISMEMBER', P..'lease:'..proc, id) == 1 and 2 or 1
-  elseif gave_up(host) then
-    status = 3
-  elseif fp ~= '' and again then
-    status = 0
-    hinc('duplicates', 1)
+  local new
+  if gave_up(host) then
+    new = false
+  elseif fp == '' then
+    new = redis.call('HEXISTS', P..'r', id) == 0
   else
-    new_values[#new_values + 1] = id
-    new_values[#new_values + 1] = rank..' '..host..'\\n'..ARGV[i + 5]
+    new = fp_add(fp, tag) == 1
+  end
+  if not new then
+    -- A request pushed already (its batch sent again after the answer was
+    -- lost) answers as it did: kept and queued by id ones are in r, a lean
+    -- one by its fingerprint's tag.
+    if redis.call('HEXISTS', P..'r', id) == 1 then
+      status = redis.call('SISMEMBER', P..'lease:'..proc, id) == 1 and 2 or 1
+    elseif gave_up(host) then
+      status = 3
+    elseif string.sub(keep, 1, 1) == 'r' and fp_tag(fp) == tag then
+      status = 1
+    else
+      status = 0
+      hinc('duplicates', 1)
+    end
+  else
     hinc('pushed', 1)
-    if keep == '1' and owner_of(host) == proc then
+    if string.sub(keep, -1) == '1' and owner_of(host) == proc then
+      new_values[#new_values + 1] = id
+      new_values[#new_values + 1] = rank..' '..host..'\\n'..ARGV[i + 5]
       kept[#kept + 1] = id
       hinc('leased', 1)
       status = 2
-    else
+    elseif fp == '' then
+      new_values[#new_values + 1] = id
+      new_values[#new_values + 1] = rank..' '..host..'\\n'..ARGV[i + 5]
       enqueue(host, id, tonumber(rank))
+      status = 1
+    else
+      enqueue_lean(host, rank, ARGV[i + 5])
       status = 1
     end
   end
@@ -358,7 +539,7 @@ for i, id in ipairs(ids) do
     local v = redis.call('HGET', P..'r', id)
     if v then
       local host = parse(v)
-      if redis.call('ZREM', P..'q:'..host, id) == 1 then
+      if redis.call('ZREM', P..'b:'..host, id) == 1 then
         redis.call('HDEL', P..'r', id)
         hinc('queued', -1)
         hinc('acked', 1)
@@ -436,12 +617,11 @@ local ready = {}
 if n > 0 then ready = redis.call('ZRANGEBYSCORE', P..'avail', '-inf', now, 'LIMIT', 0, n) end
 for _, host in ipairs(ready) do
   redis.call('ZREM', P..'avail', host)
-  if not owner_of(host) and not shared(host) and redis.call('ZCARD', P..'q:'..host) > 0 then
+  if not owner_of(host) and not shared(host) and count_of(host) > 0 then
     set_owner(host, proc)
     redis.call('SADD', P..'held:'..proc, host)
     local items = take(proc, host, w)
-    out[#out + 1] = {host, redis.call('HGET', P..'state', host) or '',
-                     redis.call('ZCARD', P..'q:'..host), items}
+    out[#out + 1] = {host, redis.call('HGET', P..'state', host) or '', count_of(host), items}
     got = got + 1
   end
 end
@@ -457,8 +637,8 @@ if got == 0 and n > 0 and ARGV[6] == '1' then
       redis.call('HSET', P..'share:'..host, 'co', proc)
       redis.call('SADD', P..'coheld:'..proc, host)
       local items = take(proc, host, w)
-      out[#out + 1] = {host, redis.call('HGET', P..'state', host) or '',
-                       redis.call('ZCARD', P..'q:'..host), items, rec[2], rec[3] or '0'}
+      out[#out + 1] = {host, redis.call('HGET', P..'state', host) or '', count_of(host), items,
+                       rec[2], rec[3] or '0'}
       hinc('shares', 1)
       took = true
       break
@@ -494,7 +674,7 @@ if owner_of(host) ~= proc and redis.call('HGET', P..'share:'..host, 'co') ~= pro
   return -1
 end
 local items = take(proc, host, n)
-return {redis.call('ZCARD', P..'q:'..host), items}
+return {count_of(host), items}
 """
     + _END
 )
@@ -571,7 +751,7 @@ for i = 3 + nh, #ARGV do
     local v = redis.call('HGET', P..'r', id)
     if v then
       local host = parse(v)
-      if mine[host] and redis.call('ZREM', P..'q:'..host, id) == 1 then
+      if mine[host] and redis.call('ZREM', P..'b:'..host, id) == 1 then
         redis.call('SADD', P..'lease:'..proc, id)
         hinc('queued', -1)
         hinc('leased', 1)
@@ -656,14 +836,20 @@ GIVE_UP = (
 pass_when_full()
 local host = ARGV[1]
 redis.call('SADD', P..'gaveup', host)
-local ids = redis.call('ZRANGE', P..'q:'..host, 0, -1)
-for _, id in ipairs(ids) do redis.call('HDEL', P..'r', id) end
-redis.call('DEL', P..'q:'..host)
+for _, rank in ipairs(redis.call('ZRANGE', P..'q:'..host, 0, -1)) do
+  redis.call('DEL', P..'l:'..host..':'..rank)
+end
+for _, id in ipairs(redis.call('ZRANGE', P..'b:'..host, 0, -1)) do
+  redis.call('HDEL', P..'r', id)
+end
+local n = count_of(host)
+qdelta[host] = nil
+redis.call('DEL', P..'q:'..host, P..'b:'..host)
 redis.call('ZREM', P..'qcount', host)
 redis.call('ZREM', P..'avail', host)
-hinc('queued', -#ids)
-hinc('refused', #ids)
-return #ids
+hinc('queued', -n)
+hinc('refused', n)
+return n
 """
     + _END
 )
@@ -708,12 +894,54 @@ def split_value(value: bytes) -> tuple[str, int, bytes]:
     return host.decode(), int(rank), data
 
 
-def open_crawl(client: Any, crawl_id: str) -> str:
+def fingerprint_key(fingerprint: bytes) -> bytes:
+    """Return what the dupefilter keeps of a request's *fingerprint*.
+
+    Its first :data:`FP_BYTES` bytes when it is a digest (Scrapy's are
+    20-byte SHA1s), else (a shorter one, any bytes) an 8-byte digest of it.
+    """
+    if len(fingerprint) >= 16:
+        return fingerprint[:FP_BYTES]
+    return hashlib.blake2b(fingerprint, digest_size=FP_BYTES).digest()
+
+
+#: The Bloom filter's first size (fingerprints); it grows by sub-filters of
+#: twice the size each (``BF.RESERVE ... EXPANSION 2``).
+BLOOM_CAPACITY = 10_000_000
+
+
+def _dupefilter(client: Any, p: str, bloom: float | None) -> None:
+    """Make the crawl's dupefilter as asked, or refuse one made otherwise.
+
+    *bloom* is the error rate of a Bloom filter, 0 exact fingerprints, None
+    whatever the crawl has; a crawl made with the other one is refused.
+    """
+    mode = client.hget(p + "fp", "mode")
+    if mode is None and bloom is not None:
+        if bloom > 0:
+            client.execute_command("BF.RESERVE", p + "bloom", bloom, BLOOM_CAPACITY, "EXPANSION", 2)
+        client.hsetnx(p + "fp", "mode", "bloom" if bloom > 0 else "exact")
+        mode = client.hget(p + "fp", "mode")
+    if mode is None or bloom is None:
+        return
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode != ("bloom" if bloom > 0 else "exact"):
+        kept, setting = (
+            ("exact", "0") if mode == "exact" else ("in a Bloom filter", "its error rate")
+        )
+        raise RedisFrontierError(
+            f"this crawl's fingerprints are {kept}: set HOSTQUEUE_REDIS_BLOOM_ERROR_RATE to "
+            f"{setting} to join it, or choose another HOSTQUEUE_CRAWL_ID"
+        )
+
+
+def open_crawl(client: Any, crawl_id: str, bloom: float | None = None) -> str:
     """Check the layout of *crawl_id*, make the crawl if it is not there.
 
     Check the layout of *crawl_id* with a synchronous *client*, make the
-    crawl if it is not there (its layout version and its identity), and
-    return its identity. Raises :class:`RedisFrontierError`.
+    crawl if it is not there (its layout version, its identity and its
+    dupefilter: see :func:`_dupefilter` for *bloom*), and return its
+    identity. Raises :class:`RedisFrontierError`.
     """
     p = prefix(crawl_id)
     version = client.get(p + "version")
@@ -728,19 +956,21 @@ def open_crawl(client: Any, crawl_id: str) -> str:
             f"{version}, this scrapy-hostqueue uses layout {LAYOUT_VERSION}: finish it with "
             "the version that wrote it, or choose another HOSTQUEUE_CRAWL_ID"
         )
+    _dupefilter(client, p, bloom)
     if client.get(p + "crawl") is None:
         client.set(p + "crawl", secrets.token_hex(8), nx=True)
     return crawl_token(client, crawl_id)
 
 
-def register(client: Any, crawl_id: str, expiry_ms: int) -> str:
+def register(client: Any, crawl_id: str, expiry_ms: int, bloom: float | None = 0.0) -> str:
     """Join *crawl_id* and return this process's id.
 
-    Join *crawl_id* (see :func:`open_crawl`) with a synchronous *client*
-    (at start-up, before the crawl runs): register this process and return
-    its id. Raises :class:`RedisFrontierError`.
+    Join *crawl_id* (see :func:`open_crawl`; *bloom* the error rate of its
+    Bloom filter, 0 exact fingerprints) with a synchronous *client* (at
+    start-up, before the crawl runs): register this process and return its
+    id. Raises :class:`RedisFrontierError`.
     """
-    open_crawl(client, crawl_id)
+    open_crawl(client, crawl_id, bloom)
     proc = client.eval(_JOIN, 1, prefix(crawl_id), expiry_ms)
     return proc.decode() if isinstance(proc, bytes) else str(proc)
 
@@ -770,12 +1000,16 @@ def crawl_token(client: Any, crawl_id: str) -> str:
 
 
 __all__ = [
+    "FP_BYTES",
+    "FP_COST",
     "LAYOUT_VERSION",
     "LOST",
+    "QUEUED_BYTES",
     "RANK_LIMIT",
     "SCRIPTS",
     "RedisFrontierError",
     "crawl_token",
+    "fingerprint_key",
     "open_crawl",
     "prefix",
     "register",

@@ -397,9 +397,13 @@ class RedisFrontier:
             node = {"target_nodes": client.get_node_from_key(prefix(crawl_id))} if cluster else {}
             server = _check.read(client, **node)
             refusal = _check.eviction_refusal(server, shown_url(url))
+            if refusal is None and config.redis_bloom:
+                bloom_key = prefix(crawl_id) + "bloom"
+                refusal = _check.bloom_refusal(client, shown_url(url), bloom_key, **node)
             if refusal is not None:
                 raise RedisFrontierError(refusal)
-            proc = register(client, crawl_id, int((time.time() + config.lease_timeout) * 1000))
+            expiry = int((time.time() + config.lease_timeout) * 1000)
+            proc = register(client, crawl_id, expiry, config.redis_bloom)
             token = crawl_token(client, crawl_id)
         except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
             raise RedisFrontierError(

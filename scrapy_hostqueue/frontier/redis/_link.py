@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy_hostqueue.frontier.redis._capacity import is_oom
 from scrapy_hostqueue.frontier.redis._check import lost_cause
-from scrapy_hostqueue.frontier.redis._db import LOST, SCRIPTS
+from scrapy_hostqueue.frontier.redis._db import (
+    FP_COST,
+    LOST,
+    QUEUED_BYTES,
+    SCRIPTS,
+    fingerprint_key,
+)
 from scrapy_hostqueue.frontier.redis._share import SHARE_TICK
 from scrapy_hostqueue.frontier.redis._store import BATCH
 
@@ -226,42 +232,39 @@ class RedisLink:
         self.store.capacity.memory(int(info.get("used_memory", 0)), maxmemory)
         if maxmemory and self._keys_at_start is None:
             sizes = await self._key_sizes()
-            self._keys_at_start = {"r": sizes[2], "seen": sizes[3]}
+            self._keys_at_start = {"r": sizes[1], "fp": sizes[2]}
 
     async def _key_sizes(self) -> list[int]:
-        """Read the counts of requests and fingerprints, and the bytes of their keys."""
+        """Read the requests in ``r``, the bytes of ``r``, and the fingerprints counted."""
         p = self.store.prefix
         pipe = self.client.pipeline(transaction=False)
         pipe.hlen(p + "r")
-        pipe.scard(p + "seen")
         pipe.memory_usage(p + "r")
-        pipe.memory_usage(p + "seen")
+        pipe.hget(p + "fp", "n")
         return [int(value or 0) for value in await pipe.execute()]
 
     async def describe_keys(self) -> str:
-        """Say what the crawl's biggest keys hold now, and how they grew.
+        """Say what the crawl's keys hold now, and how they grew.
 
-        What the crawl's biggest keys hold now, and how they grew since
-        this process started, in words for the log.
+        What the crawl's keys hold now, and how they grew since this process
+        started, in words for the log.
         """
         store = self.store
         p = store.prefix
         try:
-            requests, seen, r_size, seen_size = await self._key_sizes()
+            requests, r_size, fingerprints = await self._key_sizes()
         except Exception as error:  # MEMORY USAGE refused: a managed Redis
             logger.debug("Could not read the sizes of the crawl's keys", exc_info=True)
             return f"The sizes of the crawl's keys could not be read ({error})"
-        sizes = {"r": r_size, "seen": seen_size}
         queued, leased = store.remote_queued, store.remote_leased
-        start = self._keys_at_start or sizes
-
-        def grown(name: str) -> str:
-            return f"{sizes[name] / 1e6:,.1f} MB, {(sizes[name] - start[name]) / 1e6:+,.1f} MB"
-
+        start = self._keys_at_start or {"r": r_size, "fp": fingerprints}
         return (
-            f"The crawl's keys: {int(requests):,} requests in {p}r ({grown('r')} since this "
-            f"process started; {queued:,} queued, {leased:,} leased), "
-            f"{int(seen):,} fingerprints in {p}seen ({grown('seen')})"
+            f"The crawl's keys: {queued:,} requests queued in {p}l:* (about "
+            f"{QUEUED_BYTES} B each besides the encoded request), {leased:,} leased; "
+            f"{int(requests):,} requests in {p}r ({r_size / 1e6:,.1f} MB, "
+            f"{(r_size - start['r']) / 1e6:+,.1f} MB since this process started); "
+            f"{fingerprints:,} fingerprints in {p}f:* (about {FP_COST} B each, "
+            f"{fingerprints - start['fp']:+,} since this process started)"
         )
 
     async def step(self, *, beat: bool, totals: bool) -> None:
@@ -295,8 +298,10 @@ class RedisLink:
             group = ops[i:j]
             if kind == "push":
                 args: list[Any] = [proc]
+                resent = store.resent
                 for _, rid, fp, key, rank, keep, data, _item in group:
-                    args += [rid, fp, key, rank, "1" if keep else "0", data]
+                    flag = ("r" if rid in resent else "") + ("1" if keep else "0")
+                    args += [rid, fingerprint_key(fp) if fp else b"", key, rank, flag, data]
             elif kind == "ack":
                 args = [proc] + [op[1] for op in group]
             elif kind == "give_back":
@@ -342,7 +347,7 @@ class RedisLink:
             results = await pipe.execute(raise_on_error=False)
             self._check(results)
         except BaseException:
-            store.outbox[: len(ops)] = store.failed(ops)
+            store.outbox[: len(ops)] = store.failed(ops, sent=True)
             raise
         del store.outbox[: len(ops)]
         work = False

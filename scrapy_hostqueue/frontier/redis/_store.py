@@ -34,7 +34,8 @@ request's acknowledgement reaches Redis after the requests its callback
 produced. A process holds only a *window* of each host's queue.
 
 **Dupefilter.** The push script adds the request's fingerprint to the
-crawl's seen set and queues the request only if it is new, atomically. A
+crawl's fingerprints (exact, or a Bloom filter: see ``_db``) and queues the
+request only if it is new, atomically. A
 request pushed for a host this process holds is kept (leased to this
 process in the same script) only once Redis has said it is new, so a page is
 never crawled twice because two processes found its link at once.
@@ -224,6 +225,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._leases: dict[int, tuple[T, str, str, int]] = {}  # handed out, by id(item)
         self.outbox: list[tuple[Any, ...]] = []
         self._next_id = 0
+        #: The ids of the pushes sent in a batch whose answer was lost.
+        self.resent: set[str] = set()
         self._unanswered = 0  # pushes sent or to send, not answered yet
         self._dirty: set[str] = set()
         self._claiming = False
@@ -1007,6 +1010,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if kind == "push":
             _, rid, _fp, key, rank, keep, _data, item = op
             self._unanswered -= 1
+            self.resent.discard(rid)
             held = self._held.get(key)
             if keep and held is not None and held.pending:
                 # (A host held again after this process lost it counts anew.)
@@ -1084,13 +1088,17 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self._shared_answer(op, result)
         return False
 
-    def failed(self, ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    def failed(self, ops: list[tuple[Any, ...]], *, sent: bool = False) -> list[tuple[Any, ...]]:
         """Return the ops of a batch that failed, to send again.
 
-        Claims and refills are dropped (the tick asks again).
+        Claims and refills are dropped (the tick asks again). With *sent*,
+        Redis may have applied them (the answer was lost): the pushes are
+        marked so.
         """
         kept = []
         for op in ops:
+            if sent and op[0] == "push":
+                self.resent.add(op[1])
             if op[0] == "claim":
                 self._claiming = False
             elif op[0] == "refill":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,15 +25,11 @@ from scrapy_hostqueue.testing import HostSpec
 from tests.helpers.crawl_report import watched_hosts
 from tests.helpers.crawling import Certificate, crawl_refused_at_start, start_demo_crawl
 from tests.helpers.redis import CuttableProxy, RedisClusterServers, RedisServer
-from tests.helpers.requires_redis import import_redis
+from tests.helpers.requires_redis import import_redis, redis_server_marks
 
 redis = import_redis()
 
-pytestmark = [
-    pytest.mark.crawl,
-    pytest.mark.requires_redis,
-    pytest.mark.skipif(sys.platform == "win32", reason="redis-server"),
-]
+pytestmark = redis_server_marks(pytest.mark.crawl)
 
 PASSWORD = "hq-S3cret-9f2"
 SITE = [HostSpec(latency=0.01, pages=25)] * 2

@@ -34,15 +34,11 @@ from tests.helpers.crawling import (
     start_demo_crawl,
 )
 from tests.helpers.redis import CuttableProxy, RedisServer
-from tests.helpers.requires_redis import import_redis
+from tests.helpers.requires_redis import import_redis, redis_server_marks
 
 redis = import_redis()
 
-pytestmark = [
-    pytest.mark.crawl,
-    pytest.mark.requires_redis,
-    pytest.mark.skipif(sys.platform == "win32", reason="signals, redis-server"),
-]
+pytestmark = redis_server_marks(pytest.mark.crawl, needs="signals, redis-server")
 
 WORKERS = 3
 

@@ -13,7 +13,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,15 +25,11 @@ from scrapy_hostqueue.frontier.redis._db import prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.helpers.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
 from tests.helpers.redis import CuttableProxy, RedisServer
-from tests.helpers.requires_redis import import_redis
+from tests.helpers.requires_redis import import_redis, redis_server_marks
 
 redis = import_redis()
 
-pytestmark = [
-    pytest.mark.crawl,
-    pytest.mark.requires_redis,
-    pytest.mark.skipif(sys.platform == "win32", reason="signals, redis-server"),
-]
+pytestmark = redis_server_marks(pytest.mark.crawl, needs="signals, redis-server")
 
 CRAWL = "edges"
 P = prefix(CRAWL)

@@ -330,17 +330,29 @@ def test_a_crawl_id_of_another_layout_is_refused(redis_client: Any) -> None:
 async def test_a_batch_sent_twice_changes_nothing_more(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
-    """What a lost answer does: the batch is sent again as it was."""
+    """Send a batch whose answer was lost again as it was, marked as sent before.
+
+    The requests queued lean answer "queued" again (their fingerprints name
+    this process), not "duplicate".
+    """
     a = _process(redis_server.url, _store(redis_client))
     a.store.push("h1", 0, "h1/0")
     a.store.push("h2", 0, "h2/0")
+    a.store.push("h1", 0, "h1/1")
     ops = list(a.store.outbox)
     await a.step()
-    before = _stats(redis_client), redis_client.zrange(P + "q:h1", 0, -1)
-    a.store.outbox[:0] = ops
+
+    def now() -> tuple[Any, ...]:
+        lists = [redis_client.lrange(P + f"l:{host}:0", 0, -1) for host in ("h1", "h2")]
+        return _stats(redis_client), redis_client.hget(P + "fp", "n"), lists
+
+    before = now()
+    assert before[0]["pushed"] == 3 and before[1] == b"3", before
+    a.store.outbox[:0] = a.store.failed(ops, sent=True)
     a.store._unanswered += len(ops)
     await a.step(beat=False)
-    assert (_stats(redis_client), redis_client.zrange(P + "q:h1", 0, -1)) == before
+    assert now() == before
+    assert a.store.counts["duplicates"] == 0
     await a.aclose()
 
 
