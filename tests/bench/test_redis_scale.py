@@ -109,7 +109,7 @@ def test_the_redis_scale_bench_runs_tiny(tmp_path: Path) -> None:
             sys.executable,
             "-m",
             "bench.redis_scale",
-            *("--parts", parts, "--quick", "--hosts", "8", "--seconds", "1.5"),
+            *("--parts", parts, "--quick", "--hosts", "8", "--seconds", "3"),
             *("--budget", "100", "--scenarios", "S1", "--out", str(out)),
             *("--queued", "3000", "--queued-hosts", "30", "--fingerprints", "5000"),
         ]
