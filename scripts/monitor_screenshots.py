@@ -21,6 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from scrapy_hostqueue.testing._browser import headless_chromium
+
 ROOT = Path(__file__).resolve().parent.parent
 #: The demo's throttling host ("429 above 3, Retry-After 2").
 DETAIL_HOST = "127.0.0.5"
@@ -30,19 +32,7 @@ def screenshot(chromium: str, url: str, path: Path, width: int, height: int) -> 
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run(
             [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--hide-scrollbars",
-                f"--user-data-dir={profile}",
-                f"--window-size={width},{height}",
-                "--virtual-time-budget=5000",
+                *headless_chromium(chromium, profile, width, height),
                 f"--screenshot={path}",
                 url,
             ],

@@ -18,6 +18,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
+from scrapy_hostqueue.testing._browser import headless_chromium
 from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, settings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -37,21 +38,7 @@ async def render(url: str, *, width: int = 1280, screenshot: str | None = None) 
     """
     assert CHROMIUM is not None
     with tempfile.TemporaryDirectory() as profile:
-        arguments = [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-            f"--user-data-dir={profile}",
-            f"--window-size={width},900",
-            "--virtual-time-budget=5000",
-        ]
+        arguments = headless_chromium(CHROMIUM, profile, width, 900)
         arguments += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
         process = await asyncio.create_subprocess_exec(
             *arguments,
