@@ -309,12 +309,16 @@ class Hosts(StoreView[Request]):
     def adjust(self, adjustment: Adjustment, now: float) -> int:
         """Apply what the AIMD rule decided for a host at *now*.
 
-        Its new limit, a block, giving it up. Returns the number of its queued
+        Its new limit (kept among the host's events with its reason), a
+        block, giving it up. Returns the number of its queued
         requests given up (see :meth:`give_up`).
         """
         host = adjustment.host
         if adjustment.limit_changed:
             self.set_limit(host, adjustment.new_limit)
+            self.recorder.limit_event(
+                host, adjustment.old_limit, adjustment.new_limit, adjustment.reason
+            )
         block, reason = adjustment.block, adjustment.block_reason
         if block is not None and block > 0 and reason is not None:
             self.block_until(host, now + block, reason)

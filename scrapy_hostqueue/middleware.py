@@ -631,8 +631,6 @@ class AIMDMiddleware:
         host = adj.host
         debug = self.config.aimd_debug
         dropped = hosts.adjust(adj, now)
-        if adj.limit_changed:
-            self.recorder.limit_event(host, adj.old_limit, adj.new_limit, adj.reason)
         if adj.decreased:
             self.recorder.backoff(host, adj.reason)
         if debug and (adj.limit_changed or adj.decreased):

@@ -68,6 +68,13 @@ class Unwatched:
         pass
 
 
+class Unrecorded:
+    """No stats here: the recorder's events are tested with the recorder and in crawls."""
+
+    def limit_event(self, host: str, old: int, new: int, reason: str) -> None:
+        pass
+
+
 class StandInHosts(Hosts):
     """The scheduler's hosts, as the middleware uses them, on the real in-memory store.
 
@@ -83,6 +90,7 @@ class StandInHosts(Hosts):
         self.limits: list[tuple[str, int]] = []
         self.given_up: list[str] = []
         self.records = RequestTable()
+        self.recorder = Unrecorded()  # type: ignore[assignment]
         self.prefetch = 0
         self._global_limit = 0  # no share: these tests look at one host's limit
         # Closed (no prefetch): these tests hold no request at a send gate.

@@ -33,11 +33,14 @@ from scrapy_hostqueue.monitor._shared import HEARTBEAT
 from scrapy_hostqueue.monitor._snapshot import CrawlFigures, HostDetail, HostRow, Snapshots
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from scrapy import Spider
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
     from scrapy_hostqueue._contracts import HostView
+    from scrapy_hostqueue.frontier import HostState
 
 __all__ = ["HostQueueMonitor"]
 
@@ -195,11 +198,7 @@ class HostQueueMonitor:
             active_hosts=view.active_hosts if view is not None else 0,
             queued=view.queued_requests if view is not None else 0,
             responses=int(values.get("response_received_count", 0)),
-            statuses={
-                key[len(_STATUS_PREFIX) :]: int(value)
-                for key, value in values.items()
-                if key.startswith(_STATUS_PREFIX)
-            },
+            statuses=_by_prefix(values, _STATUS_PREFIX),
             given_up_hosts=int(values.get(stat_key("hosts_given_up_count"), 0)),
             scheduler=view is not None,
             process=self._process,
@@ -217,38 +216,15 @@ class HostQueueMonitor:
         recorder = self.recorder
         for key, queued, _handed_out, state in view.hosts():
             entry = recorder.entry(key)
-            rows[key or NO_HOST] = HostRow(
-                host=key or NO_HOST,
-                queued=queued,
-                in_flight=view.on_wire(key),
-                cap=view.in_flight_cap(state),
-                limit=state.limit,
-                rank=entry.priority if entry is not None else 0,
-                blocked_left=max(0.0, state.blocked_until - now),
-                block_reason=state.block_reason,
-                spaced_left=max(0.0, state.spaced_until() - now),
-                given_up=state.given_up,
-                overdue=view.overdue(key),
-                live=True,
-            )
+            rank = entry.priority if entry is not None else 0
+            rows[key or NO_HOST] = _row(view, key, state, now, rank, queued=queued, live=True)
         for host in recorder.named_hosts():
             if host in rows:
                 continue
             known = view.known_state(host)
             entry = recorder.entry(host)
-            if known is None or entry is None:
-                continue
-            rows[host] = HostRow(
-                host=host,
-                queued=0,
-                in_flight=view.on_wire(host),
-                cap=view.in_flight_cap(known),
-                limit=known.limit,
-                rank=entry.priority,
-                blocked_left=max(0.0, known.blocked_until - now),
-                block_reason=known.block_reason,
-                given_up=known.given_up,
-            )
+            if known is not None and entry is not None:
+                rows[host] = _row(view, host, known, now, entry.priority)
         return list(rows.values())
 
     def _detail(self, host: str, now: float) -> HostDetail:
@@ -258,11 +234,7 @@ class HostQueueMonitor:
         counts = entry.counts
         return HostDetail(
             responses=int(counts.get("response_count", 0)),
-            statuses={
-                name[len(_HOST_STATUS_PREFIX) :]: int(value)
-                for name, value in counts.items()
-                if name.startswith(_HOST_STATUS_PREFIX)
-            },
+            statuses=_by_prefix(counts, _HOST_STATUS_PREFIX),
             latency_p50=entry.latency.quantile(0.5),
             latency_p95=entry.latency.quantile(0.95),
             events=[
@@ -270,3 +242,37 @@ class HostQueueMonitor:
                 for at, kind, reason, before, after in entry.events or ()
             ],
         )
+
+
+def _by_prefix(values: Mapping[str, Any], prefix: str) -> dict[str, int]:
+    """Return the counts of *values* whose name starts with *prefix*, by the rest of the name."""
+    return {
+        name[len(prefix) :]: int(value) for name, value in values.items() if name.startswith(prefix)
+    }
+
+
+def _row(
+    view: HostView,
+    host: str,
+    state: HostState,
+    now: float,
+    rank: int,
+    *,
+    queued: int = 0,
+    live: bool = False,
+) -> HostRow:
+    """Return *host*'s row: its state at *now*; spacing and overdue requests if it is live."""
+    return HostRow(
+        host=host or NO_HOST,
+        queued=queued,
+        in_flight=view.on_wire(host),
+        cap=view.in_flight_cap(state),
+        limit=state.limit,
+        rank=rank,
+        blocked_left=max(0.0, state.blocked_until - now),
+        block_reason=state.block_reason,
+        spaced_left=max(0.0, state.spaced_until() - now) if live else 0.0,
+        given_up=state.given_up,
+        overdue=view.overdue(host) if live else 0,
+        live=live,
+    )
