@@ -38,7 +38,7 @@ from scrapy_hostqueue.frontier.redis._db import (
 from scrapy_hostqueue.frontier.redis._glue import (
     connect,
     connect_problem,
-    placement,
+    default_partitions,
     redis_client_module,
     shown_url,
 )
@@ -104,7 +104,7 @@ def push(
         _check_layout(client, url, crawl_id)
         # Made now if it is not there (on a Redis Cluster, with 4 partitions
         # per master, as a crawl process makes it).
-        partitions, master_of = placement(client)
+        partitions, master_of = default_partitions(client)
         token = open_crawl(client, crawl_id, partitions=partitions, master_of=master_of)
         prefixes = partition_prefixes(client, crawl_id)
         script = client.register_script(SCRIPTS["push"])

@@ -326,8 +326,8 @@ def _fullness(info: dict[str, Any]) -> tuple[float, int]:
     return (used / maxmemory if maxmemory else 0.0), used
 
 
-def placement(client: Any) -> tuple[int, Callable[[str], str] | None]:
-    """Return how many partitions a new crawl gets by default on *client*'s Redis, and where.
+def default_partitions(client: Any) -> tuple[int, Callable[[str], str] | None]:
+    """Return how many partitions a new crawl gets on *client*'s Redis, and their masters.
 
     1 on one server; :data:`PARTITIONS_PER_MASTER` per master on a Redis
     Cluster, with what names the master serving a key (to deal the
@@ -363,7 +363,7 @@ def _partitions(client: Any, crawl_id: str, config: HostQueueConfig) -> int:
                 wanted,
             )
         return stored
-    return wanted or placement(client)[0]
+    return wanted or default_partitions(client)[0]
 
 
 class LocalSeen:
@@ -475,7 +475,7 @@ class RedisFrontier:
                 expiry,
                 config.redis_bloom,
                 partitions=partitions,
-                master_of=placement(client)[1],
+                master_of=default_partitions(client)[1],
             )
             token = crawl_token(client, crawl_id)
             prefixes = partition_prefixes(client, crawl_id)
@@ -688,7 +688,7 @@ __all__ = [
     "check_url",
     "connect",
     "connect_problem",
-    "placement",
+    "default_partitions",
     "redis_client_module",
     "shown_url",
 ]
