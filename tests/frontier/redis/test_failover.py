@@ -91,6 +91,9 @@ def _crawl_through(
             "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
             "HOSTQUEUE_MAX_ACTIVE_HOSTS": 1,
             "HOSTQUEUE_REDIS_FINISH_GRACE": 0.5,
+            # One partition: every host of the crawl on the master failed
+            # over (a crawl over the masters: test_cluster.py).
+            "HOSTQUEUE_REDIS_PARTITIONS": 1,
         }
         workers = start_demo_crawls(hosts, tmp_path, settings, 2)
         with ended_at_exit(workers):
