@@ -1043,8 +1043,11 @@ def open_crawl(
         client.set(home + "partitions", " ".join(suffixes_for(crawl_id, count, master_of)), nx=True)
     prefixes = partition_prefixes(client, crawl_id)
     if version is None:
-        token = secrets.token_hex(8)
-        for p in prefixes:
+        # The first partition's token is the crawl's: processes making the
+        # crawl at once copy the same one into the others.
+        client.set(prefixes[0] + "crawl", secrets.token_hex(8), nx=True)
+        token = _text(client.get(prefixes[0] + "crawl"))
+        for p in prefixes[1:]:
             client.set(p + "crawl", token, nx=True)
     tokens = [_text(client.get(p + "crawl")) for p in prefixes]
     if tokens[0] is None or tokens.count(tokens[0]) != len(tokens):

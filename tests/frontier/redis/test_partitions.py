@@ -157,3 +157,15 @@ def test_a_crawl_that_lost_a_partition_is_refused(redis_client: Any) -> None:
     redis_client.delete(part_prefix(CRAWL, "2") + "crawl")
     with pytest.raises(RedisFrontierError, match="has lost 1 of its 4 partitions"):
         register(redis_client, CRAWL, 0)
+
+
+def test_processes_making_the_crawl_at_once_agree_on_its_identity(redis_client: Any) -> None:
+    # What a process that stopped while making the crawl leaves: its
+    # partitions and the first one's token, no version yet.
+    redis_client.set(prefix(CRAWL) + "partitions", "0 1 2")
+    redis_client.set(part_prefix(CRAWL, "0") + "crawl", "first")
+    register(redis_client, CRAWL, 0, partitions=8)
+    register(redis_client, CRAWL, 0)
+    prefixes = partition_prefixes(redis_client, CRAWL)
+    assert [redis_client.get(p + "crawl") for p in prefixes] == [b"first"] * 3
+    assert redis_client.get(prefix(CRAWL) + "version") == b"4"
