@@ -556,7 +556,9 @@ class RedisFrontier:
                 return max(answers, key=_fullness)  # type: ignore[no-any-return]
 
         run_id = self.server.run_id if self.server is not None else ""
-        self._link = RedisLink(self.store, client, redis_errors(redis), info, run_id)
+        self._link = RedisLink(
+            self.store, client, redis_errors(redis), info, run_id, cluster=self.cluster
+        )
         self._link.start()
         logger.info(
             "HostQueueScheduler: shared frontier at %s%s, crawl id %r in %d partitions, "

@@ -125,6 +125,8 @@ class RedisLink:
         errors: tuple[type[BaseException], ...],
         info: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
         run_id: str = "",
+        *,
+        cluster: bool = False,
     ) -> None:
         self.store = store
         self.client = client
@@ -133,6 +135,8 @@ class RedisLink:
         self.info = info or client.info
         #: The server's ``run_id`` when this process joined the crawl.
         self.run_id = run_id
+        #: Whether *client* is a Redis Cluster's (see :meth:`_ordered`).
+        self.cluster = cluster
         self._joined = store.wall()
         self._keys_at_start: dict[str, int] | None = None
         #: The totals of each partition as last read, and the next to read.
@@ -299,6 +303,29 @@ class RedisLink:
             f"{fingerprints - start['fp']:+,} since this process started)"
         )
 
+    def _ordered(
+        self, ops: list[tuple[Any, ...]]
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """Split *ops* into those to send now and acknowledgements held back to the next step.
+
+        On a Redis Cluster with several partitions, a pipeline's commands go to several nodes
+        at once, in no order between them: an acknowledgement that follows a push in *ops*
+        waits until the push is answered, so that a page is never done in Redis while the
+        requests found on it are not there yet.
+        """
+        if not self.cluster or len(self.store.prefixes) == 1:
+            return ops, []
+        sent: list[tuple[Any, ...]] = []
+        held: list[tuple[Any, ...]] = []
+        pushed = False
+        for op in ops:
+            if op[0] == "ack" and pushed:
+                held.append(op)
+            else:
+                pushed = pushed or op[0] == "push"
+                sent.append(op)
+        return sent, held
+
     def _partition(self, op: tuple[Any, ...]) -> int:
         """Return the index of the partition *op* goes to."""
         kind = op[0]
@@ -398,7 +425,9 @@ class RedisLink:
         shas = self.shas
         now = store.clock()
         store.tick(now)
-        ops = batched(store.outbox[:BATCH])
+        taken = store.outbox[:BATCH]
+        sent, held_back = self._ordered(taken)
+        ops = batched(sent)
         # Forgotten by Redis: register again now, not at the next beat.
         beat = beat or store.unregistered
         if not ops and not beat and not totals:
@@ -407,7 +436,7 @@ class RedisLink:
         if (
             len(prefixes) > 1
             and not (beat or totals or hurry)
-            and len(ops) < BATCH
+            and len(taken) < BATCH
             and now - self._sent_at < GATHER
             and all(op[0] in ("push", "ack") for op in ops)
         ):
@@ -447,9 +476,9 @@ class RedisLink:
             results = await pipe.execute(raise_on_error=False)
             self._check(results)
         except BaseException:
-            store.outbox[: len(ops)] = store.failed(ops, sent=True)
+            store.outbox[: len(taken)] = store.failed(ops, sent=True) + held_back
             raise
-        del store.outbox[: len(ops)]
+        store.outbox[: len(taken)] = held_back
         work = False
         refused: list[tuple[Any, ...]] = []
         retry: list[tuple[Any, ...]] = []

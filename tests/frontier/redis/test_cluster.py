@@ -218,6 +218,38 @@ async def test_the_crawl_goes_on_when_its_slot_moves_to_another_node(
     await a.aclose()
 
 
+@deferred_f_from_coro_f
+async def test_over_partitions_an_acknowledgement_waits_for_the_pushes_before_it(
+    cluster: RedisClusterServers, sync: Any
+) -> None:
+    # Two partitions on two masters: a pipeline's commands reach them in no
+    # order between them, so a page is acknowledged only once the requests
+    # found on it are in Redis.
+    a = _process(
+        cluster.url, sync, partitions=2, master_of=lambda key: sync.get_node_from_key(key).name
+    )
+    a.link.cluster = True
+    prefixes = a.store.prefixes
+    assert len({_crawl_node(cluster, sync, p) for p in prefixes}) == 2
+    first, other = (
+        "h1",
+        next(h for h in ("h2", "h3", "h4", "h5") if a.store.part(h) != a.store.part("h1")),
+    )
+    a.store.push(first, 0, f"{first}/0")
+    await a.step()
+    await a.step()
+    (page,) = a.pop_all()
+    a.store.push(other, 0, f"{other}/0")
+    a.store.push(first, 0, f"{first}/1")
+    a.store.ack(page)
+    await a.step()
+    assert (_stats(sync)["pushed"], _stats(sync).get("acked", 0)) == (3, 0)
+    await a.step()
+    assert _stats(sync)["acked"] == 1
+    assert await a.link.close() is None
+    await a.aclose()
+
+
 def test_push_and_frontier_commands_on_a_cluster(
     cluster: RedisClusterServers, sync: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
