@@ -468,6 +468,9 @@ class RedisLink:
             # Read alone, the totals of a Redis that lost the crawl would
             # say that it finished: its identity goes with them.
             pipe.get(p + "crawl")
+            if len(prefixes) > 1:
+                # Where a process with no host finds a part of a busy one.
+                pipe.zcard(p + "offers")
         if totals:
             pipe.zcount(prefixes[0] + "procs", wall_ms, "+inf")
             pipe.hgetall(prefixes[0] + "backlog")
@@ -522,8 +525,11 @@ class RedisLink:
         True if the crawl just finished.
         """
         store, proc = self.store, self.store.proc
+        each = 6 if len(store.prefixes) == 1 else 7
         for n, part in enumerate(read):
-            (queued, leased), hungry, owned, claimable, no_host, crawl = results[6 * n : 6 * n + 6]
+            (queued, leased), hungry, owned, claimable, no_host, crawl, *offered = results[
+                each * n : each * n + each
+            ]
             if crawl is None or crawl.decode() != store.token:
                 raise FrontierLost
             self._totals[part] = _Totals(
@@ -535,7 +541,8 @@ class RedisLink:
                 {name.decode() for name in no_host} - {proc},
             )
             store.claimable[part] = int(claimable)
-        live, backlogs = results[6 * len(read) :]
+            store.offered[part] = int(offered[0]) if offered else 0
+        live, backlogs = results[each * len(read) :]
         backlog = sum(int(n) for name, n in backlogs.items() if name.decode() != proc)
         known = [totals for totals in self._totals if totals is not None]
         if len(known) < len(self._totals):

@@ -238,6 +238,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         #: not read yet).
         self._claim_next = partition_of(proc, len(self.prefixes))
         self.claimable: list[int | None] = [None] * len(self.prefixes)
+        #: The parts of busy hosts offered in each partition, as last read.
+        self.offered: list[int] = [0] * len(self.prefixes)
         #: When this process last had room for more hosts (nothing to hand
         #: out when asked, or nothing queued at all).
         self._room_at = memory.clock()
@@ -635,26 +637,26 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self._claiming = True
             # A part of a busy host only while this process works none yet.
             part = self.share_hosts and not any(held.co_held for held in self._held.values())
-            self.outbox.append(("claim", want, self._window, part, self._claim_partition()))
+            self.outbox.append(("claim", want, self._window, part, self._claim_partition(part)))
 
     def part(self, key: str) -> int:
         """Return the index of the partition of the host *key*."""
         return partition_of(key, len(self.prefixes))
 
-    def _claim_partition(self) -> int:
+    def _claim_partition(self, part: bool = False) -> int:
         """Return the partition to claim from now, and turn to the next one.
 
         The first from the turn's that had hosts to claim when last read (or
-        was not read yet); the turn's own if none had.
+        was not read yet); else, for a process that may take a part of a busy
+        host (*part*), the first with one offered; else the turn's own.
         """
         n = len(self.prefixes)
         start = self._claim_next
-        chosen = start
-        for k in (start + i for i in range(n)):
-            claimable = self.claimable[k % n]
-            if claimable is None or claimable > 0:
-                chosen = k % n
-                break
+        order = [(start + i) % n for i in range(n)]
+        chosen = next(
+            (k for k in order if self.claimable[k] is None or (self.claimable[k] or 0) > 0),
+            next((k for k in order if part and self.offered[k] > 0), start),
+        )
         self._claim_next = (chosen + 1) % n
         return chosen
 

@@ -169,3 +169,38 @@ def test_processes_making_the_crawl_at_once_agree_on_its_identity(redis_client: 
     prefixes = partition_prefixes(redis_client, CRAWL)
     assert [redis_client.get(p + "crawl") for p in prefixes] == [b"first"] * 3
     assert redis_client.get(prefix(CRAWL) + "version") == b"4"
+
+
+@deferred_f_from_coro_f
+async def test_a_process_with_no_host_finds_the_partition_where_a_part_is_offered(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
+    holder = _process(redis_server, redis_client, share_hosts=True)
+    idle = _process(redis_server, redis_client, share_hosts=True)
+    busy = HOSTS[0]
+    for n in range(100):
+        holder.store.push(busy, 0, f"{busy}/{n}")
+    await holder.step()
+    await holder.step()
+    assert holder.store.held_hosts == [busy]
+    # The holder offers a part of it (as its share logic does).
+    redis_client.hset(
+        part_prefix(CRAWL, str(partition_of(busy, 4))) + f"share:{busy}",
+        mapping={"owner": holder.store.proc, "limit": 8, "grant": 4, "block": 0},
+    )
+    redis_client.zadd(part_prefix(CRAWL, str(partition_of(busy, 4))) + "offers", {busy: 1})
+    # The idle process reads where it is (each partition's totals about
+    # every fourth step) and claims there, not in turn.
+    k = partition_of(busy, 4)
+    for _ in range(8):
+        idle.store._claiming = True  # no claim yet: the totals only
+        await idle.step()
+    idle.store._claiming = False
+    assert idle.store.offered == [1 if n == k else 0 for n in range(4)]
+    assert idle.store.claimable == [0, 0, 0, 0]
+    assert {idle.store._claim_partition(part=True) for _ in range(4)} == {k}
+    assert {idle.store._claim_partition(part=False) for _ in range(4)} == {0, 1, 2, 3}
+    await idle.step()
+    assert idle.store.held_hosts == [busy] and idle.store.pop() is not None
+    await holder.aclose()
+    await idle.aclose()
