@@ -216,7 +216,7 @@ def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
     The client's errors that mean Redis is away, or restarted, or was
     made a replica by a failover (``READONLY``: it takes writes again once
     it is a master again, or its clients reach the new master); on a Redis
-    Cluster also that the crawl's slot is not served for now (a node down, a
+    Cluster also that a partition's slot is not served for now (a node down, a
     failover, a slot moving).
     """
     exceptions = redis.exceptions

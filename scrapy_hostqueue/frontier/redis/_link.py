@@ -51,8 +51,9 @@ TOTALS_INTERVAL = 0.25
 READONLY = "You can't write against a read only replica"
 #: With several partitions, seconds a log of pushes and acknowledgements only
 #: waits after the last exchange (each partition's take one script call each:
-#: at 0.1 s, 8.0 Redis commands per page with 16 partitions in ``python -m
-#: bench.redis_scale --quick --parts a``, at 0.25 s 6.1; 5.2 with one).
+#: with 16 partitions and one process, 9.7 Redis commands per page without
+#: it in ``python -m bench.redis_scale --quick --parts a``, 8.0 at 0.1 s, 6.1
+#: at 0.25 s; 5.2 with one partition).
 GATHER = 0.25
 #: Steps reading totals in which every partition's are read once.
 TOTALS_TURNS = 4
