@@ -49,12 +49,12 @@ TICK = 0.05
 TOTALS_INTERVAL = 0.25
 #: What a replica answers a write with (after the ``READONLY`` code).
 READONLY = "You can't write against a read only replica"
-#: With several partitions, seconds a log of pushes and acknowledgements only
-#: waits after the last exchange (each partition's take one script call each:
-#: with 16 partitions and one process, 9.7 Redis commands per page without
-#: it in ``python -m bench.redis_scale --quick --parts a``, 8.0 at 0.1 s, 6.1
-#: at 0.25 s; 5.2 with one partition).
-GATHER = 0.25
+#: With several partitions, seconds pushes and acknowledgements wait after the
+#: last ones sent while this process has work here (each partition's take one
+#: script call each). In ``python -m bench.redis_scale --quick --parts a``, 1
+#: and 2 processes, Redis commands per page: 12 partitions 8.0 and 10.1
+#: without the wait, 5.6 and 7.2 with it; one partition 6.0 and 6.2.
+GATHER = 0.5
 #: Steps reading totals in which every partition's are read once.
 TOTALS_TURNS = 4
 #: Operations per script call.
@@ -304,6 +304,21 @@ class RedisLink:
             f"{fingerprints - start['fp']:+,} since this process started)"
         )
 
+    def _gathering(self, ops: list[tuple[Any, ...]], now: float, hurry: bool) -> bool:
+        """Whether *ops* wait for more before they are sent.
+
+        With several partitions, pushes and acknowledgements wait up to :data:`GATHER` seconds
+        after the last ones sent, so that each partition's script call carries more of them; not
+        when this process has nothing here to hand out, nor when *hurry*.
+        """
+        return (
+            len(self.store.prefixes) > 1
+            and not hurry
+            and 0 < len(ops) < BATCH
+            and now - self._sent_at < GATHER
+            and not self.store.starving()
+        )
+
     def _ordered(
         self, ops: list[tuple[Any, ...]]
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -416,9 +431,8 @@ class RedisLink:
         """One exchange.
 
         What the log holds (up to :data:`BATCH` operations), then the heartbeat in every partition
-        (*beat*) and the totals (*totals*) of some partitions in turn. With several partitions, a
-        log of pushes and acknowledgements only waits :data:`GATHER` seconds after the last one
-        sent (unless *hurry*), so that each script call carries more of them.
+        (*beat*) and the totals (*totals*) of some partitions in turn (see :meth:`_gathering` for
+        *hurry*).
         """
         store = self.store
         if self.shas is None:
@@ -427,22 +441,20 @@ class RedisLink:
         now = store.clock()
         store.tick(now)
         taken = store.outbox[:BATCH]
-        sent, held_back = self._ordered(taken)
-        ops = batched(sent)
         # Forgotten by Redis: register again now, not at the next beat.
         beat = beat or store.unregistered
+        if self._gathering(taken, now, hurry):
+            # The other operations go now, before pushes and acknowledgements
+            # logged earlier: none of them needs those in Redis first.
+            sent = [op for op in taken if op[0] not in ("push", "ack")]
+            held_back = [op for op in taken if op[0] in ("push", "ack")]
+        else:
+            self._sent_at = now
+            sent, held_back = self._ordered(taken)
+        ops = batched(sent)
         if not ops and not beat and not totals:
             return
         prefixes, proc, token = store.prefixes, store.proc, store.token
-        if (
-            len(prefixes) > 1
-            and not (beat or totals or hurry)
-            and len(taken) < BATCH
-            and now - self._sent_at < GATHER
-            and all(op[0] in ("push", "ack") for op in ops)
-        ):
-            return
-        self._sent_at = now
         wall_ms = int(store.wall() * 1000)
         pipe = self.client.pipeline(transaction=False)
         plan = self._groups(ops)

@@ -639,6 +639,10 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             part = self.share_hosts and not any(held.co_held for held in self._held.values())
             self.outbox.append(("claim", want, self._window, part, self._claim_partition(part)))
 
+    def starving(self) -> bool:
+        """Whether this process has nothing here to hand out."""
+        return not len(self._mem)
+
     def part(self, key: str) -> int:
         """Return the index of the partition of the host *key*."""
         return partition_of(key, len(self.prefixes))
