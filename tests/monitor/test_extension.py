@@ -47,7 +47,7 @@ except ImportError:  # the prometheus extra is not installed: /metrics is a 404
 # -- the snapshot, from plain figures ------------------------------------------
 
 #: The fields of a snapshot and of its parts (docs/monitor.rst lists them).
-TOP_FIELDS = {"version", "time", "uptime", "process", "crawl", "hosts", "other"}
+TOP_FIELDS = {"version", "time", "uptime", "process", "controls", "crawl", "hosts", "other"}
 CRAWL_FIELDS = {
     "pages_per_second",
     "responses",
@@ -59,6 +59,7 @@ CRAWL_FIELDS = {
     "max_active_hosts",
     "concurrent_requests",
     "given_up_hosts",
+    "paused",
     "hosts",
     "live_hosts",
     "states",
