@@ -66,7 +66,15 @@ class Control:
         return f"{self.action} the crawl"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "host": self.host, "value": self.value}
+        """Return the fields :func:`parse_control` reads back into this control."""
+        fields: dict[str, Any] = {"action": self.action}
+        if self.action in HOST_ACTIONS:
+            fields["host"] = self.host
+        if self.action == BLOCK:
+            fields["seconds"] = self.value
+        elif self.action == CEILING:
+            fields["ceiling"] = int(self.value)
+        return fields
 
 
 def _number(fields: Mapping[str, Any], name: str, low: float, high: float) -> float:

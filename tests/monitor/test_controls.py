@@ -76,6 +76,9 @@ def test_controls_parsed() -> None:
     )
     assert parse_control({"action": "give-up", "host": HOST}) == Control("give-up", HOST)
     assert parse_control({"action": "pause", "host": "ignored"}) == Control("pause")
+    # What it sends to another process reads back the same.
+    for control in [Control("block", HOST, 2.5), Control("ceiling", HOST, 3), Control("resume")]:
+        assert parse_control(control.as_dict()) == control
 
 
 # -- what they do to the hosts ---------------------------------------------------

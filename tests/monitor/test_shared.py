@@ -273,3 +273,109 @@ def test_monitor_command_without_redis_is_one_error_line() -> None:
     assert done.stderr.startswith("error: cannot reach Redis at redis://127.0.0.1:1/0")
     assert done.stderr.count("\n") == 1, done.stderr
     assert not done.stdout
+
+
+def _post(url: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Post a control to the page at *url* (its token in the header), as the page does."""
+    base, token = url.split("?token=")
+    request = urllib.request.Request(
+        base + "control",
+        data=json.dumps(fields).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return dict(json.loads(answer.read()))
+
+
+BLOCK = 4.0
+
+
+@pytest.mark.crawl
+@pytest.mark.requires_redis
+@pytest.mark.skipif(sys.platform == "win32", reason="signals")
+def test_controls_reach_the_process_that_holds_the_host(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    redis_server.flushall()
+    pages = 60
+    specs = [HostSpec(latency=0.2, links=3, pages=pages)] * 2
+    settings = {
+        "HOSTQUEUE_FRONTIER": redis_server.url,
+        "HOSTQUEUE_CRAWL_ID": "steered",
+        "HOSTQUEUE_MONITOR_CONTROLS": True,
+        "HOSTQUEUE_AIMD_CEILING": 2,
+        "CLOSESPIDER_PAGECOUNT": 0,
+        "CLOSESPIDER_TIMEOUT": 90,
+        "ROBOTSTXT_OBEY": False,
+    }
+    with watched_hosts(specs, process=True) as hosts:
+        logs = [tmp_path / f"worker{n}.log" for n in range(2)]
+        workers = [
+            start_demo_crawl([hosts.page_url(i, 0) for i in range(2)], log, settings)
+            for log in logs
+        ]
+        # The page served from Redis alone holds no host: its controls go
+        # through Redis to the process that holds it.
+        reader = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "scrapy_hostqueue", "monitor", redis_server.url),
+                *("--crawl-id", "steered", "--controls"),
+            ],
+            env=child_environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            urls = [_monitor_url(log.read_text) for log in logs]
+            assert reader.stdout is not None
+            reader_url = reader.stdout.readline().split()[1]
+            target = hosts.hostnames[0]
+            _until(lambda: hosts.stats(0, arrivals=False).served >= 3)
+            _until(lambda: any(r["host"] == target for r in _get(_json_url(reader_url))["hosts"]))
+            sent = _post(reader_url, {"action": "block", "host": target, "seconds": BLOCK})
+            sent_at = time.monotonic()
+            # Applied at the holder's next heartbeat (2 s) at the latest.
+            time.sleep(BLOCK + 0.5)
+            blocked_arrivals = [
+                t for t in hosts.stats(0).arrivals if sent_at + 2.5 < t < sent_at + BLOCK - 0.1
+            ]
+            audit = [
+                line
+                for log in logs
+                for line in log.read_text().splitlines()
+                if "Monitor control from 127.0.0.1 on the monitor command" in line
+            ]
+            # A pause given on one process's page reaches both.
+            paused = _post(urls[0], {"action": "pause"})
+            time.sleep(2.5)
+            hosts.wait_idle(10)
+            quiet = sum(len(s.arrivals) for s in hosts.all_stats())
+            time.sleep(1.0)
+            while_paused = sum(len(s.arrivals) for s in hosts.all_stats()) - quiet
+            shown_paused = _get(_json_url(urls[1]))["crawl"]["paused"]
+            resumed = _post(urls[1], {"action": "resume"})
+            _until(lambda: sum(s.served for s in hosts.all_stats(arrivals=False)) == 2 * pages)
+            # The blocked host had work left: it went on after the block.
+            after_block = [t for t in hosts.stats(0).arrivals if t > sent_at + BLOCK]
+        finally:
+            reader.send_signal(signal.SIGINT)
+            for worker in workers:
+                worker.send_signal(signal.SIGINT)
+            for process in [*workers, reader]:
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            if reader.stdout is not None:
+                reader.stdout.close()
+    assert sent["result"].startswith("sent to the process that holds the host"), sent
+    assert len(audit) == 1, audit
+    assert f"block host {target} for 4s: blocked for " in audit[0]
+    assert blocked_arrivals == []
+    assert after_block
+    assert paused["result"].endswith("in every process of the crawl"), paused
+    assert while_paused == 0
+    assert shown_paused is True
+    assert resumed["ok"]
