@@ -301,15 +301,15 @@ async def until(condition: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"{what}: not seen in {timeout}s")
 
 
-def crawl_settings() -> dict[str, Any]:
-    return settings(
-        ADDONS=ADDON,
-        TWISTED_REACTOR="twisted.internet.asyncioreactor.AsyncioSelectorReactor",
-        HOSTQUEUE_MONITOR_CONTROLS=True,
-        HOSTQUEUE_MONITOR_INTERVAL=0.05,
-        HOSTQUEUE_LOG_INTERVAL=0,
-        HOSTQUEUE_AIMD_START=4,
-    )
+#: The crawls' settings: the add-on, the controls on, fresh snapshots.
+CONTROLLED = {
+    "ADDONS": ADDON,
+    "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+    "HOSTQUEUE_MONITOR_CONTROLS": True,
+    "HOSTQUEUE_MONITOR_INTERVAL": 0.05,
+    "HOSTQUEUE_LOG_INTERVAL": 0,
+    "HOSTQUEUE_AIMD_START": 4,
+}
 
 
 class Page:
@@ -337,6 +337,19 @@ class Page:
             return dict(json.loads(await answer.text()))
 
 
+async def page_once_busy(crawler: Any, hosts: Any) -> Page:
+    """Return the crawl's page once every host served a few pages."""
+    await until(lambda: (m := monitor_of(crawler)) is not None and m.url, 15, "the monitor")
+    monitor = monitor_of(crawler)
+    assert monitor is not None
+    await until(
+        lambda: all(stat.served >= 4 for stat in hosts.all_stats(arrivals=False)),
+        15,
+        "pages of every host",
+    )
+    return Page(monitor)
+
+
 BLOCK_SECONDS = 2.0
 PAGES = 40
 
@@ -346,20 +359,12 @@ PAGES = 40
 async def test_controls_change_what_the_hosts_see(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.03, links=3, pages=PAGES) for _ in range(3)])
     blocked, ceiled, dropped = hosts.hostnames
-    crawler = get_crawler(PageSpider, crawl_settings())
+    crawler = get_crawler(PageSpider, settings(**CONTROLLED))
     seen: dict[str, Any] = {}
 
     async def drive() -> None:
         try:
-            await until(lambda: (m := monitor_of(crawler)) is not None and m.url, 15, "the monitor")
-            monitor = monitor_of(crawler)
-            assert monitor is not None
-            page = Page(monitor)
-            await until(
-                lambda: all(hosts.stats(i, arrivals=False).served >= 4 for i in range(3)),
-                15,
-                "pages of every host",
-            )
+            page = await page_once_busy(crawler, hosts)
             seen["ceiling"] = await page.control(action="ceiling", host=ceiled, ceiling=1)
             # What was sent under the old limit finishes; from then on the
             # server counts afresh.
@@ -418,7 +423,7 @@ async def test_controls_change_what_the_hosts_see(local_hosts: HostsFactory) -> 
 @deferred_f_from_coro_f
 async def test_pause_and_resume(local_hosts: HostsFactory) -> None:
     hosts = local_hosts([HostSpec(latency=0.03, links=3, pages=30) for _ in range(2)])
-    crawler = get_crawler(PageSpider, crawl_settings())
+    crawler = get_crawler(PageSpider, settings(**CONTROLLED))
     seen: dict[str, Any] = {}
 
     def arrivals() -> int:
@@ -426,15 +431,7 @@ async def test_pause_and_resume(local_hosts: HostsFactory) -> None:
 
     async def drive() -> None:
         try:
-            await until(lambda: (m := monitor_of(crawler)) is not None and m.url, 15, "the monitor")
-            monitor = monitor_of(crawler)
-            assert monitor is not None
-            page = Page(monitor)
-            await until(
-                lambda: all(hosts.stats(i, arrivals=False).served >= 4 for i in range(2)),
-                15,
-                "pages of every host",
-            )
+            page = await page_once_busy(crawler, hosts)
             seen["pause"] = await page.control(action="pause")
             # The requests in flight finish; then nothing reaches the hosts.
             await until(

@@ -376,6 +376,15 @@ async def test_monitor_during_a_crawl(
             )
         )[0]
         seen["page"] = await get(url)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                base + "control",
+                json={"action": "pause"},
+                headers={"Authorization": f"Bearer {monitor.server.token}"},
+            ) as answer,
+        ):
+            seen["control"] = answer.status, await answer.json()
 
         async def settled() -> dict[str, Any] | None:
             status, text = await get(base + "hosts.json?token=" + monitor.server.token)
@@ -417,6 +426,12 @@ async def test_monitor_during_a_crawl(
     assert "hosts.json" in page
     assert "<script src" not in page
     assert "<link" not in page
+    # The controls are off by default.
+    status, answer = seen["control"]
+    assert status == 404
+    assert "HOSTQUEUE_MONITOR_CONTROLS" in answer["error"]
+    assert seen["snapshot"]["controls"] is False
+    assert seen["snapshot"]["crawl"]["paused"] is False
 
     snap = seen["snapshot"]
     stats = seen["stats"]

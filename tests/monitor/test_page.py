@@ -1,6 +1,7 @@
 """The monitor's page in a real browser during a real crawl.
 
-Debian's ``chromium``, headless, finds the header and a row per host.
+Debian's ``chromium``, headless, finds the header and a row per host, and
+with the controls on, the controls.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ async def test_the_page_in_a_browser_during_a_crawl(local_hosts: HostsFactory) -
             ADDONS=ADDON,
             TWISTED_REACTOR="twisted.internet.asyncioreactor.AsyncioSelectorReactor",
             HOSTQUEUE_LOG_INTERVAL=0,
+            HOSTQUEUE_MONITOR_CONTROLS=True,
         ),
     )
     seen: dict[str, Any] = {}
@@ -90,7 +92,8 @@ async def test_the_page_in_a_browser_during_a_crawl(local_hosts: HostsFactory) -
                 ):
                     break
                 await asyncio.sleep(0.1)
-            seen["dom"] = await render(monitors[0].url)
+            # With a host's detail open (as a click on its row does).
+            seen["dom"] = await render(f"{monitors[0].url}#host={hosts.hostnames[0]}")
         finally:
             await crawler.stop_async()
 
@@ -109,3 +112,10 @@ async def test_the_page_in_a_browser_during_a_crawl(local_hosts: HostsFactory) -
     assert labels[:2] == ["pages/s", "in flight"], figures
     states = re.findall(r'<span class="pill state ([\w-]+)">', dom)
     assert "retry-after" in states or "backoff" in states, states
+    # The controls: pause and resume in the header, a host's in its detail.
+    assert re.search(r'<div class="actions" id="crawl-controls">', dom), dom[:3000]
+    assert '<button type="button" id="pause">Pause the crawl</button>' in dom
+    assert re.search(r'<section id="host-controls">', dom)
+    assert f'<span id="control-host">{hosts.hostnames[0]}</span>' in dom
+    for label in ("Block", "Unblock", "Set ceiling", "Give up"):
+        assert f">{label}</button>" in dom, label

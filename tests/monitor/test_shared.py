@@ -147,6 +147,47 @@ def _until(condition: Callable[[], Any], timeout: float = 30) -> Any:
     raise AssertionError(f"not seen in {timeout}s")
 
 
+def _start(
+    hosts: Any,
+    tmp_path: Path,
+    settings: dict[str, Any],
+    arguments: list[str],
+    env: dict[str, str] | None = None,
+) -> tuple[list[Path], list[subprocess.Popen[bytes]], subprocess.Popen[str]]:
+    """Start two crawl processes from every host's first page, and the monitor command.
+
+    Returns the processes' logs, the processes, and the command (its output piped).
+    """
+    logs = [tmp_path / f"worker{n}.log" for n in range(2)]
+    workers = [
+        start_demo_crawl([hosts.page_url(i, 0) for i in range(len(hosts))], log, settings)
+        for log in logs
+    ]
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "scrapy_hostqueue", "monitor", *arguments],
+        env={**child_environment(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return logs, workers, reader
+
+
+def _stop(reader: subprocess.Popen[str], workers: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the monitor command *reader* and the crawl processes *workers* (Ctrl-C)."""
+    reader.send_signal(signal.SIGINT)
+    for worker in workers:
+        worker.send_signal(signal.SIGINT)
+    for process in [*workers, reader]:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if reader.stdout is not None:
+        reader.stdout.close()
+
+
 @pytest.mark.crawl
 @pytest.mark.requires_redis
 @pytest.mark.skipif(sys.platform == "win32", reason="signals")
@@ -164,20 +205,12 @@ def test_two_processes_one_view(redis_server: RedisServer, tmp_path: Path) -> No
         "HOSTQUEUE_MAX_ACTIVE_HOSTS": 2,
     }
     with watched_hosts(specs, process=True) as hosts:
-        logs = [tmp_path / f"worker{n}.log" for n in range(2)]
-        workers = [
-            start_demo_crawl([hosts.page_url(i, 0) for i in range(3)], log, settings)
-            for log in logs
-        ]
-        reader = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "scrapy_hostqueue", "monitor"),
-                *("env:HQ_TEST_REDIS", "--crawl-id", "watched"),
-            ],
-            env={**child_environment(), "HQ_TEST_REDIS": redis_server.url},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        logs, workers, reader = _start(
+            hosts,
+            tmp_path,
+            settings,
+            ["env:HQ_TEST_REDIS", "--crawl-id", "watched"],
+            {"HQ_TEST_REDIS": redis_server.url},
         )
         try:
             urls = [_monitor_url(log.read_text) for log in logs]
@@ -199,17 +232,7 @@ def test_two_processes_one_view(redis_server: RedisServer, tmp_path: Path) -> No
             views = [_until(lambda url=url: settled(url)) for url in [*urls, reader_url]]
             stats = hosts.all_stats(arrivals=False)
         finally:
-            reader.send_signal(signal.SIGINT)
-            for worker in workers:
-                worker.send_signal(signal.SIGINT)
-            for process in [*workers, reader]:
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            if reader.stdout is not None:
-                reader.stdout.close()
+            _stop(reader, workers)
     pids = {worker.pid for worker in workers}
     for view in views:
         assert {p["pid"] for p in view["processes"]} == pids
@@ -309,22 +332,10 @@ def test_controls_reach_the_process_that_holds_the_host(
         "ROBOTSTXT_OBEY": False,
     }
     with watched_hosts(specs, process=True) as hosts:
-        logs = [tmp_path / f"worker{n}.log" for n in range(2)]
-        workers = [
-            start_demo_crawl([hosts.page_url(i, 0) for i in range(2)], log, settings)
-            for log in logs
-        ]
         # The page served from Redis alone holds no host: its controls go
         # through Redis to the process that holds it.
-        reader = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "scrapy_hostqueue", "monitor", redis_server.url),
-                *("--crawl-id", "steered", "--controls"),
-            ],
-            env=child_environment(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        logs, workers, reader = _start(
+            hosts, tmp_path, settings, [redis_server.url, "--crawl-id", "steered", "--controls"]
         )
         try:
             urls = [_monitor_url(log.read_text) for log in logs]
@@ -359,17 +370,7 @@ def test_controls_reach_the_process_that_holds_the_host(
             # The blocked host had work left: it went on after the block.
             after_block = [t for t in hosts.stats(0).arrivals if t > sent_at + BLOCK]
         finally:
-            reader.send_signal(signal.SIGINT)
-            for worker in workers:
-                worker.send_signal(signal.SIGINT)
-            for process in [*workers, reader]:
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            if reader.stdout is not None:
-                reader.stdout.close()
+            _stop(reader, workers)
     assert sent["result"].startswith("sent to the process that holds the host"), sent
     assert len(audit) == 1, audit
     assert f"block host {target} for 4s: blocked for " in audit[0]
