@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from bench.runner import child_environment
 from scrapy_hostqueue.__main__ import main as cli
+from scrapy_hostqueue.frontier import monitor_board
+from scrapy_hostqueue.frontier.redis._monitor import CONTROL_TTL
 from scrapy_hostqueue.monitor._crawlwide import merge
 from scrapy_hostqueue.testing import HostSpec
 from tests.helpers.crawl_report import watched_hosts
@@ -380,3 +383,44 @@ def test_controls_reach_the_process_that_holds_the_host(
     assert while_paused == 0
     assert shown_paused is True
     assert resumed["ok"]
+
+
+@pytest.mark.requires_redis
+@deferred_f_from_coro_f
+async def test_the_board_carries_controls(redis_url: str, redis_client: Any) -> None:
+    giver = monitor_board(redis_url, "steer")
+    holder = monitor_board(redis_url, "steer")
+    holder.read_controls = True
+    await giver.open()
+    await holder.open()
+    try:
+        # Controls off: a heartbeat reads neither key.
+        redis_client.config_resetstat()
+        await giver.beat(None)
+        read = redis_client.info("commandstats")
+        assert "cmdstat_lrange" not in read
+        assert "cmdstat_get" not in read
+        await giver.post({"action": "block", "host": "a", "seconds": 5, "from": "x"})
+        await giver.set_paused(True)
+        # Read in the heartbeat's round trip.
+        await holder.beat(None)
+        assert holder.paused is True
+        assert [(control["action"], control["host"]) for _, control in holder.controls] == [
+            ("block", "a")
+        ]
+        raw = holder.controls[0][0]
+        assert 0 < redis_client.pttl("hq:{steer}:controls") <= CONTROL_TTL * 1000
+        # Taken out by the first process that applies it, once.
+        assert await holder.done(raw) is True
+        assert await giver.done(raw) is False
+        # One no process took in time is dropped.
+        stale = {"action": "unblock", "host": "b", "at": time.time() - CONTROL_TTL - 1}
+        redis_client.rpush("hq:{steer}:controls", json.dumps(stale))
+        await giver.set_paused(False)
+        await holder.beat(None)
+        assert holder.controls == []
+        assert holder.paused is False
+        assert redis_client.exists("hq:{steer}:paused") == 0
+    finally:
+        await giver.close()
+        await holder.close()
