@@ -71,7 +71,10 @@ async def serve(  # noqa: PLR0917 - the command line's options
     async def control(given: Control, remote: str) -> str:
         if given.action in HOST_ACTIONS and not shows(parts, given.host):
             raise BadControl(f"unknown host {given.host!r}")
-        return await send_control(board, given, f"{remote} on the monitor command")
+        try:
+            return await send_control(board, given, f"{remote} on the monitor command")
+        except Exception as error:  # any client error
+            raise BadControl(f"cannot reach Redis to send it: {error}") from None
 
     server = MonitorServer(snapshot, control=control if controls else None)
     try:

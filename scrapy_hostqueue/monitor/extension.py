@@ -181,7 +181,10 @@ class HostQueueMonitor:
                     away = False
                     self._others = [part for part in parts if part["process"]["key"] != key]
                     if board.read_controls:
-                        await self._controls_from(board)
+                        try:
+                            await self._controls_from(board)
+                        except Exception as error:  # Redis away: the next beat tries again
+                            logger.debug("Monitor: cannot take the crawl's controls: %s", error)
                 await asyncio.sleep(HEARTBEAT)
         finally:
             self._board = None
@@ -206,7 +209,10 @@ class HostQueueMonitor:
         if control.action not in HOST_ACTIONS:
             result = controller.apply(control)
             if board is not None:
-                await board.set_paused(control.action == PAUSE)
+                try:
+                    await board.set_paused(control.action == PAUSE)
+                except Exception as error:  # any client error: this process only
+                    return f"{result} in this process only: cannot reach Redis ({error})"
                 result += ", in every process of the crawl"
             return result
         host = control.host
@@ -214,7 +220,13 @@ class HostQueueMonitor:
             return controller.apply(control)
         if controller.hosts.known_state(host) is None and not shows(self._others or [], host):
             raise BadControl(f"unknown host {host!r}")
-        return await send_control(board, control, f"{remote} on {self._process['key']}")
+        try:
+            return await send_control(board, control, f"{remote} on {self._process['key']}")
+        except Exception as error:  # any client error
+            raise BadControl(
+                f"host {host!r} is held by another process, and Redis cannot be reached to "
+                f"tell it: {error}"
+            ) from None
 
     async def _controls_from(self, board: Any) -> None:
         """Apply what other processes' pages asked of this one (the Redis frontier)."""

@@ -62,6 +62,7 @@ class MonitorBoard:
         #: is paused.
         self.controls: list[tuple[bytes, dict[str, Any]]] = []
         self.paused = False
+        self._pauses = 0  # set_paused calls, so that a beat under way does not undo one
         self._client: Any = None
 
     async def open(self) -> None:
@@ -102,8 +103,10 @@ class MonitorBoard:
         if self.read_controls:
             pipe.lrange(self.controls_key, 0, -1)
             pipe.get(self.paused_key)
+            pauses = self._pauses
             *_, members, pending, paused = await pipe.execute()
-            self._read_controls(pending, paused)
+            # A pause set meanwhile (this process's page) is newer than what was read.
+            self._read_controls(pending, paused if pauses == self._pauses else self.paused)
         else:
             members = (await pipe.execute())[-1]
         if not members:
@@ -111,7 +114,7 @@ class MonitorBoard:
         values = await client.mget([f"{self.index}:{member.decode()}" for member in members])
         return [json.loads(value) for value in values if value is not None]
 
-    def _read_controls(self, pending: list[bytes], paused: bytes | None) -> None:
+    def _read_controls(self, pending: list[bytes], paused: Any) -> None:
         self.paused = bool(paused)
         self.controls = []
         oldest = time.time() - CONTROL_TTL
@@ -137,6 +140,7 @@ class MonitorBoard:
 
     async def set_paused(self, paused: bool) -> None:
         """Pause or resume every process of the crawl (at its next heartbeat)."""
+        self._pauses += 1
         if paused:
             await self._client.set(self.paused_key, b"1")
         else:
