@@ -83,6 +83,7 @@ def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
     crawl["statuses"] = dict(sorted(statuses.items()))
     crawl["statuses_total"] = dict(sorted(statuses_total.items()))
     crawl["states"] = states
+    crawl["paused"] = any(part["crawl"].get("paused", False) for part in parts)
     if bounds:
         bound, count = max(bounds.items(), key=lambda item: (item[1], item[0]))
         crawl["why"] = {"bound": bound, "text": f"{count} of {len(parts)} processes: {whys[bound]}"}
@@ -101,6 +102,7 @@ def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
         "time": now,
         "uptime": max((part["uptime"] for part in parts), default=0.0),
         "process": None,
+        "controls": False,
         "processes": processes,
         "crawl": crawl,
         "hosts": shown,

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scrapy_hostqueue.monitor._controls import MONITOR
+
 #: The ``version`` of the snapshot's schema (docs/monitor.rst).
 SCHEMA_VERSION = 1
 #: The row that stands for every host past the top ones.
@@ -40,7 +42,7 @@ IN_FLIGHT = "in-flight"
 WAITING = "waiting"
 READY = "ready"
 IDLE = "idle"
-BLOCKED_STATES = (RETRY_AFTER, BACKOFF, COOLDOWN, CRAWL_DELAY)
+BLOCKED_STATES = (RETRY_AFTER, BACKOFF, COOLDOWN, CRAWL_DELAY, MONITOR)
 STATES = (IN_FLIGHT, READY, WAITING, *BLOCKED_STATES, DELAY, GIVEN_UP, IDLE)
 
 
@@ -94,6 +96,7 @@ class CrawlFigures:
     given_up_hosts: int = 0
     live_hosts: int = 0  # hosts with work in this process's frontier
     scheduler: bool = True  # HostQueueScheduler runs the crawl
+    paused: bool = False  # by the monitor's controls
     process: dict[str, Any] = field(default_factory=dict)
 
 
@@ -265,6 +268,7 @@ class Snapshots:
             "time": crawl.time,
             "uptime": round(crawl.uptime, 3),
             "process": crawl.process,
+            "controls": False,
             "crawl": {
                 "pages_per_second": round(_rate(now, crawl.responses, rate_base, None), 3),
                 "responses": crawl.responses,
@@ -276,6 +280,7 @@ class Snapshots:
                 "max_active_hosts": crawl.max_active_hosts,
                 "concurrent_requests": crawl.concurrent_requests,
                 "given_up_hosts": crawl.given_up_hosts,
+                "paused": crawl.paused,
                 "hosts": len(rows),
                 "live_hosts": crawl.live_hosts,
                 "states": states,

@@ -47,7 +47,7 @@ except ImportError:  # the prometheus extra is not installed: /metrics is a 404
 # -- the snapshot, from plain figures ------------------------------------------
 
 #: The fields of a snapshot and of its parts (docs/monitor.rst lists them).
-TOP_FIELDS = {"version", "time", "uptime", "process", "crawl", "hosts", "other"}
+TOP_FIELDS = {"version", "time", "uptime", "process", "controls", "crawl", "hosts", "other"}
 CRAWL_FIELDS = {
     "pages_per_second",
     "responses",
@@ -59,6 +59,7 @@ CRAWL_FIELDS = {
     "max_active_hosts",
     "concurrent_requests",
     "given_up_hosts",
+    "paused",
     "hosts",
     "live_hosts",
     "states",
@@ -375,6 +376,15 @@ async def test_monitor_during_a_crawl(
             )
         )[0]
         seen["page"] = await get(url)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                base + "control",
+                json={"action": "pause"},
+                headers={"Authorization": f"Bearer {monitor.server.token}"},
+            ) as answer,
+        ):
+            seen["control"] = answer.status, await answer.json()
 
         async def settled() -> dict[str, Any] | None:
             status, text = await get(base + "hosts.json?token=" + monitor.server.token)
@@ -416,6 +426,12 @@ async def test_monitor_during_a_crawl(
     assert "hosts.json" in page
     assert "<script src" not in page
     assert "<link" not in page
+    # The controls are off by default.
+    status, answer = seen["control"]
+    assert status == 404
+    assert "HOSTQUEUE_MONITOR_CONTROLS" in answer["error"]
+    assert seen["snapshot"]["controls"] is False
+    assert seen["snapshot"]["crawl"]["paused"] is False
 
     snap = seen["snapshot"]
     stats = seen["stats"]

@@ -96,6 +96,9 @@ UNUSED_GRACE = 1.0
 #: A held host that must wait longer than this (seconds) is given back, to be
 #: claimable again when its wait ends.
 RELEASE_BLOCKED = 1.0
+#: The block reason (the monitor's controls) of a blocked host that is kept
+#: held however long it waits.
+HELD_THROUGH = "monitor"
 #: Seconds before a claim that found no host is tried again.
 CLAIM_RETRY = 0.2
 #: Seconds between two saves of the state of hosts that changed.
@@ -587,7 +590,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 continue
             busy = bool(in_flight or held.unacked or held.pending)
             ready_at = state.ready_at() if state is not None else 0.0
-            long_wait = ready_at > now + RELEASE_BLOCKED
+            # Blocked from the monitor's page: kept, so that an unblock given
+            # there finds the host held.
+            long_wait = ready_at > now + RELEASE_BLOCKED and (
+                state is None or state.block_reason != HELD_THROUGH
+            )
             if not busy and (held.draining or long_wait):
                 self._hand_back(key, held)
                 continue
