@@ -83,6 +83,12 @@ def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
     crawl["statuses"] = dict(sorted(statuses.items()))
     crawl["statuses_total"] = dict(sorted(statuses_total.items()))
     crawl["states"] = states
+    waits = [part["crawl"].get("redis") for part in parts]
+    crawl["redis"] = max(
+        (redis for redis in waits if redis is not None),
+        key=lambda redis: (redis["waited"], redis["away"]),
+        default=None,
+    )
     if bounds:
         bound, count = max(bounds.items(), key=lambda item: (item[1], item[0]))
         crawl["why"] = {"bound": bound, "text": f"{count} of {len(parts)} processes: {whys[bound]}"}

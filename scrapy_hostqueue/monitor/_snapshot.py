@@ -27,6 +27,9 @@ RATE_WINDOW = 10.0
 MIX_WINDOW = 60.0
 #: Points of a host's history the detail view charts.
 HISTORY_POINTS = 120
+#: The share of the last seconds the scheduler waited on Redis from which
+#: Redis is what bounds the crawl.
+REDIS_WAITED = 0.25
 
 # Host states, in the order they take precedence. A blocked host's state is
 # its block's reason.
@@ -95,6 +98,9 @@ class CrawlFigures:
     live_hosts: int = 0  # hosts with work in this process's frontier
     scheduler: bool = True  # HostQueueScheduler runs the crawl
     process: dict[str, Any] = field(default_factory=dict)
+    #: On the Redis frontier, how much Redis holds this process back
+    #: (``RedisStore.redis_figures``); None on another.
+    redis: dict[str, Any] | None = None
 
 
 def host_state(row: HostRow, places_full: bool) -> str:
@@ -143,6 +149,11 @@ def why_not_faster(
                 "(HOSTQUEUE_MAX_ACTIVE_HOSTS)."
             ),
         }
+    redis = _redis_bound(crawl)
+    if redis:
+        # Before hosts "ready": on Redis, a held host's queue counts what
+        # waits there for a refill.
+        return {"bound": "redis", "text": redis}
     if states.get(READY):
         # The engine asks for a request whenever it has room: hosts that could
         # send wait for it to ask.
@@ -165,6 +176,32 @@ def why_not_faster(
             }
         return {"bound": "idle", "text": "Nothing is queued or in flight."}
     return {"bound": "none", "text": "Requests are going out as fast as they are handed out."}
+
+
+def _redis_bound(crawl: CrawlFigures) -> str:
+    """Say how Redis holds the crawl back, or "" if it does not."""
+    redis = crawl.redis
+    if redis is None:
+        return ""
+    if redis["away"]:
+        return (
+            f"Bound by Redis: it has not answered for {redis['away']:.1f}s; no new work "
+            "comes from it."
+        )
+    if redis["full"] and crawl.queued:
+        return (
+            f"Bound by Redis: it is full (maxmemory); {redis['kept_back']} new requests "
+            "wait here for room."
+        )
+    if redis["waited"] >= REDIS_WAITED and crawl.queued:
+        p95 = redis["round_trip_p95"]
+        return (
+            f"Bound by Redis: the scheduler had nothing to hand out while it waited on Redis "
+            f"{redis['waited']:.0%} of the last 10s"
+            + ("" if p95 is None else f" (round trip p95 {p95 * 1000:.0f} ms)")
+            + "."
+        )
+    return ""
 
 
 class Snapshots:
@@ -279,6 +316,7 @@ class Snapshots:
                 "hosts": len(rows),
                 "live_hosts": crawl.live_hosts,
                 "states": states,
+                "redis": crawl.redis,
                 "why": why_not_faster(
                     crawl, in_flight, states, [text for _, text in sorted(blockers)[::-1][:3]]
                 ),
