@@ -65,6 +65,7 @@ class HostRow:
     blocked_left: float = 0.0
     block_reason: str | None = None
     spaced_left: float = 0.0  # time until its delay lets the next request start
+    interval: float = 0.0  # its delay between requests (0: none)
     given_up: bool = False
     overdue: int = 0
     live: bool = False  # held by this process's frontier (else known from the stats)
@@ -277,6 +278,7 @@ class Snapshots:
                 "overdue": row.overdue,
                 "block_reason": row.block_reason if row.blocked_left > 0 else None,
                 "block_left": round(row.blocked_left, 3) if row.blocked_left > 0 else 0.0,
+                "interval": row.interval,
                 "pages_per_second": round(pages, 3),
                 "responses": info.responses,
                 "statuses": _minus(info.statuses, _host_base(base, row.host)),

@@ -64,6 +64,8 @@ class HostQueueMonitor:
         self.config = config
         self.recorder = get_recorder(crawler)
         self.snapshots = Snapshots(config.monitor_hosts)
+        # The host log line reads the same snapshot.
+        self.recorder.snapshot = self.local_snapshot
         # /metrics: this process's figures (Prometheus scrapes every process).
         self.server = MonitorServer(self.snapshot, metrics_maker(self.local_snapshot))
         self.url: str | None = None
@@ -272,6 +274,7 @@ def _row(
         rank=rank,
         blocked_left=max(0.0, state.blocked_until - now),
         block_reason=state.block_reason,
+        interval=state.interval,
         spaced_left=max(0.0, state.spaced_until() - now) if live else 0.0,
         given_up=state.given_up,
         overdue=view.overdue(host) if live else 0,

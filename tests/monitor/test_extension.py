@@ -76,6 +76,7 @@ HOST_FIELDS = {
     "overdue",
     "block_reason",
     "block_left",
+    "interval",
     "pages_per_second",
     "responses",
     "statuses",

@@ -81,6 +81,7 @@ def host(name: str, **values: Any) -> dict[str, Any]:
         "overdue": 0,
         "block_reason": None,
         "block_left": 0.0,
+        "interval": 0.0,
         "pages_per_second": 1.0,
         "responses": 10,
         "statuses": {"200": 10},
