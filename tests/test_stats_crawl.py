@@ -576,12 +576,10 @@ async def test_with_the_monitor_the_log_line_reads_its_snapshot(
     local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The log line's figures are those of the snapshot the page and /metrics read."""
-    hosts = local_hosts(
-        [
-            HostSpec(latency=0.02, links=3, pages=40),
-            HostSpec(latency=0.02, links=3, pages=20, throttle_above=1, retry_after="1"),
-        ]
-    )
+    fine = HostSpec(latency=0.02, links=3, pages=40)
+    # Answers 429 with a Retry-After of 1 s above one request in flight.
+    throttling = HostSpec(latency=0.02, links=3, pages=20, throttle_above=1, retry_after="1")
+    hosts = local_hosts([fine, throttling])
     caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
     crawler = get_crawler(
         PageSpider,
