@@ -203,8 +203,8 @@ class HostQueueMonitor:
             statuses=_by_prefix(values, _STATUS_PREFIX),
             given_up_hosts=int(values.get(stat_key("hosts_given_up_count"), 0)),
             scheduler=view is not None,
-            process=self._process,
             redis=view.redis_figures() if view is not None else None,
+            process=self._process,
         )
         rows = [] if view is None else self._rows(view, now)
         crawl.live_hosts = sum(1 for row in rows if row.live)
