@@ -17,7 +17,7 @@ these Protocols:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -86,6 +86,9 @@ class HostView(Protocol):
     def overdue(self, host: str) -> int: ...
 
     def sent_back_from_gate(self, request: Request) -> bool: ...
+
+    def redis_figures(self) -> dict[str, Any] | None:
+        """How much Redis holds this process back (None off the Redis frontier)."""
 
 
 class HostControl(Protocol):

@@ -79,6 +79,11 @@ class StoreView(Generic[T]):
         """Count the requests of *host* in flight and overdue."""
         return self.store.overdue(host)
 
+    def redis_figures(self) -> dict[str, Any] | None:
+        """Return how much Redis holds this process back (None off the Redis frontier)."""
+        figures = getattr(self.store, "redis_figures", None)
+        return None if figures is None else figures()  # type: ignore[no-any-return]
+
 
 class Hosts(StoreView[Request]):
     """The scheduler's hosts: the per-host queries and commands over its request store.

@@ -31,14 +31,14 @@ import math
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
 from scrapy_hostqueue._config import HostQueueConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
@@ -226,6 +226,9 @@ class HostStatsRecorder:
         #: The scheduler's view of its hosts, when the scheduler is
         #: HostQueueScheduler (set when it opens).
         self.host_view: HostView | None = None
+        #: The live monitor's snapshot of this process (``/hosts.json``'s
+        #: form), when the monitor runs: the host log line reads it.
+        self.snapshot: Callable[[], dict[str, Any]] | None = None
 
     # -- the bounded table ---------------------------------------------------
 

@@ -79,6 +79,12 @@ def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
             rows.setdefault(host["host"], []).append(host)
         for name in ("hosts", "queued", "in_flight"):
             other[name] += part["other"][name]
+    waits = [part["crawl"].get("redis") for part in parts]
+    crawl["redis"] = max(
+        (redis for redis in waits if redis is not None),
+        key=lambda redis: (redis["waited"], redis["away"]),
+        default=None,
+    )
     crawl["pages_per_second"] = round(crawl["pages_per_second"], 3)
     crawl["statuses"] = dict(sorted(statuses.items()))
     crawl["statuses_total"] = dict(sorted(statuses_total.items()))

@@ -76,6 +76,8 @@ class HostQueueMonitor:
         self.config = config
         self.recorder = get_recorder(crawler)
         self.snapshots = Snapshots(config.monitor_hosts)
+        # The host log line reads the same snapshot.
+        self.recorder.snapshot = self.local_snapshot
         # /metrics: this process's figures (Prometheus scrapes every process).
         self.server = MonitorServer(
             self.snapshot,
@@ -302,6 +304,7 @@ class HostQueueMonitor:
             statuses=_by_prefix(values, _STATUS_PREFIX),
             given_up_hosts=int(values.get(stat_key("hosts_given_up_count"), 0)),
             scheduler=view is not None,
+            redis=view.redis_figures() if view is not None else None,
             process=self._process,
             paused=self.controller is not None and self.controller.hosts.paused,
         )
@@ -373,6 +376,7 @@ def _row(
         rank=rank,
         blocked_left=max(0.0, state.blocked_until - now),
         block_reason=state.block_reason,
+        interval=state.interval,
         spaced_left=max(0.0, state.spaced_until() - now) if live else 0.0,
         given_up=state.given_up,
         overdue=view.overdue(host) if live else 0,

@@ -53,6 +53,7 @@ def part(pid: int, hosts: list[dict[str, Any]], **crawl: Any) -> dict[str, Any]:
         "hosts": len(hosts),
         "live_hosts": len(hosts) - 1,
         "states": {"in-flight": len(hosts)},
+        "redis": {"waited": 0.0, "round_trip_p95": 0.001, "away": 0.0, "full": False},
         "why": {"bound": "hosts", "text": "Bound by the hosts."},
     }
     figures.update(crawl)
@@ -78,6 +79,7 @@ def host(name: str, **values: Any) -> dict[str, Any]:
         "overdue": 0,
         "block_reason": None,
         "block_left": 0.0,
+        "interval": 0.0,
         "pages_per_second": 1.0,
         "responses": 10,
         "statuses": {"200": 10},
@@ -93,6 +95,7 @@ def test_merge_adds_up_processes_and_hosts() -> None:
     one = part(1, [host("a", responses=10), host("b", responses=5, queued=0, in_flight=2)])
     # b is lent in part to process 2, which holds less of its work.
     two = part(2, [host("b", responses=1, queued=0, in_flight=1, limit=3), host("c", responses=9)])
+    two["crawl"]["redis"] = {"waited": 0.5, "round_trip_p95": 0.2, "away": 0.0, "full": False}
     merged = merge([two, one], top=2, now=101.5)
     assert [p["pid"] for p in merged["processes"]] == [1, 2]
     assert merged["processes"][0]["age"] == 1.5
@@ -103,6 +106,8 @@ def test_merge_adds_up_processes_and_hosts() -> None:
     assert merged["crawl"]["statuses_total"] == {"200": 4}
     assert merged["crawl"]["states"] == {"in-flight": 4}
     assert merged["crawl"]["why"]["text"] == "2 of 2 processes: Bound by the hosts."
+    # Redis as the process that waited on it most saw it.
+    assert merged["crawl"]["redis"] == two["crawl"]["redis"]
     rows = {row["host"]: row for row in merged["hosts"]}
     # The top 2 by responses, then name; c is folded.
     assert list(rows) == ["a", "c"]

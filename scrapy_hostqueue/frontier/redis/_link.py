@@ -180,6 +180,7 @@ class RedisLink:
                 if outage_at is None:
                     outage_at = time.monotonic()
                     store.connected = False
+                    store.waits.away(store.clock())
                     store.counts["outages"] += 1
                     logger.warning(
                         "Lost the shared frontier at Redis (%s): handing out no new work "
@@ -342,6 +343,11 @@ class RedisLink:
             # Read alone, the totals of a Redis that lost the crawl would
             # say that it finished: its identity goes with them.
             pipe.get(p + "crawl")
+        waits = store.waits
+        waits.sent(
+            store.clock(),
+            asks=any(op[0] in ("claim", "refill") or (op[0] == "push" and op[5]) for op in ops),
+        )
         try:
             # Each answer on its own: Redis full refuses pushes, and only them.
             results = await pipe.execute(raise_on_error=False)
@@ -349,6 +355,7 @@ class RedisLink:
         except BaseException:
             store.outbox[: len(ops)] = store.failed(ops, sent=True)
             raise
+        waits.answered(store.clock())
         del store.outbox[: len(ops)]
         work = False
         refused: list[tuple[Any, ...]] = []
