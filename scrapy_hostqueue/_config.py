@@ -407,6 +407,7 @@ class HostQueueConfig:
     monitor_port: int  # 0 = a free port
     monitor_hosts: int  # hosts the snapshot shows one by one; the rest add up
     monitor_interval: float  # seconds a snapshot is served before the next
+    monitor_controls: bool  # the page may block, limit, give up hosts and pause the crawl
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> HostQueueConfig:
@@ -532,4 +533,5 @@ class HostQueueConfig:
             monitor_port=_integer(settings, "HOSTQUEUE_MONITOR_PORT", 0, maximum=65_535),
             monitor_hosts=_integer(settings, "HOSTQUEUE_MONITOR_HOSTS", 50, minimum=1),
             monitor_interval=_interval(settings, "HOSTQUEUE_MONITOR_INTERVAL", 1.0),
+            monitor_controls=_boolean(settings, "HOSTQUEUE_MONITOR_CONTROLS", False),
         )

@@ -213,6 +213,7 @@ class RedisLink:
                 if outage_at is None:
                     outage_at = time.monotonic()
                     store.connected = False
+                    store.waits.away(store.clock())
                     store.counts["outages"] += 1
                     logger.warning(
                         "Lost the shared frontier at Redis (%s): handing out no new work "
@@ -487,6 +488,11 @@ class RedisLink:
         if totals:
             pipe.zcount(prefixes[0] + "procs", wall_ms, "+inf")
             pipe.hgetall(prefixes[0] + "backlog")
+        waits = store.waits
+        waits.sent(
+            store.clock(),
+            asks=any(op[0] in ("claim", "refill") or (op[0] == "push" and op[5]) for op in ops),
+        )
         try:
             # Each answer on its own: Redis full refuses pushes, and only them.
             results = await pipe.execute(raise_on_error=False)
@@ -494,6 +500,7 @@ class RedisLink:
         except BaseException:
             store.outbox[: len(taken)] = store.failed(ops, sent=True) + held_back
             raise
+        waits.answered(store.clock())
         store.outbox[: len(taken)] = held_back
         work = False
         refused: list[tuple[Any, ...]] = []

@@ -74,6 +74,7 @@ from scrapy_hostqueue.frontier.redis._share import (
     Share,
     may_share,
 )
+from scrapy_hostqueue.frontier.redis._waits import RedisWaits
 
 __all__ = ["HOLD_GRACE", "RELEASE_BLOCKED", "RedisStore"]
 
@@ -96,6 +97,9 @@ UNUSED_GRACE = 1.0
 #: A held host that must wait longer than this (seconds) is given back, to be
 #: claimable again when its wait ends.
 RELEASE_BLOCKED = 1.0
+#: The block reason (the monitor's controls) of a blocked host that is kept
+#: held however long it waits.
+HELD_THROUGH = "monitor"
 #: Seconds before a claim that found no host is tried again.
 CLAIM_RETRY = 0.2
 #: Seconds between two saves of the state of hosts that changed.
@@ -262,6 +266,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.on_back: Callable[[], None] | None = None
         #: Whether Redis answers (False during an outage).
         self.connected = True
+        #: How long the scheduler waited on Redis lately (for the monitor).
+        self.waits = RedisWaits()
         #: Counters for the stats: duplicates Redis dropped, hosts claimed...
         self.counts: dict[str, int] = {
             "duplicates": 0,
@@ -365,11 +371,20 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         popped = self._mem.pop(now)
         if popped is None:
             self._room_at = self._mem.clock() if now is None else now
-            if self.outbox or self._wants_hosts():
+            self.waits.starved(self._room_at)
+            wants = self._wants_hosts()
+            if self.remote_queued > 0 and (
+                wants or any(held.refilling for held in self._held.values())
+            ):
+                # Work from Redis is due: what comes next waits on it.
+                self.waits.ask(self._room_at)
+            if self.outbox or wants:
                 # Starving: send what waits and claim now, not at the next tick.
                 self.kick()
             return None
         key, entry = popped
+        if self.waits.starved_since is not None:
+            self.waits.fed(self._mem.clock() if now is None else now)
         held = self._held.get(key)
         item = self._lease(key, entry, held)
         if entry.rid and held is not None:
@@ -481,6 +496,28 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if held is not None and held.share is not None:
             # The other holder must read it at its next step: write it now.
             self.kick()
+
+    def redis_figures(self) -> dict[str, Any]:
+        """Say how much Redis holds this process back now, for the monitor.
+
+        ``waited``: the share of the last 10 s the scheduler had nothing to
+        hand out while it waited on Redis (see ``_waits``);
+        ``round_trip_p95``: of the last exchanges, in seconds (None before
+        one); ``away``: seconds since Redis stopped answering, or has left an
+        exchange unanswered for a second or more (0 while it answers);
+        ``full``: Redis refuses new requests; ``kept_back``: new requests kept
+        here meanwhile.
+        """
+        now = self._mem.clock()
+        waits = self.waits
+        p95 = waits.round_trip_p95()
+        return {
+            "waited": round(waits.share(now), 3),
+            "round_trip_p95": None if p95 is None else round(p95, 6),
+            "away": round(waits.silent_for(now), 3),
+            "full": self.capacity.full_since is not None,
+            "kept_back": len(self.capacity.backlog),
+        }
 
     def sharing(self) -> bool:
         """Whether this process holds a host shared with another process."""
@@ -596,7 +633,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 continue
             busy = bool(in_flight or held.unacked or held.pending)
             ready_at = state.ready_at() if state is not None else 0.0
-            long_wait = ready_at > now + RELEASE_BLOCKED
+            # Blocked from the monitor's page: kept, so that an unblock given
+            # there finds the host held.
+            long_wait = ready_at > now + RELEASE_BLOCKED and (
+                state is None or state.block_reason != HELD_THROUGH
+            )
             if not busy and (held.draining or long_wait):
                 self._hand_back(key, held)
                 continue
