@@ -50,6 +50,30 @@ def test_a_host_goes_to_the_partition_of_its_crc32() -> None:
 
 
 @deferred_f_from_coro_f
+async def test_pushes_and_acknowledgements_wait_a_little_while_there_is_work_here(
+    redis_server: RedisServer, redis_client: Any
+) -> None:
+    a = _process(redis_server, redis_client)
+    for n in range(6):
+        a.store.push(HOSTS[0], 0, f"{HOSTS[0]}/{n}")
+    await a.step(2)  # pushed, then claimed
+    popped = a.store.pop()
+    assert popped is not None and a.store.queued(HOSTS[0]) == 5
+    a.store.push(HOSTS[1], 0, f"{HOSTS[1]}/0")
+    a.store.ack(popped[1])
+    # Work left here: they wait (the totals are read all the same).
+    await a.link.step(beat=False, totals=True)
+    stats = crawl_stats(redis_client, CRAWL)
+    assert (stats["pushed"], stats.get("acked", 0)) == (6, 0)
+    assert len(a.store.outbox) == 2
+    a.link._sent_at -= GATHER
+    await a.link.step(beat=False, totals=False)
+    stats = crawl_stats(redis_client, CRAWL)
+    assert (stats["pushed"], stats["acked"]) == (7, 1)
+    await a.aclose()
+
+
+@deferred_f_from_coro_f
 async def test_a_crawl_over_four_partitions_is_whole_and_exact(
     redis_server: RedisServer, redis_client: Any
 ) -> None:
@@ -205,28 +229,3 @@ async def test_a_process_with_no_host_finds_the_partition_where_a_part_is_offere
     assert idle.store.held_hosts == [busy] and idle.store.pop() is not None
     await holder.aclose()
     await idle.aclose()
-
-
-@deferred_f_from_coro_f
-async def test_pushes_and_acknowledgements_wait_a_little_while_there_is_work_here(
-    redis_server: RedisServer, redis_client: Any
-) -> None:
-    a = _process(redis_server, redis_client)
-    for n in range(6):
-        a.store.push(HOSTS[0], 0, f"{HOSTS[0]}/{n}")
-    await a.step()
-    await a.step()
-    popped = a.store.pop()
-    assert popped is not None and a.store.queued(HOSTS[0]) == 5
-    a.store.push(HOSTS[1], 0, f"{HOSTS[1]}/0")
-    a.store.ack(popped[1])
-    # Work left here: they wait (the totals are read all the same).
-    await a.link.step(beat=False, totals=True)
-    stats = crawl_stats(redis_client, CRAWL)
-    assert (stats["pushed"], stats.get("acked", 0)) == (6, 0)
-    assert len(a.store.outbox) == 2
-    a.link._sent_at -= GATHER
-    await a.link.step(beat=False, totals=False)
-    stats = crawl_stats(redis_client, CRAWL)
-    assert (stats["pushed"], stats["acked"]) == (7, 1)
-    await a.aclose()
