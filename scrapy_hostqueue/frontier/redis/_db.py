@@ -15,7 +15,10 @@ exact. Every process is registered in every partition (its heartbeat renewed
 in each, and what a dead process held is reclaimed in each). On one server
 the suffixes are ``0`` to ``n - 1``; on a Redis Cluster each is chosen when
 the crawl is made (``3``, else ``3.1``, ``3.2``...) so that the partitions
-are dealt evenly over the masters serving the slots at that time.
+are dealt evenly over the masters serving the slots at that time. The fair
+share a claim applies is its partition's (its hosts over the live
+processes); a process gives back what it holds beyond the crawl's (the
+partitions' sums, see ``_store``).
 
 The crawl's own keys, under ``hq:{<crawl id>}:`` (its *home*):
 
@@ -70,8 +73,9 @@ Keys of each partition (after its prefix):
                 no co-holder has taken it
 ``coheld:<proc>`` set: the hosts a process co-holds
 ``wantshare``   zset: process -> when it last wanted hosts and found none (ms)
-``stats``       hash: crawl-wide counters (``queued``, ``leased``, ``pushed``,
-                ``duplicates``, ``acked``, ``reclaimed``, ``claims``)
+``stats``       hash: the partition's counters, whose sums are the crawl's
+                (``queued``, ``leased``, ``pushed``, ``duplicates``,
+                ``acked``, ``reclaimed``, ``claims``)
 ``backlog``     hash: process -> requests it keeps back while Redis is full
                 (the crawl is not finished while one holds any; in the
                 first partition only)
