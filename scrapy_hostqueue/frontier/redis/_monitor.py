@@ -4,8 +4,9 @@ The snapshots are ``scrapy_hostqueue.monitor``'s. Every process writes its
 snapshot every few seconds under a key of its own that expires after
 :data:`TTL` seconds, and lists it in a sorted set by its expiry; it reads the
 others' in the same round trip. The keys are the
-monitor's own, beside the frontier's under the crawl's prefix (and its hash
-tag, so that one Redis Cluster node holds them all):
+monitor's own, beside the crawl's own keys (its version, its partitions)
+under the crawl's home prefix and its hash tag, so that one Redis Cluster
+node holds them all (the partitions of the frontier have tags of their own):
 
 * ``hq:{CRAWL}:monitor``: sorted set, process key -> expiry (ms since the
   epoch);

@@ -62,7 +62,7 @@ from typing import Any, Generic, TypeVar
 from scrapy_hostqueue.frontier._layered import LayeredStore
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 from scrapy_hostqueue.frontier.redis._capacity import Backlog, Capacity, HeldRequest
-from scrapy_hostqueue.frontier.redis._db import RANK_LIMIT, prefix, split_value
+from scrapy_hostqueue.frontier.redis._db import RANK_LIMIT, part_prefix, partition_of, split_value
 from scrapy_hostqueue.frontier.redis._share import (
     LOWERING,
     OFFER_WAIT,
@@ -186,10 +186,12 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         backlog: int = BACKLOG,
         spill_dir: str = "",
         where: str = "",
+        prefixes: list[str] | None = None,
     ) -> None:
         super().__init__(memory)
         self.crawl_id = crawl_id
-        self.prefix = prefix(crawl_id)
+        #: The key prefixes of the crawl's partitions (see ``_db``).
+        self.prefixes = prefixes or [part_prefix(crawl_id)]
         self.proc = proc
         #: The crawl's identity in Redis (see ``_db``): every script
         #: checks it.
@@ -225,7 +227,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._window = max(2, window)
         self._wall = wall_clock
         self._held: dict[str, _Held] = {}
-        self._known: set[str] = set()  # ids leased to this process it knows of
+        self._known: dict[str, str] = {}  # ids leased to this process it knows of: their host
         self._leases: dict[int, tuple[T, str, str, int]] = {}  # handed out, by id(item)
         self.outbox: list[tuple[Any, ...]] = []
         self._next_id = 0
@@ -235,6 +237,13 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._dirty: set[str] = set()
         self._claiming = False
         self._claim_after = 0.0
+        #: The partition the next claim starts from (each claim the next one),
+        #: and the hosts claimable in each partition as last read (None:
+        #: not read yet).
+        self._claim_next = partition_of(proc, len(self.prefixes))
+        self.claimable: list[int | None] = [None] * len(self.prefixes)
+        #: The parts of busy hosts offered in each partition, as last read.
+        self.offered: list[int] = [0] * len(self.prefixes)
         #: When this process last had room for more hosts (nothing to hand
         #: out when asked, or nothing queued at all).
         self._room_at = memory.clock()
@@ -407,11 +416,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if lease is None:
             return
         _item, rid, key, _rank = lease
-        self._known.discard(rid)
+        self._known.pop(rid, None)
         held = self._held.get(key)
         if held is not None:
             held.unacked -= 1
-        self.outbox.append(("ack", rid))
+        self.outbox.append(("ack", rid, key))
 
     def give_back(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
@@ -669,7 +678,32 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self._claiming = True
             # A part of a busy host only while this process works none yet.
             part = self.share_hosts and not any(held.co_held for held in self._held.values())
-            self.outbox.append(("claim", want, self._window, part))
+            self.outbox.append(("claim", want, self._window, part, self._claim_partition(part)))
+
+    def starving(self) -> bool:
+        """Whether this process has nothing here to hand out."""
+        return not len(self._mem)
+
+    def part(self, key: str) -> int:
+        """Return the index of the partition of the host *key*."""
+        return partition_of(key, len(self.prefixes))
+
+    def _claim_partition(self, part: bool = False) -> int:
+        """Return the partition to claim from now, and turn to the next one.
+
+        The first from the turn's that had hosts to claim when last read (or
+        was not read yet); else, for a process that may take a part of a busy
+        host (*part*), the first with one offered; else the turn's own.
+        """
+        n = len(self.prefixes)
+        start = self._claim_next
+        order = [(start + i) % n for i in range(n)]
+        chosen = next(
+            (k for k in order if self.claimable[k] is None or (self.claimable[k] or 0) > 0),
+            next((k for k in order if part and self.offered[k] > 0), start),
+        )
+        self._claim_next = (chosen + 1) % n
+        return chosen
 
     def _send_backlog(self) -> None:
         """Send as many requests kept back as Redis has room for now.
@@ -823,7 +857,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         for entry in self._mem.remove_queued(key):
             if entry.rid:
                 ids.append(entry.rid)
-                self._known.discard(entry.rid)
+                self._known.pop(entry.rid, None)
             else:
                 self._mem.push(key, entry.rank, entry)
         return ids
@@ -1041,7 +1075,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         for i in range(0, len(items), 2):
             rid = items[i].decode()
             _host, rank, data = split_value(items[i + 1])
-            self._known.add(rid)
+            self._known[rid] = key
             self._mem.push(key, rank, _Entry(rid, rank, None, data))
         return len(items) // 2
 
@@ -1058,7 +1092,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 held.pending -= 1
             status = int(result)
             if status == 2 and held is not None:
-                self._known.add(rid)
+                self._known[rid] = key
                 self._mem.push(key, rank, _Entry(rid, rank, item))
                 return True
             if status == 1 and held is not None:
@@ -1073,6 +1107,9 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             if result == -1:
                 self.lost()
                 return False
+            if len(result) - 1 < op[1]:
+                # Fewer than asked: that partition has no more for now.
+                self.claimable[op[4]] = 0
             got = 0
             self._hungry = bool(int(result[0]))
             now = self._mem.clock()
@@ -1099,7 +1136,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 self._add_window(key, items)
                 got += 1
             self.counts["claimed_hosts"] += got
-            if got < op[1]:
+            if got < op[1] and not any(n is None or n > 0 for n in self.claimable):
+                # Every partition had too few: wait before asking again.
                 self._claim_after = self._mem.clock() + CLAIM_RETRY
             return got > 0
         if kind == "refill":
@@ -1201,13 +1239,14 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
     def wall(self) -> float:
         return self._wall()
 
-    def resync_args(self) -> list[Any]:
-        """Return what this process knows it holds, for the resync script.
+    def resync_args(self, part: int = 0) -> list[Any]:
+        """Return what this process knows it holds in the partition *part*, for the resync script.
 
         The host count, the hosts, then the request ids.
         """
-        hosts = list(self._held)
-        return [len(hosts), *hosts, *self._known]
+        hosts = [key for key in self._held if self.part(key) == part]
+        ids = [rid for rid, key in self._known.items() if self.part(key) == part]
+        return [len(hosts), *hosts, *ids]
 
     def hand_back_all(self) -> None:
         """Give every held host back (a graceful close)."""
