@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from scrapy_hostqueue.testing._redis_server import RedisServer
+from scrapy_hostqueue.testing._redis_server import CommandStat, RedisServer
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -212,13 +212,18 @@ class RedisCluster:
         for node in self.nodes:
             node.reset_stats()
 
-    def commandstats(self) -> dict[str, int]:
-        """Sum the calls per command over the nodes."""
-        calls: dict[str, int] = {}
+    def commandstats(self) -> dict[str, CommandStat]:
+        """Sum the calls and time per command over the masters, as one server's."""
+        totals: dict[str, CommandStat] = {}
         for node in self.nodes:
             for name, stat in node.commandstats().items():
-                calls[name] = calls.get(name, 0) + stat.calls
-        return calls
+                seen = totals.get(name, CommandStat(0, 0))
+                totals[name] = CommandStat(seen.calls + stat.calls, seen.usec + stat.usec)
+        return totals
+
+    def cpu_seconds(self) -> float:
+        """Sum the CPU time the masters have used since they started."""
+        return sum(node.cpu_seconds() for node in self.nodes)
 
     def stop(self) -> None:
         for node in self.servers:
