@@ -226,12 +226,14 @@ def test_the_cluster_part_from_the_runs() -> None:
     runs[1].distinct, runs[1].served, runs[1].crawl.max_in_flight = 799, 800, 5
     runs[3].node_bytes = [30_000, 30_000, 30_000]
     summary = cluster_summarise(runs)
-    assert summary["shares_ok"]
-    assert not summary["every_page"]
-    text = "\n".join(cluster_report_lines(summary, runs))
-    assert "800 of 800, 799 of 800, 800 of 800, 800 of 800 (1 fetched twice): FAIL" in text
-    assert "counted by the host: 5 (limit 4): FAIL" in text
-    assert "20-50 % of the crawl's memory: PASS" in text
+    assert (summary["shares_ok"], summary["every_page"]) == (True, False)
+    lines = cluster_report_lines(summary, runs)
+    for said in (
+        "800 of 800, 799 of 800, 800 of 800, 800 of 800 (1 fetched twice): FAIL",
+        "counted by the host: 5 (limit 4): FAIL",
+        "20-50 % of the crawl's memory: PASS",
+    ):
+        assert any(said in line for line in lines), (said, lines)
 
 
 @pytest.mark.crawl
