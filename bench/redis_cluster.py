@@ -5,7 +5,8 @@ A Redis Cluster of :data:`MASTERS` real ``redis-server`` masters
 plain server, and ``--hosts`` local hosts at 10 ms, each a finite site of
 ``--cluster-pages`` pages, every link followed, with the (a) settings
 (``CONCURRENT_REQUESTS`` 32, a limit of 4 per host) and
-``HOSTQUEUE_REDIS_PARTITIONS`` = ``--partitions``. One crawl with 1 process,
+``HOSTQUEUE_REDIS_PARTITIONS`` = ``--partitions`` (0 by default: the
+setting's own choice on each). One crawl with 1 process,
 then with 2, on the plain server and on the cluster, each crawled to its end:
 
 * pages per second counted by the hosts while every process runs, on the

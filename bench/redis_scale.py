@@ -581,7 +581,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--cluster-pages", type=int, help="(k) pages of each host's site (default 40)"
     )
     parser.add_argument(
-        "--partitions", type=int, default=12, help="(k) HOSTQUEUE_REDIS_PARTITIONS (default 12)"
+        "--partitions",
+        type=int,
+        default=0,
+        help="(k) HOSTQUEUE_REDIS_PARTITIONS (default 0: the setting's own choice on each)",
     )
     parser.add_argument("--seconds", type=float, help="(a) seconds per crawl (default 10)")
     parser.add_argument(
@@ -612,10 +615,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.budget = args.budget or (400 if quick else DEFAULT_BUDGET)
     args.cluster_pages = args.cluster_pages or (10 if quick else 40)
     numbers = (args.rounds, args.hosts, args.budget, args.queued, args.queued_hosts)
-    if min(*numbers, args.cluster_pages, args.partitions) < 1:
+    if min(*numbers, args.cluster_pages) < 1 or args.partitions < 0:
         parser.error(
-            "--rounds, --hosts, --budget, --queued, --queued-hosts, --cluster-pages and "
-            "--partitions must be positive"
+            "--rounds, --hosts, --budget, --queued, --queued-hosts and --cluster-pages must be "
+            "positive, --partitions at least 0"
         )
     if args.seconds <= 0 or args.fingerprints < 0:
         parser.error("--seconds must be positive, --fingerprints at least 0")
