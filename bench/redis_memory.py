@@ -27,8 +27,9 @@ What takes the time is making the requests (a Scrapy ``Request``, its
 fingerprint and its encoded form, some 40 µs each) and one round trip per
 command: :data:`WORKERS` processes make the requests while this one pushes
 them, and scrapy-redis's code runs as it is with its client's commands sent
-in batches (a pipeline), which Redis stores as it would one by one. The
-10,000,000 fingerprints take about 8 minutes on 2 cores.
+in batches (a pipeline), which Redis stores as it would one by one.
+``--memory-full`` takes about 24 minutes of CPU (the workers, this process
+and the two servers), spread over 2 cores.
 
 The projection: 100M fetched pages (their fingerprints) and 10M queued
 requests, from the figures of steps 1 and 2, against 4 GB.

@@ -44,7 +44,7 @@ and local hosts, and runs each crawl in fresh processes
     same run (see :mod:`bench.redis_memory`): ``--queued`` requests over
     ``--queued-hosts`` hosts (200,000 over 2,000) and ``--fingerprints``
     (1,000,000); ``--memory-full`` for the issue's sizes, 1,000,000 over
-    10,000 hosts and 10,000,000 (about 15 minutes).
+    10,000 hosts and 10,000,000 (about 24 minutes of CPU, over 2 cores).
 
 (k) **Cluster.** One crawl over a Redis Cluster of 3 masters against one
     plain server, 1 and 2 processes, ``--hosts`` finite sites of
