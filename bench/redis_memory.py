@@ -50,7 +50,7 @@ from typing import Any
 from scrapy_hostqueue.frontier._codec import RequestCodec
 from scrapy_hostqueue.frontier.redis._capacity import HeldRequest
 from scrapy_hostqueue.frontier.redis._cli import held_request, push
-from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._db import part_prefix
 from scrapy_hostqueue.testing._redis_server import RedisServer
 
 #: Targets (bytes).
@@ -146,7 +146,7 @@ def _drop_queues(client: Any, crawl_id: str) -> None:
 
     The queues and their per-host records gone, the fingerprints kept.
     """
-    p = prefix(crawl_id)
+    p = part_prefix(crawl_id)
     for pattern in ("l:*", "q:*", "b:*"):
         _delete(client, f"{p}{pattern}".replace("{", "[{]").replace("}", "[}]"))
     client.delete(p + "qcount", p + "avail")

@@ -125,6 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     monitor_parser.add_argument(
         "--hosts", type=int, default=50, help="hosts shown one by one (default 50)"
     )
+    monitor_parser.add_argument(
+        "--controls",
+        action="store_true",
+        help="let the page block, limit and give up hosts and pause the crawl "
+        "(the crawl's processes need HOSTQUEUE_MONITOR_CONTROLS = True too)",
+    )
     # URLs may come after --crawl-id, where argparse no longer takes them.
     args, extra = parser.parse_known_args(argv)
     if extra and (args.command != "push" or any(arg.startswith("-") for arg in extra)):
@@ -192,7 +198,7 @@ def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if not frontier.is_shared(url):
         parser.error(f"{args.url}: not a Redis URL (redis://, rediss://)")
     try:
-        asyncio.run(serve(url, args.crawl_id, args.bind, args.port, args.hosts))
+        asyncio.run(serve(url, args.crawl_id, args.bind, args.port, args.hosts, args.controls))
     except KeyboardInterrupt:
         return 0
     except (RedisFrontierError, OSError) as error:

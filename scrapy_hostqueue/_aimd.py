@@ -119,6 +119,7 @@ class AimdHost:
     __slots__ = (
         "backoff_exponent",
         "ceiling",
+        "chosen_ceiling",
         "cooldowns",
         "failures",
         "given_up",
@@ -137,6 +138,9 @@ class AimdHost:
     def __init__(self, limit: int, ceiling: int) -> None:
         self.limit = limit
         self.ceiling = ceiling
+        #: The ceiling was chosen for this host (the monitor's controls): it
+        #: is kept with what the rule learned.
+        self.chosen_ceiling = False
         self.run = 0
         self.last_decrease = float("-inf")
         self.probe_level = 0  # 0: no level known to push back
@@ -243,6 +247,16 @@ class AimdTable:
                 state.limit = min(state.limit, host_ceiling)
         return state
 
+    def set_ceiling(self, key: str, ceiling: int) -> AimdHost:
+        """Set the ceiling of *key* (at least 1); its limit comes down to it if above.
+
+        A ceiling chosen so (the monitor's controls) outlives the process with
+        what the rule learned (see :meth:`export`).
+        """
+        state = self.host(key, ceiling)
+        state.chosen_ceiling = True
+        return state
+
     def forget(self, key: str) -> None:
         """Drop what is known about *key*; it starts again from ``start``."""
         self._hosts.pop(key, None)
@@ -267,6 +281,8 @@ class AimdTable:
                 data[name] = value
         if state.probe_penalty != 1:
             data["probe_penalty"] = state.probe_penalty
+        if state.chosen_ceiling:
+            data["ceiling"] = state.ceiling
         return data
 
     def restore(self, key: str, data: dict[str, float], ceiling: int | None = None) -> AimdHost:
@@ -278,7 +294,11 @@ class AimdTable:
         bounds; unknown or unusable fields are ignored. *ceiling* as for
         :meth:`host`.
         """
-        state = self.host(key, ceiling)
+        chosen = _count(data, "ceiling")
+        if chosen is not None and chosen >= 1:
+            state = self.set_ceiling(key, chosen)
+        else:
+            state = self.host(key, ceiling)
         s = self.settings
         limit = _count(data, "limit")
         if limit is not None:

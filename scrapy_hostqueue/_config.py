@@ -73,6 +73,8 @@ CONNECT_TIMEOUT = 10.0
 #: a day. Longer would stall a crawl that still has work for the host, and a
 #: graceful stop waits for requests already handed out.
 _MAX_WAIT = 86_400.0
+#: The most partitions a shared crawl may have (see ``frontier/redis/_db``).
+MAX_REDIS_PARTITIONS = 1024
 #: ``gc.set_threshold`` takes a C int.
 _MAX_GC_THRESHOLD = 2**31 - 1
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -366,6 +368,7 @@ class HostQueueConfig:
     redis_backlog: int  # requests kept back in memory while Redis is full; past it, a file
     redis_spill_dir: str  # where those files go; "": JOBDIR, else the temporary directory
     redis_bloom: float  # the error rate of the crawl's Bloom filter; 0: exact fingerprints
+    redis_partitions: int  # partitions of a new shared crawl; 0: 1 on a server, 4 per master
     default_concurrency: int  # per-host limit without the AIMD middleware
     global_concurrency: int  # CONCURRENT_REQUESTS, 0 = no limit
     max_overdue: int  # overdue requests kept out of CONCURRENT_REQUESTS, 0 = none
@@ -404,6 +407,7 @@ class HostQueueConfig:
     monitor_port: int  # 0 = a free port
     monitor_hosts: int  # hosts the snapshot shows one by one; the rest add up
     monitor_interval: float  # seconds a snapshot is served before the next
+    monitor_controls: bool  # the page may block, limit, give up hosts and pause the crawl
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> HostQueueConfig:
@@ -473,6 +477,9 @@ class HostQueueConfig:
             redis_backlog=_integer(settings, "HOSTQUEUE_REDIS_BACKLOG", 10_000, minimum=1),
             redis_spill_dir=_spill_dir(settings),
             redis_bloom=_number(settings, "HOSTQUEUE_REDIS_BLOOM_ERROR_RATE", 0.0, maximum=0.5),
+            redis_partitions=_integer(
+                settings, "HOSTQUEUE_REDIS_PARTITIONS", 0, maximum=MAX_REDIS_PARTITIONS
+            ),
             default_concurrency=per_domain,
             global_concurrency=global_concurrency,
             max_overdue=_integer(
@@ -526,4 +533,5 @@ class HostQueueConfig:
             monitor_port=_integer(settings, "HOSTQUEUE_MONITOR_PORT", 0, maximum=65_535),
             monitor_hosts=_integer(settings, "HOSTQUEUE_MONITOR_HOSTS", 50, minimum=1),
             monitor_interval=_interval(settings, "HOSTQUEUE_MONITOR_INTERVAL", 1.0),
+            monitor_controls=_boolean(settings, "HOSTQUEUE_MONITOR_CONTROLS", False),
         )

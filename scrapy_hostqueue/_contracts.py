@@ -10,13 +10,14 @@ these Protocols:
   (queries about a host and commands that change its state).
 * :class:`HostView`: what the stats extension reads for its log line and
   timeline.
+* :class:`HostCommands`: what the monitor's controls tell the scheduler.
 * The download handler talks to the send gate
   (:class:`scrapy_hostqueue._sendgate.GateClient`), never to the scheduler.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -54,6 +55,9 @@ class PolicyHook(Protocol):
 
     def learn(self, request: Request, response: Response) -> None: ...
 
+    def set_ceiling(self, host: str, ceiling: int) -> int:
+        """Set *host*'s ceiling (the monitor's controls); return its limit under it."""
+
     def overdue_after(self, host: str) -> float:
         """Seconds after which a request of *host* in flight is overdue."""
 
@@ -82,6 +86,9 @@ class HostView(Protocol):
     def overdue(self, host: str) -> int: ...
 
     def sent_back_from_gate(self, request: Request) -> bool: ...
+
+    def redis_figures(self) -> dict[str, Any] | None:
+        """How much Redis holds this process back (None off the Redis frontier)."""
 
 
 class HostControl(Protocol):
@@ -140,3 +147,35 @@ class HostControl(Protocol):
     def block_until(self, host: str, when: float, reason: str) -> None: ...
 
     def set_interval(self, host: str, interval: float) -> None: ...
+
+
+class HostCommands(Protocol):
+    """What the monitor's controls tell the scheduler's hosts (and ask of them).
+
+    A block, its end, a ceiling, giving a host up, pausing the crawl: each
+    through the verbs the AIMD middleware uses, so that the page shows them
+    like any other decision.
+    """
+
+    paused: bool
+
+    def known_state(self, host: str) -> HostState | None: ...
+
+    @property
+    def fails_given_up(self) -> bool:
+        """Whether the requests of a host given up go to their errbacks (the AIMD middleware)."""
+
+    def holds(self, host: str) -> bool:
+        """Whether this process works *host* now (queued or in flight here)."""
+
+    def block_until(self, host: str, when: float, reason: str) -> None: ...
+
+    def unblock(self, host: str) -> None: ...
+
+    def set_ceiling(self, host: str, ceiling: int, now: float) -> tuple[int, int]:
+        """Set *host*'s ceiling; return its limit before and after."""
+
+    def adjust(self, adjustment: Adjustment, now: float) -> int: ...
+
+    def pause(self, paused: bool) -> None:
+        """Hand out no request while *paused*; the requests in flight finish."""

@@ -24,6 +24,7 @@ from scrapy import Request, signals
 from scrapy.utils.asyncio import call_later
 
 from scrapy_hostqueue import _scrapy_internals as internals
+from scrapy_hostqueue._aimd import Adjustment
 from scrapy_hostqueue._direct import DirectDownloads
 from scrapy_hostqueue._leftover import LeftOver, left_over
 from scrapy_hostqueue._overdue import OverdueRequests
@@ -40,9 +41,8 @@ if TYPE_CHECKING:
     from scrapy.http import Response
     from scrapy.utils.asyncio import CallLaterResult
 
-    from scrapy_hostqueue._aimd import Adjustment
     from scrapy_hostqueue._config import HostQueueConfig
-    from scrapy_hostqueue._contracts import HostControl, HostView, PolicyHook
+    from scrapy_hostqueue._contracts import HostCommands, HostControl, HostView, PolicyHook
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,11 @@ class StoreView(Generic[T]):
     def overdue(self, host: str) -> int:
         """Count the requests of *host* in flight and overdue."""
         return self.store.overdue(host)
+
+    def redis_figures(self) -> dict[str, Any] | None:
+        """Return how much Redis holds this process back (None off the Redis frontier)."""
+        figures = getattr(self.store, "redis_figures", None)
+        return None if figures is None else figures()  # type: ignore[no-any-return]
 
 
 class Hosts(StoreView[Request]):
@@ -161,6 +166,8 @@ class Hosts(StoreView[Request]):
         self.given_up_requests: deque[tuple[str, Request]] = deque()
         self._wakeup: CallLaterResult | None = None
         self._wakeup_at = 0.0
+        #: The monitor's controls paused the crawl: nothing is handed out.
+        self.paused = False
 
     def open(self) -> None:
         """Start with the crawl: the handler and the stats extension may find us."""
@@ -385,6 +392,37 @@ class Hosts(StoreView[Request]):
         self.store.set_answering(host, True)
         return host
 
+    # -- HostCommands (the monitor's controls) -----------------------------------
+
+    @property
+    def fails_given_up(self) -> bool:
+        return self._policy_hook is not None
+
+    def holds(self, host: str) -> bool:
+        return bool(self.store.queued(host) or self.store.in_flight(host))
+
+    def unblock(self, host: str) -> None:
+        """End *host*'s block now, whatever its reason."""
+        self.store.unblock(host)
+        self._room_changed(host)
+        internals.wake_engine(self.crawler)
+
+    def set_ceiling(self, host: str, ceiling: int, now: float) -> tuple[int, int]:
+        """Set *host*'s ceiling: the AIMD middleware's, or without it the host's limit.
+
+        Returns the limit before and after; a change is kept among the host's events.
+        """
+        old = self.store.host_state(host).limit
+        hook = self._policy_hook
+        new = hook.set_ceiling(host, ceiling) if hook is not None else ceiling
+        self.adjust(Adjustment(host, old, new, "monitor"), now)
+        return old, new
+
+    def pause(self, paused: bool) -> None:
+        self.paused = paused
+        if not paused:
+            internals.wake_engine(self.crawler)
+
     # -- Scrapy's signals, as the scheduler connects them -----------------------
 
     def on_request_left(self, request: Request) -> None:
@@ -550,9 +588,9 @@ class Hosts(StoreView[Request]):
 
 if TYPE_CHECKING:
 
-    def _keeps_the_contracts(hosts: Hosts) -> tuple[HostControl, HostView]:
-        # For mypy: Hosts is what the middleware and the stats expect.
-        return hosts, hosts
+    def _keeps_the_contracts(hosts: Hosts) -> tuple[HostControl, HostView, HostCommands]:
+        # For mypy: Hosts is what the middleware, the stats and the monitor expect.
+        return hosts, hosts, hosts
 
 
 __all__ = ["Hosts"]

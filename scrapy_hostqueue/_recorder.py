@@ -31,14 +31,14 @@ import math
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
 from scrapy_hostqueue._config import HostQueueConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
@@ -226,6 +226,9 @@ class HostStatsRecorder:
         #: The scheduler's view of its hosts, when the scheduler is
         #: HostQueueScheduler (set when it opens).
         self.host_view: HostView | None = None
+        #: The live monitor's snapshot of this process (``/hosts.json``'s
+        #: form), when the monitor runs: the host log line reads it.
+        self.snapshot: Callable[[], dict[str, Any]] | None = None
 
     # -- the bounded table ---------------------------------------------------
 
@@ -399,6 +402,11 @@ class HostStatsRecorder:
         entry.inc(f"block_count/{reason}")
         entry.inc("blocked_seconds", max(0.0, float(seconds)))
 
+    def unblocked(self, host: str, reason: str) -> None:
+        """Keep the early end of *host*'s block among its events (the monitor's controls)."""
+        if self.enabled:
+            self.counters(host, weight=0).event("unblock", reason, 0, 0)
+
     def overdue(self, host: str, overdue_now: int) -> None:
         """Count a request of *host* that became overdue; *overdue_now* are overdue in the crawl."""
         if not self.enabled:
@@ -413,13 +421,13 @@ class HostStatsRecorder:
         self._global_inc("hosts_parked_count")
         self.counters(host).inc("parked_count")
 
-    def host_given_up(self, host: str, dropped: int) -> None:
+    def host_given_up(self, host: str, dropped: int, reason: str = "error-budget") -> None:
         if not self.enabled:
             return
         self._global_inc("hosts_given_up_count")
         entry = self.counters(host)
         entry.inc("given_up_count")
-        entry.event("given-up", "error-budget", 0, dropped)
+        entry.event("given-up", reason, 0, dropped)
         self.requests_dropped(host, dropped)
 
     def requests_dropped(self, host: str, count: int = 1) -> None:

@@ -49,19 +49,20 @@ class HostBlocked(HostQueueError, IgnoreRequest):
 class HostGivenUp(HostQueueError, IgnoreRequest):
     """What the errback of a request gets when its host was given up.
 
-    The host had too many connection failures in a row (``HOSTQUEUE_ERROR_MAX_COOLDOWNS``). The
-    request was queued when that happened, or came later. A subclass of Scrapy's ``IgnoreRequest``,
+    The host had too many connection failures in a row (``HOSTQUEUE_ERROR_MAX_COOLDOWNS``), or
+    was given up from the monitor's controls. The request was queued when that happened, or came
+    later. A subclass of Scrapy's ``IgnoreRequest``,
     as for requests robots.txt forbids.
 
     ``last_error`` names the host's last failure
     (``"DownloadConnectionRefusedError: ..."``, ``"HTTP 503"``), or is None if
-    it is no longer known.
+    it is no longer known (or the monitor gave the host up).
     """
 
     def __init__(self, host: str, last_error: str | None = None) -> None:
-        message = f"host {host} was given up after repeated connection failures"
+        message = f"host {host} was given up"
         if last_error:
-            message += f" (last: {last_error})"
+            message += f" after repeated connection failures (last: {last_error})"
         super().__init__(message)
         self.host = host
         self.last_error = last_error

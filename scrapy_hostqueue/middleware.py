@@ -322,6 +322,14 @@ class AIMDMiddleware:
         self.table.restore(host, data, self._ceiling(host, configured))
         self._relearned += 1
 
+    def set_ceiling(self, host: str, ceiling: int) -> int:
+        """Set the ceiling of *host* (the policy hook, for the monitor's controls).
+
+        Its limit comes down to the ceiling if above, and climbs no higher
+        from then on. Returns the limit.
+        """
+        return self.table.set_ceiling(host, ceiling).limit
+
     def forget_host(self, host: str) -> None:
         """Forget *host*, which the scheduler forgot (idle, beyond ``HOSTQUEUE_REMEMBER_HOSTS``).
 

@@ -232,6 +232,8 @@ class HostQueueScheduler(BaseScheduler):
         return True
 
     def next_request(self) -> Request | None:
+        if self.hosts.paused:
+            return None  # the monitor's controls; resuming wakes the engine
         if self._given_up:
             # No host limit: the AIMD middleware fails them at once.
             request = self.hosts.next_given_up()

@@ -14,7 +14,7 @@ import os
 import shlex
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
@@ -37,6 +37,7 @@ from scrapy_hostqueue._recorder import (
 )
 from scrapy_hostqueue._timeline import HostSample, TimelineWriter
 from scrapy_hostqueue.exceptions import HostQueueSettingsError
+from scrapy_hostqueue.monitor._snapshot import BLOCKED_STATES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -89,6 +90,78 @@ def _timeline_path(template: str, crawler: Crawler) -> str:
             f"HOSTQUEUE_TIMELINE_FILE: {template!r} cannot be filled in ({error!r}); "
             "its placeholders are %(name)s and %(time)s, and a % of its own is written %%"
         ) from None
+
+
+def _host_text(  # noqa: PLR0917 - one host's figures, as the line shows them
+    host: str,
+    in_flight: int,
+    cap: int,
+    limit: int,
+    overdue: int,
+    blocked_left: float,
+    block_reason: str | None,
+    interval: float,
+) -> str:
+    """Say how one of the busiest hosts stands, for the host log line."""
+    text = f"{host} {in_flight}/{cap}"
+    if overdue:
+        # Why a host with room sends nothing: its requests hang.
+        text += f" ({overdue} overdue)"
+    if blocked_left > 0:
+        text += f" (blocked {blocked_left:.1f}s: {block_reason})"
+    elif cap < limit:
+        # Why a host with work and a limit of 4 has one in flight.
+        text += f" (silent, {cap} at a time until it answers; limit {limit})"
+    elif interval:
+        # Why a host with room and work is slow: one request per interval.
+        text += f" (delay {interval:g}s)"
+    return text
+
+
+def _figures_of(
+    snapshot: dict[str, Any],
+) -> tuple[int, int, int, int, list[str], str | None]:
+    """Return the host log line's figures, read from the monitor's *snapshot*.
+
+    Blocked: the hosts in a blocked state; the busiest: among its top hosts.
+    """
+    crawl = snapshot["crawl"]
+    working = [host for host in snapshot["hosts"] if host["in_flight"] or host["queued"]]
+    busiest = heapq.nlargest(
+        LOG_BUSIEST, working, key=lambda host: (host["in_flight"], host["queued"])
+    )
+    shown = [
+        _host_text(
+            host["host"],
+            host["in_flight"],
+            host["cap"],
+            host["limit"],
+            host["overdue"],
+            host["block_left"],
+            host["block_reason"],
+            host["interval"],
+        )
+        for host in busiest
+    ]
+    blocked = sum(crawl["states"][state] for state in BLOCKED_STATES)
+    why = crawl["why"]["text"]
+    return crawl["active_hosts"], blocked, crawl["live_hosts"], crawl["queued"], shown, why
+
+
+def _log_hosts(  # noqa: PLR0917 - the line's figures
+    active: int, blocked: int, with_work: int, queued: int, shown: list[str], why: str | None
+) -> None:
+    """Log the host log line; with the monitor, its answer to "why not faster?"."""
+    logger.info(
+        "Hosts: %d active, %d blocked, %d with work; %d requests queued; "
+        "busiest (in flight/limit): %s%s",
+        active,
+        blocked,
+        with_work,
+        queued,
+        ", ".join(shown) or "none",
+        f"; why not faster? {why}" if why else "",
+    )
 
 
 class HostQueueStats:
@@ -286,35 +359,33 @@ class HostQueueStats:
                 ", ".join(f"{host} {count}" for host, count in top) or "none",
             )
             return
+        snapshot = self.recorder.snapshot
+        if snapshot is not None:
+            # The live monitor runs: the line says what its page says.
+            _log_hosts(*_figures_of(snapshot()))
+            return
         now = time.monotonic()
         hosts = list(view.hosts())
-        blocked = sum(1 for *_, state in hosts if state.blocked_until > now)
         busiest = heapq.nlargest(LOG_BUSIEST, hosts, key=lambda item: (item[2], item[1]))
-        shown = []
-        for key, _queued, _in_flight, state in busiest:
-            cap = view.in_flight_cap(state)
-            text = f"{key or NO_HOST} {view.on_wire(key)}/{cap}"
-            overdue = view.overdue(key)
-            if overdue:
-                # Why a host with room sends nothing: its requests hang.
-                text += f" ({overdue} overdue)"
-            if state.blocked_until > now:
-                text += f" (blocked {state.blocked_until - now:.1f}s: {state.block_reason})"
-            elif cap < state.limit:
-                # Why a host with work and a limit of 4 has one in flight.
-                text += f" (silent, {cap} at a time until it answers; limit {state.limit})"
-            elif state.interval:
-                # Why a host with room and work is slow: one request per interval.
-                text += f" (delay {state.interval:g}s)"
-            shown.append(text)
-        logger.info(
-            "Hosts: %d active, %d blocked, %d with work; %d requests queued; "
-            "busiest (in flight/limit): %s",
+        _log_hosts(
             view.active_hosts,
-            blocked,
+            sum(1 for *_, state in hosts if state.blocked_until > now),
             len(hosts),
             view.queued_requests,
-            ", ".join(shown) or "none",
+            [
+                _host_text(
+                    key or NO_HOST,
+                    view.on_wire(key),
+                    view.in_flight_cap(state),
+                    state.limit,
+                    view.overdue(key),
+                    max(0.0, state.blocked_until - now),
+                    state.block_reason,
+                    state.interval,
+                )
+                for key, _queued, _in_flight, state in busiest
+            ],
+            None,
         )
 
     def _samples(self, now: float, fetched: dict[str, int]) -> list[HostSample]:

@@ -21,7 +21,8 @@ from scrapy.utils.test import get_crawler
 from scrapy_hostqueue import HostQueueSettingsError
 from scrapy_hostqueue.__main__ import main as cli
 from scrapy_hostqueue._timeline import OTHER_HOSTS, read_timeline
-from scrapy_hostqueue.stats import HostQueueStats, host_stat_key, stat_key
+from scrapy_hostqueue.monitor._snapshot import BLOCKED_STATES
+from scrapy_hostqueue.stats import HostQueueStats, get_recorder, host_stat_key, stat_key
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
 from tests.helpers.crawling import (
     BASE_SETTINGS,
@@ -560,3 +561,73 @@ def test_timeline_file_placeholders_are_checked_at_start() -> None:
     settings = stats_settings(HOSTQUEUE_TIMELINE_FILE="/tmp/%(spider)s.jsonl")
     with pytest.raises(HostQueueSettingsError, match=r"HOSTQUEUE_TIMELINE_FILE.*%\(name\)s"):
         HostQueueStats.from_crawler(get_crawler(PageSpider, settings))
+
+
+#: The host log line, with the monitor's answer to "why not faster?".
+LINE = re.compile(
+    r"Hosts: (\d+) active, (\d+) blocked, (\d+) with work; (\d+) requests queued; "
+    r"busiest \(in flight/limit\): (.*); why not faster\? (Bound by .*|Nothing .*|Requests .*)"
+)
+
+
+@pytest.mark.crawl
+@deferred_f_from_coro_f
+async def test_with_the_monitor_the_log_line_reads_its_snapshot(
+    local_hosts: HostsFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log line's figures are those of the snapshot the page and /metrics read."""
+    fine = HostSpec(latency=0.02, links=3, pages=40)
+    # Answers 429 with a Retry-After of 1 s above one request in flight.
+    throttling = HostSpec(latency=0.02, links=3, pages=20, throttle_above=1, retry_after="1")
+    hosts = local_hosts([fine, throttling])
+    caplog.set_level(logging.INFO, logger="scrapy_hostqueue.stats")
+    crawler = get_crawler(
+        PageSpider,
+        {
+            **BASE_SETTINGS,
+            "ADDONS": {"scrapy_hostqueue.Addon": 0},
+            "HOSTQUEUE_LOG_INTERVAL": 0.1,
+            "HOSTQUEUE_MONITOR_INTERVAL": 0.05,
+            "RETRY_ENABLED": False,
+        },
+    )
+    read: list[dict[str, Any]] = []
+
+    def spider_opened() -> None:
+        # What the log line reads, as it reads it.
+        snapshot = get_recorder(crawler).snapshot
+        assert snapshot is not None
+
+        def recorded() -> dict[str, Any]:
+            read.append(snapshot())
+            return read[-1]
+
+        get_recorder(crawler).snapshot = recorded
+
+    crawler.signals.connect(spider_opened, signal=signals.spider_opened, weak=False)
+    await crawler.crawl_async(start_urls=[hosts.url(0), hosts.url(1)], follow=True)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Hosts: ")]
+    assert len(lines) == len(read) >= 3
+    blocked_seen = False
+    for line, snap in zip(lines, read, strict=True):
+        match = LINE.fullmatch(line)
+        assert match, line
+        crawl_ = snap["crawl"]
+        blocked = sum(crawl_["states"][state] for state in BLOCKED_STATES)
+        assert [int(match.group(i)) for i in range(1, 5)] == [
+            crawl_["active_hosts"],
+            blocked,
+            crawl_["live_hosts"],
+            crawl_["queued"],
+        ], (line, crawl_)
+        assert match.group(6) == crawl_["why"]["text"]
+        rows = {row["host"]: row for row in snap["hosts"]}
+        for shown in re.finditer(r"(\S+) (\d+)/(\d+)", match.group(5)):
+            row = rows[shown.group(1)]
+            assert (int(shown.group(2)), int(shown.group(3))) == (row["in_flight"], row["cap"])
+            if row["block_left"]:
+                blocked_seen = True
+                reason = f"(blocked {row['block_left']:.1f}s: {row['block_reason']})"
+                assert reason in match.group(5)
+    # The host answering 429 with Retry-After was caught blocked in the line.
+    assert blocked_seen, lines

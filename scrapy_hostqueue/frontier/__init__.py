@@ -193,6 +193,9 @@ class RequestStore(Protocol[T]):
 
     def block_until(self, key: str, when: float, reason: str | None = None) -> None: ...
 
+    def unblock(self, key: str) -> None:
+        """End the block of *key* now (the monitor's controls; nothing else shortens one)."""
+
     def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None: ...
 
     def space_until(self, key: str, when: float) -> None: ...

@@ -120,6 +120,10 @@ class LayeredStore(Generic[E]):
         self._mem.block_until(key, when, reason)
         self._changed(key)
 
+    def unblock(self, key: str) -> None:
+        self._mem.unblock(key)
+        self._changed(key)
+
     def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
         self._mem.set_interval(key, interval, jitter)
         self._changed(key)

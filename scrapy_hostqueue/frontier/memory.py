@@ -767,6 +767,15 @@ class MemoryStore(Generic[T]):
             state.block_reason = reason
             self._refresh(key)
 
+    def unblock(self, key: str) -> None:
+        """End the block of *key* now, whatever its reason (the monitor's controls)."""
+        state = self.known_state(key)
+        if state is None or not state.blocked_until:
+            return
+        state.blocked_until = 0.0
+        state.block_reason = None
+        self._refresh(key)
+
     def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
         """Set the minimum time between two request starts for *key*."""
         if interval < 0:

@@ -79,10 +79,17 @@ def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
             rows.setdefault(host["host"], []).append(host)
         for name in ("hosts", "queued", "in_flight"):
             other[name] += part["other"][name]
+    waits = [part["crawl"].get("redis") for part in parts]
+    crawl["redis"] = max(
+        (redis for redis in waits if redis is not None),
+        key=lambda redis: (redis["waited"], redis["away"]),
+        default=None,
+    )
     crawl["pages_per_second"] = round(crawl["pages_per_second"], 3)
     crawl["statuses"] = dict(sorted(statuses.items()))
     crawl["statuses_total"] = dict(sorted(statuses_total.items()))
     crawl["states"] = states
+    crawl["paused"] = any(part["crawl"].get("paused", False) for part in parts)
     if bounds:
         bound, count = max(bounds.items(), key=lambda item: (item[1], item[0]))
         crawl["why"] = {"bound": bound, "text": f"{count} of {len(parts)} processes: {whys[bound]}"}
@@ -101,6 +108,7 @@ def merge(parts: list[dict[str, Any]], top: int, now: float) -> dict[str, Any]:
         "time": now,
         "uptime": max((part["uptime"] for part in parts), default=0.0),
         "process": None,
+        "controls": False,
         "processes": processes,
         "crawl": crawl,
         "hosts": shown,

@@ -15,7 +15,16 @@ from typing import Any
 #: Prefix of every series.
 PREFIX = "scrapy_hostqueue"
 #: The values of the ``bound`` label (see ``_snapshot.why_not_faster``).
-BOUNDS = ("concurrent-requests", "active-hosts", "spider", "hosts", "idle", "none", "unknown")
+BOUNDS = (
+    "concurrent-requests",
+    "active-hosts",
+    "spider",
+    "redis",
+    "hosts",
+    "idle",
+    "none",
+    "unknown",
+)
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 
 

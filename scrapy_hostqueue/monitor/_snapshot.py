@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scrapy_hostqueue.monitor._controls import MONITOR
+
 #: The ``version`` of the snapshot's schema (docs/monitor.rst).
 SCHEMA_VERSION = 1
 #: The row that stands for every host past the top ones.
@@ -27,6 +29,9 @@ RATE_WINDOW = 10.0
 MIX_WINDOW = 60.0
 #: Points of a host's history the detail view charts.
 HISTORY_POINTS = 120
+#: The share of the last seconds the scheduler waited on Redis from which
+#: Redis is what bounds the crawl.
+REDIS_WAITED = 0.25
 
 # Host states, in the order they take precedence. A blocked host's state is
 # its block's reason.
@@ -40,7 +45,7 @@ IN_FLIGHT = "in-flight"
 WAITING = "waiting"
 READY = "ready"
 IDLE = "idle"
-BLOCKED_STATES = (RETRY_AFTER, BACKOFF, COOLDOWN, CRAWL_DELAY)
+BLOCKED_STATES = (RETRY_AFTER, BACKOFF, COOLDOWN, CRAWL_DELAY, MONITOR)
 STATES = (IN_FLIGHT, READY, WAITING, *BLOCKED_STATES, DELAY, GIVEN_UP, IDLE)
 
 
@@ -62,6 +67,7 @@ class HostRow:
     blocked_left: float = 0.0
     block_reason: str | None = None
     spaced_left: float = 0.0  # time until its delay lets the next request start
+    interval: float = 0.0  # its delay between requests (0: none)
     given_up: bool = False
     overdue: int = 0
     live: bool = False  # held by this process's frontier (else known from the stats)
@@ -94,7 +100,11 @@ class CrawlFigures:
     given_up_hosts: int = 0
     live_hosts: int = 0  # hosts with work in this process's frontier
     scheduler: bool = True  # HostQueueScheduler runs the crawl
+    paused: bool = False  # by the monitor's controls
     process: dict[str, Any] = field(default_factory=dict)
+    #: On the Redis frontier, how much Redis holds this process back
+    #: (``RedisStore.redis_figures``); None on another.
+    redis: dict[str, Any] | None = None
 
 
 def host_state(row: HostRow, places_full: bool) -> str:
@@ -143,6 +153,11 @@ def why_not_faster(
                 "(HOSTQUEUE_MAX_ACTIVE_HOSTS)."
             ),
         }
+    redis = _redis_bound(crawl)
+    if redis:
+        # Before hosts "ready": on Redis, a held host's queue counts what
+        # waits there for a refill.
+        return {"bound": "redis", "text": redis}
     if states.get(READY):
         # The engine asks for a request whenever it has room: hosts that could
         # send wait for it to ask.
@@ -165,6 +180,32 @@ def why_not_faster(
             }
         return {"bound": "idle", "text": "Nothing is queued or in flight."}
     return {"bound": "none", "text": "Requests are going out as fast as they are handed out."}
+
+
+def _redis_bound(crawl: CrawlFigures) -> str:
+    """Say how Redis holds the crawl back, or "" if it does not."""
+    redis = crawl.redis
+    if redis is None:
+        return ""
+    if redis["away"]:
+        return (
+            f"Bound by Redis: it has not answered for {redis['away']:.1f}s; no new work "
+            "comes from it."
+        )
+    if redis["full"] and crawl.queued:
+        return (
+            f"Bound by Redis: it is full (maxmemory); {redis['kept_back']} new requests "
+            "wait here for room."
+        )
+    if redis["waited"] >= REDIS_WAITED and crawl.queued:
+        p95 = redis["round_trip_p95"]
+        return (
+            f"Bound by Redis: the scheduler had nothing to hand out while it waited on Redis "
+            f"{redis['waited']:.0%} of the last 10s"
+            + ("" if p95 is None else f" (round trip p95 {p95 * 1000:.0f} ms)")
+            + "."
+        )
+    return ""
 
 
 class Snapshots:
@@ -240,6 +281,7 @@ class Snapshots:
                 "overdue": row.overdue,
                 "block_reason": row.block_reason if row.blocked_left > 0 else None,
                 "block_left": round(row.blocked_left, 3) if row.blocked_left > 0 else 0.0,
+                "interval": row.interval,
                 "pages_per_second": round(pages, 3),
                 "responses": info.responses,
                 "statuses": _minus(info.statuses, _host_base(base, row.host)),
@@ -265,6 +307,7 @@ class Snapshots:
             "time": crawl.time,
             "uptime": round(crawl.uptime, 3),
             "process": crawl.process,
+            "controls": False,
             "crawl": {
                 "pages_per_second": round(_rate(now, crawl.responses, rate_base, None), 3),
                 "responses": crawl.responses,
@@ -276,9 +319,11 @@ class Snapshots:
                 "max_active_hosts": crawl.max_active_hosts,
                 "concurrent_requests": crawl.concurrent_requests,
                 "given_up_hosts": crawl.given_up_hosts,
+                "paused": crawl.paused,
                 "hosts": len(rows),
                 "live_hosts": crawl.live_hosts,
                 "states": states,
+                "redis": crawl.redis,
                 "why": why_not_faster(
                     crawl, in_flight, states, [text for _, text in sorted(blockers)[::-1][:3]]
                 ),

@@ -5,7 +5,9 @@ serves, with aiohttp on the crawl's asyncio loop, the page ``/``, the
 snapshot ``/hosts.json`` and, with ``prometheus_client``, ``/metrics``. The
 snapshot is made at most once per ``HOSTQUEUE_MONITOR_INTERVAL`` from what the
 scheduler's hosts and the stats recorder already hold (see ``_snapshot``);
-nothing is added to a request's path.
+nothing is added to a request's path. With ``HOSTQUEUE_MONITOR_CONTROLS`` it
+takes the page's controls (see ``_controls``), and on the Redis frontier
+those given on any process's page for the hosts it holds.
 """
 
 from __future__ import annotations
@@ -26,11 +28,21 @@ from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue import frontier
 from scrapy_hostqueue._config import HostQueueConfig
 from scrapy_hostqueue._recorder import NO_HOST, get_recorder, stat_key
+from scrapy_hostqueue.monitor._controls import (
+    HOST_ACTIONS,
+    PAUSE,
+    RESUME,
+    BadControl,
+    Control,
+    Controller,
+    parse_control,
+)
 from scrapy_hostqueue.monitor._crawlwide import merge
 from scrapy_hostqueue.monitor._metrics import metrics_maker
 from scrapy_hostqueue.monitor._server import MonitorServer, is_loopback, url
-from scrapy_hostqueue.monitor._shared import HEARTBEAT
+from scrapy_hostqueue.monitor._shared import HEARTBEAT, send_control, shows
 from scrapy_hostqueue.monitor._snapshot import CrawlFigures, HostDetail, HostRow, Snapshots
+from scrapy_hostqueue.scheduler import HostQueueScheduler
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -39,7 +51,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
 
-    from scrapy_hostqueue._contracts import HostView
+    from scrapy_hostqueue._contracts import HostCommands, HostView
     from scrapy_hostqueue.frontier import HostState
 
 __all__ = ["HostQueueMonitor"]
@@ -64,8 +76,17 @@ class HostQueueMonitor:
         self.config = config
         self.recorder = get_recorder(crawler)
         self.snapshots = Snapshots(config.monitor_hosts)
+        # The host log line reads the same snapshot.
+        self.recorder.snapshot = self.local_snapshot
         # /metrics: this process's figures (Prometheus scrapes every process).
-        self.server = MonitorServer(self.snapshot, metrics_maker(self.local_snapshot))
+        self.server = MonitorServer(
+            self.snapshot,
+            metrics_maker(self.local_snapshot),
+            control=self.control if config.monitor_controls else None,
+        )
+        #: Applies the controls to this process's hosts (from spider_opened,
+        #: with HostQueueScheduler and the controls on).
+        self.controller: Controller | None = None
         self.url: str | None = None
         self._started = time.monotonic()
         self._cached: dict[str, Any] | None = None
@@ -78,6 +99,8 @@ class HostQueueMonitor:
         #: On the Redis frontier: the other processes' last snapshots.
         self._others: list[dict[str, Any]] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        #: The shared crawl's board, once open (the Redis frontier).
+        self._board: Any = None
 
     @classmethod
     @internals.refuses_at_start_up
@@ -91,6 +114,12 @@ class HostQueueMonitor:
         return extension
 
     async def spider_opened(self, spider: Spider) -> None:
+        if self.config.monitor_controls:
+            scheduler = internals.current_scheduler(self.crawler)
+            # Not isinstance(): Scrapy's BaseSchedulerMeta makes any scheduler pass.
+            if HostQueueScheduler in type(scheduler).__mro__:
+                hosts: HostCommands = scheduler.hosts
+                self.controller = Controller(hosts, self.recorder)
         address = self.config.monitor_bind
         try:
             port = await self.server.start(address, self.config.monitor_port)
@@ -131,9 +160,11 @@ class HostQueueMonitor:
         # Redis away (at start or later) is the shared frontier's to report,
         # once per outage; the monitor says it at DEBUG and tries again.
         board = frontier.monitor_board(redis_url, crawl_id)
+        board.read_controls = self.controller is not None
         while True:
             try:
                 await board.open()
+                self._board = board
                 break
             except Exception as error:  # the page shows this process meanwhile
                 logger.debug("Monitor: no crawl-wide view yet: %s", error)
@@ -151,12 +182,82 @@ class HostQueueMonitor:
                 else:
                     away = False
                     self._others = [part for part in parts if part["process"]["key"] != key]
+                    if board.read_controls:
+                        try:
+                            await self._controls_from(board)
+                        except Exception as error:  # Redis away: the next beat tries again
+                            logger.debug("Monitor: cannot take the crawl's controls: %s", error)
                 await asyncio.sleep(HEARTBEAT)
         finally:
+            self._board = None
             with contextlib.suppress(Exception):
                 await board.withdraw(key)
             with contextlib.suppress(Exception):
                 await board.close()
+
+    # -- the controls ------------------------------------------------------------
+
+    async def control(self, control: Control, remote: str) -> str:
+        """Apply *control*, given on this process's page from the address *remote*.
+
+        A host this process holds, or any without Redis, here; on the Redis
+        frontier a host held by another process through Redis, and a pause
+        or a resume here and in every other process.
+        """
+        controller = self.controller
+        if controller is None:
+            raise BadControl("the controls need HostQueueScheduler as the scheduler")
+        board = self._board
+        if control.action not in HOST_ACTIONS:
+            result = controller.apply(control)
+            if board is not None:
+                try:
+                    await board.set_paused(control.action == PAUSE)
+                except Exception as error:  # any client error: this process only
+                    return f"{result} in this process only: cannot reach Redis ({error})"
+                result += ", in every process of the crawl"
+            return result
+        host = control.host
+        if board is None or controller.hosts.holds(host):
+            return controller.apply(control)
+        if controller.hosts.known_state(host) is None and not shows(self._others or [], host):
+            raise BadControl(f"unknown host {host!r}")
+        try:
+            return await send_control(board, control, f"{remote} on {self._process['key']}")
+        except Exception as error:  # any client error
+            raise BadControl(
+                f"host {host!r} is held by another process, and Redis cannot be reached to "
+                f"tell it: {error}"
+            ) from None
+
+    async def _controls_from(self, board: Any) -> None:
+        """Apply what other processes' pages asked of this one (the Redis frontier)."""
+        controller = self.controller
+        assert controller is not None
+        hosts = controller.hosts
+        if board.paused != hosts.paused:
+            controller.apply(Control(PAUSE if board.paused else RESUME))
+            logger.info(
+                "Monitor control from the shared crawl: the crawl %s",
+                "is paused" if board.paused else "resumed",
+            )
+        for raw, sent in board.controls:
+            try:
+                control = parse_control(sent)
+            except BadControl:
+                continue
+            if not hosts.holds(control.host) or not await board.done(raw):
+                continue  # another process holds it, or took it first
+            try:
+                result = controller.apply(control, until=sent.get("until"))
+            except BadControl as error:
+                result = str(error)
+            logger.info(
+                "Monitor control from %s: %s: %s",
+                sent.get("from", "?"),
+                control.describe(),
+                result,
+            )
 
     # -- the snapshot ------------------------------------------------------------
 
@@ -181,6 +282,8 @@ class HostQueueMonitor:
         if self._others is not None:
             snap = merge([snap, *self._others], self.config.monitor_hosts, time.time())
             snap["process"] = self._process
+        # What this page may do: another process's page may have them off.
+        snap = {**snap, "controls": self.controller is not None}
         if host is None:
             return snap
         now = time.monotonic()
@@ -201,7 +304,9 @@ class HostQueueMonitor:
             statuses=_by_prefix(values, _STATUS_PREFIX),
             given_up_hosts=int(values.get(stat_key("hosts_given_up_count"), 0)),
             scheduler=view is not None,
+            redis=view.redis_figures() if view is not None else None,
             process=self._process,
+            paused=self.controller is not None and self.controller.hosts.paused,
         )
         rows = [] if view is None else self._rows(view, now)
         crawl.live_hosts = sum(1 for row in rows if row.live)
@@ -271,6 +376,7 @@ def _row(
         rank=rank,
         blocked_left=max(0.0, state.blocked_until - now),
         block_reason=state.block_reason,
+        interval=state.interval,
         spaced_left=max(0.0, state.spaced_until() - now) if live else 0.0,
         given_up=state.given_up,
         overdue=view.overdue(host) if live else 0,

@@ -448,6 +448,27 @@ def test_block_until_only_extends() -> None:
     assert store.pop() == ("a", "a0")
 
 
+def test_unblock_ends_a_block_now() -> None:
+    store, clock = make()
+    store.push("a", 0, "a0")
+    store.push("a", 0, "a1")
+    store.block_until("a", clock.now + 60, reason="retry-after")
+    assert store.pop() is None
+    store.unblock("a")
+    state = store.host_state("a")
+    assert (state.blocked_until, state.block_reason) == (0.0, None)
+    assert store.standing("a") != BLOCKED
+    assert store.pop() == ("a", "a0")
+    store.finish("a")
+    # A block after it holds again; an unknown host is left alone.
+    store.block_until("a", clock.now + 5, reason="monitor")
+    assert store.pop() is None
+    store.unblock("nowhere")
+    assert store.known_state("nowhere") is None
+    clock.now += 5
+    assert store.pop() == ("a", "a1")
+
+
 def test_block_in_the_past_changes_nothing() -> None:
     store, clock = make()
     store.push("a", 0, "a0")

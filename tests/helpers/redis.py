@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scrapy_hostqueue.frontier import HostState, MemoryStore
-from scrapy_hostqueue.frontier.redis._db import crawl_token, prefix, register
+from scrapy_hostqueue.frontier.redis._db import crawl_token, partition_prefixes, register
 from scrapy_hostqueue.frontier.redis._link import RedisLink
 from scrapy_hostqueue.frontier.redis._store import RedisStore
 from scrapy_hostqueue.testing._redis_cluster import RedisCluster
@@ -41,16 +41,20 @@ def new_store(
     *,
     limit: int = 8,
     clock: Callable[[], float] | None = None,
+    partitions: int | None = None,
+    master_of: Callable[[str], Any] | None = None,
     **options: Any,
 ) -> RedisStore[str]:
     """Make a Redis store of ``"host/page"`` strings on *crawl*, as a new process.
 
     A Redis store of ``"host/page"`` strings on *crawl*, registered as a
     new process through the client *sync*; every host starts at *limit*,
-    on *clock* if given. *options* go to :class:`RedisStore` (by default
-    ``max_hold=4``, ``finish_grace=0``).
+    on *clock* if given; a new crawl gets *partitions* (1 by default, dealt
+    over the masters *master_of* names). *options* go to
+    :class:`RedisStore` (by default ``max_hold=4``, ``finish_grace=0``).
     """
-    proc = register(sync, crawl, int((time.time() + 30) * 1000))
+    expiry = int((time.time() + 30) * 1000)
+    proc = register(sync, crawl, expiry, partitions=partitions, master_of=master_of)
     memory: MemoryStore[str] = (
         MemoryStore(lambda key: HostState(limit))
         if clock is None
@@ -63,7 +67,13 @@ def new_store(
         str.encode,
         bytes.decode,
         lambda item: item.encode(),
-        **{"max_hold": 4, "finish_grace": 0.0, "token": crawl_token(sync, crawl), **options},
+        **{
+            "max_hold": 4,
+            "finish_grace": 0.0,
+            "token": crawl_token(sync, crawl),
+            "prefixes": partition_prefixes(sync, crawl),
+            **options,
+        },
     )
 
 
@@ -126,8 +136,12 @@ def wait_replicated(master: RedisServer, replica: RedisServer, timeout: float = 
 
 
 def crawl_stats(sync: Any, crawl: str) -> dict[str, int]:
-    """Read the crawl-wide totals *crawl* keeps in Redis."""
-    return {k.decode(): int(v) for k, v in sync.hgetall(prefix(crawl) + "stats").items()}
+    """Read the crawl-wide totals *crawl* keeps in Redis: the sums of its partitions'."""
+    totals: dict[str, int] = {}
+    for p in partition_prefixes(sync, crawl):
+        for k, v in sync.hgetall(p + "stats").items():
+            totals[k.decode()] = totals.get(k.decode(), 0) + int(v)
+    return totals
 
 
 class CuttableProxy:

@@ -47,7 +47,7 @@ except ImportError:  # the prometheus extra is not installed: /metrics is a 404
 # -- the snapshot, from plain figures ------------------------------------------
 
 #: The fields of a snapshot and of its parts (docs/monitor.rst lists them).
-TOP_FIELDS = {"version", "time", "uptime", "process", "crawl", "hosts", "other"}
+TOP_FIELDS = {"version", "time", "uptime", "process", "controls", "crawl", "hosts", "other"}
 CRAWL_FIELDS = {
     "pages_per_second",
     "responses",
@@ -59,9 +59,11 @@ CRAWL_FIELDS = {
     "max_active_hosts",
     "concurrent_requests",
     "given_up_hosts",
+    "paused",
     "hosts",
     "live_hosts",
     "states",
+    "redis",
     "why",
 }
 HOST_FIELDS = {
@@ -75,6 +77,7 @@ HOST_FIELDS = {
     "overdue",
     "block_reason",
     "block_left",
+    "interval",
     "pages_per_second",
     "responses",
     "statuses",
@@ -221,6 +224,43 @@ def test_why_not_faster(crawl: CrawlFigures, rows: list[HostRow], bound: str) ->
         assert why["text"].startswith("Bound by the hosts: their queued work waits on a (")
         blocked = rows[0].blocked_left
         assert ("a (retry-after, 3.0s left)" in why["text"]) == bool(blocked)
+
+
+def redis_figures(**overrides: Any) -> dict[str, Any]:
+    values = {"waited": 0.0, "round_trip_p95": 0.001, "away": 0.0, "full": False, "kept_back": 0}
+    return {**values, **overrides}
+
+
+@pytest.mark.parametrize(
+    ("redis", "queued", "text"),
+    [
+        (redis_figures(waited=0.6, round_trip_p95=0.18), 10, "Redis 60% of the last 10s"),
+        (redis_figures(away=12.34), 10, "it has not answered for 12.3s"),
+        (redis_figures(full=True, kept_back=120), 10, "it is full (maxmemory); 120 new"),
+        # A small share, or nothing queued anywhere: not Redis.
+        (redis_figures(waited=0.2), 10, ""),
+        (redis_figures(waited=0.9), 0, ""),
+    ],
+)
+def test_why_not_faster_bound_by_redis(redis: dict[str, Any], queued: int, text: str) -> None:
+    crawl = figures(queued=queued, redis=redis)
+    # Nothing to hand out here: the hosts held are in flight at their limit.
+    rows = [row("a", 1, queued=0, in_flight=1, cap=2)]
+    snap = Snapshots(top=10).take(1.0, crawl, rows, lambda host: HostDetail())
+    why = snap["crawl"]["why"]
+    assert snap["crawl"]["redis"] == redis
+    if not text:
+        assert why["bound"] != "redis"
+        return
+    assert why["bound"] == "redis"
+    assert why["text"].startswith("Bound by Redis: ")
+    assert text in why["text"]
+    if redis["waited"]:
+        assert why["text"].endswith("(round trip p95 180 ms).")
+    # The global limit all in flight goes first.
+    crawl.concurrent_requests = 1
+    snap = Snapshots(top=10).take(1.0, crawl, rows, lambda host: HostDetail())
+    assert snap["crawl"]["why"]["bound"] == "concurrent-requests"
 
 
 def test_rates_and_the_last_minute() -> None:
@@ -375,6 +415,15 @@ async def test_monitor_during_a_crawl(
             )
         )[0]
         seen["page"] = await get(url)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                base + "control",
+                json={"action": "pause"},
+                headers={"Authorization": f"Bearer {monitor.server.token}"},
+            ) as answer,
+        ):
+            seen["control"] = answer.status, await answer.json()
 
         async def settled() -> dict[str, Any] | None:
             status, text = await get(base + "hosts.json?token=" + monitor.server.token)
@@ -416,6 +465,12 @@ async def test_monitor_during_a_crawl(
     assert "hosts.json" in page
     assert "<script src" not in page
     assert "<link" not in page
+    # The controls are off by default.
+    status, answer = seen["control"]
+    assert status == 404
+    assert "HOSTQUEUE_MONITOR_CONTROLS" in answer["error"]
+    assert seen["snapshot"]["controls"] is False
+    assert seen["snapshot"]["crawl"]["paused"] is False
 
     snap = seen["snapshot"]
     stats = seen["stats"]

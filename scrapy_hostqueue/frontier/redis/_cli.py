@@ -28,12 +28,17 @@ from scrapy_hostqueue.frontier.redis._db import (
     RedisFrontierError,
     fingerprint_key,
     open_crawl,
+    part_prefix,
+    partition_of,
+    partition_prefixes,
     prefix,
     split_value,
+    stored_partitions,
 )
 from scrapy_hostqueue.frontier.redis._glue import (
     connect,
     connect_problem,
+    default_partitions,
     redis_client_module,
     shown_url,
 )
@@ -101,21 +106,27 @@ def push(
     client = _client(url)
     try:
         _check_layout(client, url, crawl_id)
-        p = prefix(crawl_id)
-        token = open_crawl(client, crawl_id)  # made now if it is not there
+        # Made now if it is not there (on a Redis Cluster, with 4 partitions
+        # per master, as a crawl process makes it).
+        partitions, master_of = default_partitions(client)
+        token = open_crawl(client, crawl_id, partitions=partitions, master_of=master_of)
+        prefixes = partition_prefixes(client, crawl_id)
         script = client.register_script(SCRIPTS["push"])
-        source = f"cli{client.incr(p + 'procseq')}"
-        args: list[Any] = []
+        source = f"cli{client.incr(prefix(crawl_id) + 'procseq')}"
+        batches: list[list[Any]] = [[] for _ in prefixes]
         statuses: Counter[int] = Counter()
         every = itertools.chain(_requests(urls, priority), requests)
         for n, held in enumerate(every):
             key = fingerprint_key(held.fingerprint) if held.fingerprint else b""
+            part = partition_of(held.host, len(prefixes))
+            args = batches[part]
             args += [f"{source}.{n}", key, held.host, held.rank, "0", held.data]
             if len(args) >= 6 * _CHUNK:
+                statuses.update(script(keys=[prefixes[part]], args=[token, source, *args]))
+                args.clear()
+        for p, args in zip(prefixes, batches, strict=True):
+            if args:
                 statuses.update(script(keys=[p], args=[token, source, *args]))
-                args = []
-        if args:
-            statuses.update(script(keys=[p], args=[token, source, *args]))
         return statuses[1], statuses[0]
     finally:
         client.close()
@@ -145,47 +156,71 @@ def _server_line(client: Any, crawl_id: str) -> str:
     return "  Redis: " + _check.describe(_check.read(client, **node))
 
 
+def _read_all(client: Any, prefixes: list[str], command: str, name: str) -> list[Any]:
+    """Return what *command* answers for the key *name* of each partition."""
+    return [getattr(client, command)(p + name) for p in prefixes]
+
+
 def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
-    p = prefix(crawl_id)
+    made = stored_partitions(client, crawl_id) is not None
+    prefixes = partition_prefixes(client, crawl_id) if made else [part_prefix(crawl_id)]
+    first = prefixes[0]
     now = time.time()
-    stats = {k.decode(): int(v) for k, v in client.hgetall(p + "stats").items()}
-    procs = [(m.decode(), score) for m, score in client.zrange(p + "procs", 0, -1, withscores=True)]
-    backlog = sum(int(n) for n in client.hvals(p + "backlog"))
+    stats: Counter[str] = Counter()
+    for part in _read_all(client, prefixes, "hgetall", "stats"):
+        stats.update({k.decode(): int(v) for k, v in part.items()})
+    procs = [
+        (m.decode(), score) for m, score in client.zrange(first + "procs", 0, -1, withscores=True)
+    ]
+    backlog = sum(int(n) for n in client.hvals(first + "backlog"))
+    fingerprints = sum(int(client.hget(p + "fp", "n") or 0) for p in prefixes)
     lines = [
-        f"shared frontier {shown_url(url)}, crawl id {crawl_id!r}",
+        f"shared frontier {shown_url(url)}, crawl id {crawl_id!r}"
+        + (f", {len(prefixes)} partitions" if len(prefixes) > 1 else ""),
         _server_line(client, crawl_id),
         f"  {stats.get('queued', 0):,} requests queued and {stats.get('leased', 0):,} leased; "
         f"{stats.get('pushed', 0):,} pushed, {stats.get('duplicates', 0):,} duplicates dropped, "
         f"{stats.get('acked', 0):,} done, {stats.get('reclaimed', 0):,} taken back from "
-        f"processes that stopped; {int(client.hget(p + 'fp', 'n') or 0):,} fingerprints seen"
+        f"processes that stopped; {fingerprints:,} fingerprints seen"
         + (f"; {backlog:,} kept back in processes while Redis is full" if backlog else ""),
     ]
     leased: Counter[str] = Counter()
     if procs:
         lines.append(f"processes ({len(procs)}):")
         for proc, expiry in procs:
-            held = sorted(h.decode() for h in client.smembers(p + f"held:{proc}"))
-            ids = list(client.smembers(p + f"lease:{proc}"))
-            for value in client.hmget(p + "r", ids) if ids else []:
-                if value is not None:
-                    leased[split_value(value)[0]] += 1
+            held: list[str] = []
+            count = 0
+            for p in prefixes:
+                held += (h.decode() for h in client.smembers(p + f"held:{proc}"))
+                ids = list(client.smembers(p + f"lease:{proc}"))
+                count += len(ids)
+                for value in client.hmget(p + "r", ids) if ids else []:
+                    if value is not None:
+                        leased[split_value(value)[0]] += 1
+            held.sort()
             state = "alive" if expiry / 1000 > now else "heartbeat expired"
             shown = ", ".join(held[:top]) + (", ..." if len(held) > top else "")
             lines.append(
-                f"  {proc}  {state}, {len(ids):,} leased, {len(held)} hosts held: {shown or '-'}"
+                f"  {proc}  {state}, {count:,} leased, {len(held)} hosts held: {shown or '-'}"
             )
     queued = {
         host.decode(): int(count)
+        for p in prefixes
         for host, count in client.zrevrange(p + "qcount", 0, top - 1, withscores=True)
     }
     busiest = sorted(queued.keys() | leased.keys(), key=lambda h: (-queued.get(h, 0), h))[:top]
     if busiest:
-        owners = {k.decode(): v.decode() for k, v in client.hgetall(p + "owner").items()}
+        owners = {
+            k.decode(): v.decode()
+            for part in _read_all(client, prefixes, "hgetall", "owner")
+            for k, v in part.items()
+        }
         lines.append(f"queued and leased per host (top {len(busiest)}):")
         width = max(len(host) for host in busiest)
         for host in busiest:
             owner = owners.get(host)
             held_by = f"  held by {owner}" if owner else ""
+            p = prefixes[partition_of(host, len(prefixes))]
             co, part = client.hmget(p + f"share:{host}", "co", "grant")
             if co is not None:
                 # A busy host lent in part (see _share.py).
@@ -194,7 +229,11 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
                 f"  {host:<{width}}  {queued.get(host, 0):>9,} queued  "
                 f"{leased.get(host, 0):>6,} leased{held_by}"
             )
-    states = {k.decode(): json.loads(v) for k, v in client.hgetall(p + "state").items()}
+    states = {
+        k.decode(): json.loads(v)
+        for part in _read_all(client, prefixes, "hgetall", "state")
+        for k, v in part.items()
+    }
     blocked = sorted(
         (
             (host, state)
@@ -210,7 +249,9 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
                 f"  {host}  until {_when(state['blocked_until'] * 1000, now)}, "
                 f"{state.get('reason') or 'blocked'}"
             )
-    given_up = sorted(h.decode() for h in client.smembers(p + "gaveup"))
+    given_up = sorted(
+        h.decode() for part in _read_all(client, prefixes, "smembers", "gaveup") for h in part
+    )
     if given_up:
         lines.append(f"given-up hosts ({len(given_up):,}): " + ", ".join(given_up[:top]))
     learned = sorted(states.items())

@@ -3,15 +3,37 @@ r"""The Redis layout of a shared crawl and the Lua scripts that change it.
 Pure: no Scrapy or Twisted import, and no import of the ``redis`` client
 either (the caller passes its client in), so the package imports without it.
 
-Every key of a crawl starts with ``hq:{<crawl id>}:``: one hash tag, so a
-crawl's keys share one Redis Cluster slot and the multi-key scripts stay
-legal there. Keys (after the prefix):
+**Partitions.** A crawl's hosts are spread over its *partitions* (their
+number fixed when the crawl is created, :func:`open_crawl`): a host belongs
+to partition ``crc32(host) % n`` (:func:`partition_of`), the same in every
+process and every run. Each partition is a complete shared frontier of its
+own hosts under its own hash tag, ``hq:{<crawl id>/<suffix>}:``, so that a
+Redis Cluster spreads one crawl over its masters while every script touches
+one partition (one slot). A request lives in its host's partition with its
+fingerprint: the same URL always has the same host, so the dupefilter stays
+exact. Every process is registered in every partition (its heartbeat renewed
+in each, and what a dead process held is reclaimed in each). On one server
+the suffixes are ``0`` to ``n - 1``; on a Redis Cluster each is chosen when
+the crawl is made (``3``, else ``3.1``, ``3.2``...) so that the partitions
+are dealt evenly over the masters serving the slots at that time. The fair
+share a claim applies is its partition's (its hosts over the live
+processes); a process gives back what it holds beyond the crawl's (the
+partitions' sums, see ``_store``).
 
-``version``     the layout version; another one is refused
-``crawl``       the crawl's identity: a random token written when the crawl
-                is created; every script checks it first (see below)
-``procs``       zset: process id -> heartbeat expiry (ms since the epoch)
+The crawl's own keys, under ``hq:{<crawl id>}:`` (its *home*):
+
+``version``     the layout version; another one is refused. Written last
+                when the crawl is made: a crawl with it is complete
+``partitions``  the suffixes of the partitions, space-separated, in order
 ``procseq``     counter giving processes their ids
+``monitor``...  the live monitor's (see ``_monitor``)
+
+Keys of each partition (after its prefix):
+
+``crawl``       the crawl's identity: a random token written when the crawl
+                is created, the same in every partition; every script checks
+                it first (see below)
+``procs``       zset: process id -> heartbeat expiry (ms since the epoch)
 ``r``           hash: request id -> ``"<rank> <host>\n"`` + the encoded request,
                 for the requests leased and those queued by id (``b:<host>``)
 ``q:<host>``    zset: the ranks the host has requests of in ``l:<host>:<rank>``
@@ -51,10 +73,12 @@ legal there. Keys (after the prefix):
                 no co-holder has taken it
 ``coheld:<proc>`` set: the hosts a process co-holds
 ``wantshare``   zset: process -> when it last wanted hosts and found none (ms)
-``stats``       hash: crawl-wide counters (``queued``, ``leased``, ``pushed``,
-                ``duplicates``, ``acked``, ``reclaimed``, ``claims``)
+``stats``       hash: the partition's counters, whose sums are the crawl's
+                (``queued``, ``leased``, ``pushed``, ``duplicates``,
+                ``acked``, ``reclaimed``, ``claims``)
 ``backlog``     hash: process -> requests it keeps back while Redis is full
-                (the crawl is not finished while one holds any)
+                (the crawl is not finished while one holds any; in the
+                first partition only)
 
 A request id is ``<proc>.<n>``, chosen by the process that pushes it, so
 that every script is idempotent: a batch whose answer was lost with the
@@ -78,8 +102,11 @@ pages never fetched.
 (``ARGV[1]``, what ``crawl`` held when the process joined) and answers the
 error :data:`LOST` without touching anything when ``crawl`` holds another
 one, or none: the Redis restarted without its data, was flushed, or the URL
-now names another server. Nothing is written into a Redis that lost the
-crawl, and the process knows at its next exchange.
+now names another server (or, on a Redis Cluster, the master of that
+partition lost its data). Nothing is written into a Redis that lost the
+crawl, and the process knows at its next exchange with that partition. A
+process joining a crawl whose partitions do not all hold its token is
+refused.
 
 **A full Redis** (``maxmemory`` with ``noeviction``) refuses a script's
 first write that may grow its memory, with nothing applied, and lets a
@@ -94,12 +121,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 from scrapy_hostqueue._errors import RedisFrontierError
 
 #: The layout of the keys; a crawl id written with another is refused.
-LAYOUT_VERSION = "3"
+LAYOUT_VERSION = "4"
 #: The error a script answers when Redis no longer holds the crawl it was
 #: given the token of.
 LOST = "HQLOST"
@@ -120,8 +149,21 @@ QUEUED_BYTES = 4
 
 
 def prefix(crawl_id: str) -> str:
-    """Return the key prefix of *crawl_id* (with its hash tag)."""
+    """Return the prefix of *crawl_id*'s own keys, its home (with its hash tag)."""
     return f"hq:{{{crawl_id}}}:"
+
+
+def part_prefix(crawl_id: str, suffix: str = "0") -> str:
+    """Return the key prefix of the partition *suffix* of *crawl_id* (its own hash tag)."""
+    return f"hq:{{{crawl_id}/{suffix}}}:"
+
+
+def partition_of(host: str, partitions: int) -> int:
+    """Return the index of the partition of *host* among *partitions*.
+
+    ``crc32`` of the host: the same in every process (unlike ``hash()``).
+    """
+    return zlib.crc32(host.encode()) % partitions if partitions > 1 else 0
 
 
 # What every script shares. A script's body runs in ``run``, which writes
@@ -905,13 +947,15 @@ def fingerprint_key(fingerprint: bytes) -> bytes:
     return hashlib.blake2b(fingerprint, digest_size=FP_BYTES).digest()
 
 
-#: The Bloom filter's first size (fingerprints); it grows by sub-filters of
-#: twice the size each (``BF.RESERVE ... EXPANSION 2``).
+#: The Bloom filter's first size (fingerprints) over all the partitions; it
+#: grows by sub-filters of twice the size each (``BF.RESERVE ... EXPANSION 2``).
 BLOOM_CAPACITY = 10_000_000
+#: The least a partition's Bloom filter starts with.
+BLOOM_CAPACITY_MIN = 100_000
 
 
-def _dupefilter(client: Any, p: str, bloom: float | None) -> None:
-    """Make the crawl's dupefilter as asked, or refuse one made otherwise.
+def _dupefilter(client: Any, p: str, bloom: float | None, partitions: int = 1) -> None:
+    """Make the partition's dupefilter as asked, or refuse one made otherwise.
 
     *bloom* is the error rate of a Bloom filter, 0 exact fingerprints, None
     whatever the crawl has; a crawl made with the other one is refused.
@@ -919,7 +963,8 @@ def _dupefilter(client: Any, p: str, bloom: float | None) -> None:
     mode = client.hget(p + "fp", "mode")
     if mode is None and bloom is not None:
         if bloom > 0:
-            client.execute_command("BF.RESERVE", p + "bloom", bloom, BLOOM_CAPACITY, "EXPANSION", 2)
+            capacity = max(BLOOM_CAPACITY_MIN, BLOOM_CAPACITY // partitions)
+            client.execute_command("BF.RESERVE", p + "bloom", bloom, capacity, "EXPANSION", 2)
         client.hsetnx(p + "fp", "mode", "bloom" if bloom > 0 else "exact")
         mode = client.hget(p + "fp", "mode")
     if mode is None or bloom is None:
@@ -935,53 +980,146 @@ def _dupefilter(client: Any, p: str, bloom: float | None) -> None:
         )
 
 
-def open_crawl(client: Any, crawl_id: str, bloom: float | None = None) -> str:
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else (None if value is None else str(value))
+
+
+def suffixes_for(
+    crawl_id: str, count: int, master_of: Callable[[str], Any] | None = None
+) -> list[str]:
+    """Choose the suffixes of *count* partitions of a new crawl.
+
+    ``0`` to ``count - 1`` on one server. On a Redis Cluster, *master_of*
+    names the master serving a key: partition *k* goes to the master ``k %
+    masters`` (the masters in the order of their first partition's), its
+    suffix ``k`` or the first ``k.1``, ``k.2``... whose slot that master
+    serves, so that the partitions are dealt evenly over the masters.
+    """
+    if master_of is None or count == 1:
+        return [str(k) for k in range(count)]
+    masters: list[Any] = []
+    for k in range(64 * count):  # every master met (each serves about 1/masters of the slots)
+        master = master_of(part_prefix(crawl_id, f"m{k}"))
+        if master not in masters:
+            masters.append(master)
+    out = []
+    for k in range(count):
+        wanted = masters[k % len(masters)]
+        suffix = str(k)
+        for n in range(1, 100_000):
+            if master_of(part_prefix(crawl_id, suffix)) == wanted:
+                break
+            suffix = f"{k}.{n}"
+        out.append(suffix)
+    return out
+
+
+def open_crawl(
+    client: Any,
+    crawl_id: str,
+    bloom: float | None = None,
+    *,
+    partitions: int | None = None,
+    master_of: Callable[[str], Any] | None = None,
+) -> str:
     """Check the layout of *crawl_id*, make the crawl if it is not there.
 
     Check the layout of *crawl_id* with a synchronous *client*, make the
-    crawl if it is not there (its layout version, its identity and its
-    dupefilter: see :func:`_dupefilter` for *bloom*), and return its
-    identity. Raises :class:`RedisFrontierError`.
+    crawl if it is not there (its partitions: *partitions* of them, 1 if
+    None, placed with *master_of* on a Redis Cluster, see
+    :func:`suffixes_for`; its identity in each; its dupefilter: see
+    :func:`_dupefilter` for *bloom*; then its layout version), and return its
+    identity. A crawl that exists keeps the partitions it was made with.
+    Raises :class:`RedisFrontierError`.
     """
-    p = prefix(crawl_id)
-    version = client.get(p + "version")
-    if version is None:
-        client.set(p + "version", LAYOUT_VERSION, nx=True)
-        version = client.get(p + "version")
-    if isinstance(version, bytes):
-        version = version.decode()
-    if version != LAYOUT_VERSION:
+    home = prefix(crawl_id)
+    version = _text(client.get(home + "version"))
+    if version is not None and version != LAYOUT_VERSION:
         raise RedisFrontierError(
             f"crawl id {crawl_id!r} on this Redis was written with frontier layout "
             f"{version}, this scrapy-hostqueue uses layout {LAYOUT_VERSION}: finish it with "
             "the version that wrote it, or choose another HOSTQUEUE_CRAWL_ID"
         )
-    _dupefilter(client, p, bloom)
-    if client.get(p + "crawl") is None:
-        client.set(p + "crawl", secrets.token_hex(8), nx=True)
-    return crawl_token(client, crawl_id)
+    if version is None:
+        # Made now (or completed, if a process stopped while making it):
+        # every step keeps what is there already.
+        count = partitions or 1
+        client.set(home + "partitions", " ".join(suffixes_for(crawl_id, count, master_of)), nx=True)
+    prefixes = partition_prefixes(client, crawl_id)
+    if version is None:
+        # The first partition's token is the crawl's: processes making the
+        # crawl at once copy the same one into the others.
+        client.set(prefixes[0] + "crawl", secrets.token_hex(8), nx=True)
+        token = _text(client.get(prefixes[0] + "crawl"))
+        for p in prefixes[1:]:
+            client.set(p + "crawl", token, nx=True)
+    tokens = [_text(client.get(p + "crawl")) for p in prefixes]
+    if tokens[0] is None or tokens.count(tokens[0]) != len(tokens):
+        lost = [k for k, token in enumerate(tokens) if token != tokens[0] or token is None]
+        raise RedisFrontierError(
+            f"crawl id {crawl_id!r} on this Redis has lost {len(lost)} of its "
+            f"{len(prefixes)} partitions (a master of a Redis Cluster restarted without "
+            "its data, or its keys were deleted): choose another HOSTQUEUE_CRAWL_ID, and "
+            "queue the crawl's requests there"
+        )
+    for p in prefixes:
+        _dupefilter(client, p, bloom, len(prefixes))
+    if version is None:
+        client.set(home + "version", LAYOUT_VERSION, nx=True)
+    return tokens[0]
 
 
-def register(client: Any, crawl_id: str, expiry_ms: int, bloom: float | None = 0.0) -> str:
+def partition_prefixes(client: Any, crawl_id: str) -> list[str]:
+    """Return the key prefixes of the partitions of *crawl_id*, in order.
+
+    Read from the crawl's home with the synchronous *client*; raises
+    :class:`RedisFrontierError` if the crawl is not there.
+    """
+    stored = _text(client.get(prefix(crawl_id) + "partitions"))
+    if not stored:
+        raise RedisFrontierError(f"crawl id {crawl_id!r} is not on this Redis")
+    return [part_prefix(crawl_id, suffix) for suffix in stored.split()]
+
+
+def stored_partitions(client: Any, crawl_id: str) -> int | None:
+    """Return how many partitions *crawl_id* has, None if it is not made yet."""
+    stored = _text(client.get(prefix(crawl_id) + "partitions"))
+    return len(stored.split()) if stored else None
+
+
+def register(
+    client: Any,
+    crawl_id: str,
+    expiry_ms: int,
+    bloom: float | None = 0.0,
+    *,
+    partitions: int | None = None,
+    master_of: Callable[[str], Any] | None = None,
+) -> str:
     """Join *crawl_id* and return this process's id.
 
-    Join *crawl_id* (see :func:`open_crawl`; *bloom* the error rate of its
-    Bloom filter, 0 exact fingerprints) with a synchronous *client* (at
-    start-up, before the crawl runs): register this process and return its
-    id. Raises :class:`RedisFrontierError`.
+    Join *crawl_id* (see :func:`open_crawl` for *bloom*, *partitions* and
+    *master_of*) with a synchronous *client* (at start-up, before the crawl
+    runs): register this process in every partition and return its id.
+    Raises :class:`RedisFrontierError`.
     """
-    open_crawl(client, crawl_id, bloom)
-    proc = client.eval(_JOIN, 1, prefix(crawl_id), expiry_ms)
-    return proc.decode() if isinstance(proc, bytes) else str(proc)
+    open_crawl(client, crawl_id, bloom, partitions=partitions, master_of=master_of)
+    proc = _text(client.eval(_JOIN, 1, prefix(crawl_id), ""))
+    for p in partition_prefixes(client, crawl_id):
+        client.eval(_JOIN, 1, p, proc, expiry_ms)
+    return str(proc)
 
 
-#: KEYS: the prefix; ARGV: the heartbeat expiry. A new process id, and its
-#: heartbeat; it runs when Redis is full (a process may join a full crawl).
+#: KEYS: a prefix; ARGV: "" for a new process id (in the crawl's home), else
+#: the process id and its heartbeat expiry (in a partition). It runs when
+#: Redis is full (a process may join a full crawl).
 _JOIN = """
 redis.call('DEL', KEYS[1]..'none')
-local proc = redis.call('INCR', KEYS[1]..'procseq')
-redis.call('ZADD', KEYS[1]..'procs', ARGV[1], proc)
-return tostring(proc)
+if ARGV[1] == '' then
+  return tostring(redis.call('INCR', KEYS[1]..'procseq'))
+end
+redis.call('ZADD', KEYS[1]..'procs', ARGV[2], ARGV[1])
+return ARGV[1]
 """
 
 
@@ -991,12 +1129,12 @@ def crawl_token(client: Any, crawl_id: str) -> str:
     The identity of *crawl_id* on the Redis of the synchronous *client*
     (written by :func:`open_crawl`): what a process gives every script.
     """
-    token = client.get(prefix(crawl_id) + "crawl")
+    token = _text(client.get(partition_prefixes(client, crawl_id)[0] + "crawl"))
     if token is None:
         raise RedisFrontierError(
             f"crawl id {crawl_id!r} vanished from Redis as this process joined it"
         )
-    return token.decode() if isinstance(token, bytes) else str(token)
+    return token
 
 
 __all__ = [
@@ -1011,7 +1149,12 @@ __all__ = [
     "crawl_token",
     "fingerprint_key",
     "open_crawl",
+    "part_prefix",
+    "partition_of",
+    "partition_prefixes",
     "prefix",
     "register",
     "split_value",
+    "stored_partitions",
+    "suffixes_for",
 ]

@@ -23,7 +23,13 @@ from scrapy_hostqueue._recorder import stat_key
 from scrapy_hostqueue.frontier.memory import MemoryStore
 from scrapy_hostqueue.frontier.redis import _check
 from scrapy_hostqueue.frontier.redis._capacity import HeldRequest, is_oom, write_held
-from scrapy_hostqueue.frontier.redis._db import crawl_token, prefix, register
+from scrapy_hostqueue.frontier.redis._db import (
+    crawl_token,
+    partition_prefixes,
+    prefix,
+    register,
+    stored_partitions,
+)
 from scrapy_hostqueue.frontier.redis._link import RedisLink
 from scrapy_hostqueue.frontier.redis._store import RedisStore
 
@@ -44,6 +50,10 @@ CONNECT_TIMEOUT = 5.0
 #: Fingerprints this process remembers having pushed (its own duplicates are
 #: dropped here, without a trip to Redis); past this the memory starts over.
 LOCAL_SEEN = 100_000
+#: Partitions of a new crawl per master of a Redis Cluster (by default): a
+#: cluster grown to that many times its masters can still give each master a
+#: part of the crawl by moving slots.
+PARTITIONS_PER_MASTER = 4
 #: The finish reason of a crawl whose Redis no longer holds it.
 FRONTIER_LOST = "hostqueue_frontier_lost"
 #: The finish reason of a crawl whose Redis stays full with nothing in the
@@ -206,7 +216,7 @@ def redis_errors(redis: Any) -> tuple[type[BaseException], ...]:
     The client's errors that mean Redis is away, or restarted, or was
     made a replica by a failover (``READONLY``: it takes writes again once
     it is a master again, or its clients reach the new master); on a Redis
-    Cluster also that the crawl's slot is not served for now (a node down, a
+    Cluster also that a partition's slot is not served for now (a node down, a
     failover, a slot moving).
     """
     exceptions = redis.exceptions
@@ -310,6 +320,52 @@ def async_client(redis: Any, url: str, *, cluster: bool) -> Any:
     )
 
 
+def _fullness(info: dict[str, Any]) -> tuple[float, int]:
+    """Order ``INFO memory`` answers by how full their server is."""
+    used, maxmemory = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+    return (used / maxmemory if maxmemory else 0.0), used
+
+
+def default_partitions(client: Any) -> tuple[int, Callable[[str], str] | None]:
+    """Return how many partitions a new crawl gets on *client*'s Redis, and their masters.
+
+    1 on one server; :data:`PARTITIONS_PER_MASTER` per master on a Redis
+    Cluster, with what names the master serving a key (to deal the
+    partitions evenly over the masters: see ``_db.suffixes_for``).
+    """
+    if not hasattr(client, "get_primaries"):
+        return 1, None
+    return PARTITIONS_PER_MASTER * len(client.get_primaries()), (
+        lambda key: str(client.get_node_from_key(key).name)
+    )
+
+
+def _partitions(client: Any, crawl_id: str, config: HostQueueConfig) -> int:
+    """Return the partitions of the crawl: those it has, else those to make it with.
+
+    ``HOSTQUEUE_REDIS_PARTITIONS``, or by default 1 on one server and
+    :data:`PARTITIONS_PER_MASTER` per master of a Redis Cluster (*masters*,
+    0 on one server). A process set to another number than the crawl has
+    joins it with the crawl's, and says so.
+    """
+    stored = stored_partitions(client, crawl_id)
+    wanted = config.redis_partitions
+    if stored is not None:
+        if wanted and wanted != stored:
+            logger.warning(
+                "HOSTQUEUE_REDIS_PARTITIONS is %d, and crawl %r was made with %d "
+                "partitions: this process joins it with %d (a crawl keeps the partitions "
+                "it was made with; choose another HOSTQUEUE_CRAWL_ID for %d)",
+                wanted,
+                crawl_id,
+                stored,
+                stored,
+                wanted,
+            )
+        return stored
+    return wanted or default_partitions(client)[0]
+
+
 class LocalSeen:
     """The fingerprints this process pushed, as the dupefilter's first, local, answer.
 
@@ -362,6 +418,8 @@ class RedisFrontier:
         self.crawler = crawler
         #: Whether Redis is a Redis Cluster (found at :meth:`open`).
         self.cluster = False
+        #: The key prefixes of the crawl's partitions (found at :meth:`open`).
+        self.prefixes: list[str] | None = None
         #: What the server said of its memory and persistence at start-up.
         self.server: _check.ServerSettings | None = None
         #: The task of the crawl (``scrapy crawl``), to end it with an error.
@@ -395,16 +453,32 @@ class RedisFrontier:
         try:
             client, cluster = connect(redis, url)
             node = {"target_nodes": client.get_node_from_key(prefix(crawl_id))} if cluster else {}
-            server = _check.read(client, **node)
-            refusal = _check.eviction_refusal(server, shown_url(url))
+            # Every master on a cluster: the crawl's partitions are spread over them.
+            servers = (
+                [_check.read(client, target_nodes=master) for master in client.get_primaries()]
+                if cluster
+                else [_check.read(client)]
+            )
+            server = servers[0]
+            refusals = [_check.eviction_refusal(each, shown_url(url)) for each in servers]
+            refusal = next((each for each in refusals if each is not None), None)
             if refusal is None and config.redis_bloom:
                 bloom_key = prefix(crawl_id) + "bloom"
                 refusal = _check.bloom_refusal(client, shown_url(url), bloom_key, **node)
             if refusal is not None:
                 raise RedisFrontierError(refusal)
+            partitions = _partitions(client, crawl_id, config)
             expiry = int((time.time() + config.lease_timeout) * 1000)
-            proc = register(client, crawl_id, expiry, config.redis_bloom)
+            proc = register(
+                client,
+                crawl_id,
+                expiry,
+                config.redis_bloom,
+                partitions=partitions,
+                master_of=default_partitions(client)[1],
+            )
             token = crawl_token(client, crawl_id)
+            prefixes = partition_prefixes(client, crawl_id)
         except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
             raise RedisFrontierError(
                 f"cannot use the shared frontier at {shown_url(url)}: "
@@ -415,12 +489,14 @@ class RedisFrontier:
                 client.close()
         if cluster:
             check_cluster_options(redis, url)
-        warning = _check.persistence_warning(server, shown_url(url))
+        warnings = [_check.persistence_warning(each, shown_url(url)) for each in servers]
+        warning = next((each for each in warnings if each is not None), None)
         if warning is not None:
             logger.warning(warning)
         frontier = cls(url, crawl_id, proc, config, token, crawler)
         frontier.cluster = cluster
         frontier.server = server
+        frontier.prefixes = prefixes
         return frontier
 
     def make_store(
@@ -447,6 +523,7 @@ class RedisFrontier:
             backlog=cfg.redis_backlog,
             spill_dir=cfg.redis_spill_dir,
             where=shown_url(self.url),
+            prefixes=self.prefixes,
         )
         self._codec = codec
         return self.store
@@ -469,19 +546,28 @@ class RedisFrontier:
         if self.cluster:
 
             async def info(section: str) -> dict[str, Any]:
-                node = client.get_node_from_key(self.store.prefix)  # type: ignore[union-attr]
-                return await client.info(section, target_nodes=node)  # type: ignore[no-any-return]
+                # The nodes of the partitions: the fullest one's memory.
+                assert self.store is not None
+                nodes = {client.get_node_from_key(p).name: p for p in self.store.prefixes}
+                answers = [
+                    await client.info(section, target_nodes=client.get_node_from_key(p))
+                    for p in nodes.values()
+                ]
+                return max(answers, key=_fullness)  # type: ignore[no-any-return]
 
         run_id = self.server.run_id if self.server is not None else ""
-        self._link = RedisLink(self.store, client, redis_errors(redis), info, run_id)
+        self._link = RedisLink(
+            self.store, client, redis_errors(redis), info, run_id, cluster=self.cluster
+        )
         self._link.start()
         logger.info(
-            "HostQueueScheduler: shared frontier at %s%s, crawl id %r, this process %s, "
-            "at most %d hosts held at once, leases expire %g s after a process stops; "
-            "Redis: %s",
+            "HostQueueScheduler: shared frontier at %s%s, crawl id %r in %d partitions, "
+            "this process %s, at most %d hosts held at once, leases expire %g s after a "
+            "process stops; Redis: %s",
             shown_url(self.url),
             " (a Redis Cluster)" if self.cluster else "",
             self.crawl_id,
+            len(self.store.prefixes),
             self.proc,
             self.store.max_hold,
             self.config.lease_timeout,
@@ -604,6 +690,7 @@ __all__ = [
     "check_url",
     "connect",
     "connect_problem",
+    "default_partitions",
     "redis_client_module",
     "shown_url",
 ]

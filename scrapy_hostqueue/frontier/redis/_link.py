@@ -1,13 +1,16 @@
 """The asyncio half of the Redis store: the task that talks to Redis.
 
 :class:`RedisLink` sends the store's outbound log in batches (one pipeline of
-Lua scripts per step), and in the same step claims hosts, reads the next
-requests of held hosts, renews the heartbeat and reads the crawl-wide totals;
-it retries with a back-off while Redis is away, and hands everything back at
-a graceful close. The ``redis`` client is passed in (a
-``redis.asyncio.Redis``, or a ``redis.asyncio.cluster.RedisCluster``: every
-command names a key of the crawl, so on a Redis Cluster the pipeline goes to
-the one node serving the crawl's slot).
+Lua scripts per step: one call per partition for the pushes, one for the
+acknowledgements), and in the same step claims hosts (from one partition,
+each claim the next), reads the next requests of held hosts, renews the
+heartbeat in every partition and reads the totals of some partitions in turn
+(the crawl-wide figures are their sums); it retries with a back-off while
+Redis is away, and hands everything back at a graceful close. The ``redis``
+client is passed in (a ``redis.asyncio.Redis``, or a
+``redis.asyncio.cluster.RedisCluster``: every command names a key of one
+partition, so on a Redis Cluster the pipeline's commands go to the nodes
+serving the partitions' slots).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy_hostqueue.frontier.redis._capacity import is_oom
@@ -27,6 +31,7 @@ from scrapy_hostqueue.frontier.redis._db import (
     QUEUED_BYTES,
     SCRIPTS,
     fingerprint_key,
+    part_prefix,
 )
 from scrapy_hostqueue.frontier.redis._share import SHARE_TICK
 from scrapy_hostqueue.frontier.redis._store import BATCH
@@ -44,6 +49,14 @@ TICK = 0.05
 TOTALS_INTERVAL = 0.25
 #: What a replica answers a write with (after the ``READONLY`` code).
 READONLY = "You can't write against a read only replica"
+#: With several partitions, seconds pushes and acknowledgements wait after the
+#: last ones sent while this process has work here (each partition's take one
+#: script call each). In ``python -m bench.redis_scale --quick --parts a``, 1
+#: and 2 processes, Redis commands per page: 12 partitions 8.0 and 10.1
+#: without the wait, 5.6 and 7.2 with it; one partition 6.0 and 6.2.
+GATHER = 0.5
+#: Steps reading totals in which every partition's are read once.
+TOTALS_TURNS = 4
 #: Operations per script call.
 CHUNK = 200
 #: A process that wanted hosts (and held fewer than its fair share) within
@@ -55,6 +68,18 @@ MEMORY_INTERVAL = 1.0
 MEMORY_INTERVAL_FULL = 0.1
 #: Longest back-off (seconds) between two tries while Redis is away.
 BACKOFF_MAX = 5.0
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """What a partition said of itself when its totals were last read."""
+
+    queued: int
+    leased: int
+    hungry: set[str]  # other processes waiting for hosts there
+    owned: int
+    claimable: int
+    want_share: set[str]  # other processes that found no host there
 
 
 class FrontierLost(Exception):
@@ -101,6 +126,8 @@ class RedisLink:
         errors: tuple[type[BaseException], ...],
         info: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
         run_id: str = "",
+        *,
+        cluster: bool = False,
     ) -> None:
         self.store = store
         self.client = client
@@ -109,8 +136,14 @@ class RedisLink:
         self.info = info or client.info
         #: The server's ``run_id`` when this process joined the crawl.
         self.run_id = run_id
+        #: Whether *client* is a Redis Cluster's (see :meth:`_ordered`).
+        self.cluster = cluster
         self._joined = store.wall()
         self._keys_at_start: dict[str, int] | None = None
+        #: The totals of each partition as last read, and the next to read.
+        self._totals: list[_Totals | None] = [None] * len(store.prefixes)
+        self._totals_next = 0
+        self._sent_at = 0.0  # when the last exchange was sent (the store's clock)
         self.shas: dict[str, str] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -180,6 +213,7 @@ class RedisLink:
                 if outage_at is None:
                     outage_at = time.monotonic()
                     store.connected = False
+                    store.waits.away(store.clock())
                     store.counts["outages"] += 1
                     logger.warning(
                         "Lost the shared frontier at Redis (%s): handing out no new work "
@@ -235,13 +269,17 @@ class RedisLink:
             self._keys_at_start = {"r": sizes[1], "fp": sizes[2]}
 
     async def _key_sizes(self) -> list[int]:
-        """Read the requests in ``r``, the bytes of ``r``, and the fingerprints counted."""
-        p = self.store.prefix
+        """Read the requests in ``r``, the bytes of ``r``, and the fingerprints counted.
+
+        Summed over the partitions.
+        """
         pipe = self.client.pipeline(transaction=False)
-        pipe.hlen(p + "r")
-        pipe.memory_usage(p + "r")
-        pipe.hget(p + "fp", "n")
-        return [int(value or 0) for value in await pipe.execute()]
+        for p in self.store.prefixes:
+            pipe.hlen(p + "r")
+            pipe.memory_usage(p + "r")
+            pipe.hget(p + "fp", "n")
+        values = [int(value or 0) for value in await pipe.execute()]
+        return [sum(values[i::3]) for i in range(3)]
 
     async def describe_keys(self) -> str:
         """Say what the crawl's keys hold now, and how they grew.
@@ -250,7 +288,7 @@ class RedisLink:
         started, in words for the log.
         """
         store = self.store
-        p = store.prefix
+        p = store.prefixes[0] if len(store.prefixes) == 1 else part_prefix(store.crawl_id, "*")
         try:
             requests, r_size, fingerprints = await self._key_sizes()
         except Exception as error:  # MEMORY USAGE refused: a managed Redis
@@ -267,11 +305,135 @@ class RedisLink:
             f"{fingerprints - start['fp']:+,} since this process started)"
         )
 
-    async def step(self, *, beat: bool, totals: bool) -> None:
+    def _gathering(self, ops: list[tuple[Any, ...]], now: float, hurry: bool) -> bool:
+        """Whether *ops* wait for more before they are sent.
+
+        With several partitions, pushes and acknowledgements wait up to :data:`GATHER` seconds
+        after the last ones sent, so that each partition's script call carries more of them; not
+        when this process has nothing here to hand out, nor when *hurry*.
+        """
+        return (
+            len(self.store.prefixes) > 1
+            and not hurry
+            and 0 < len(ops) < BATCH
+            and now - self._sent_at < GATHER
+            and not self.store.starving()
+        )
+
+    def _ordered(
+        self, ops: list[tuple[Any, ...]]
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """Split *ops* into those to send now and acknowledgements held back to the next step.
+
+        On a Redis Cluster with several partitions, a pipeline's commands go to several nodes
+        at once, in no order between them: an acknowledgement that follows a push in *ops*
+        waits until the push is answered, so that a page is never done in Redis while the
+        requests found on it are not there yet.
+        """
+        if not self.cluster or len(self.store.prefixes) == 1:
+            return ops, []
+        sent: list[tuple[Any, ...]] = []
+        held: list[tuple[Any, ...]] = []
+        pushed = False
+        for op in ops:
+            if op[0] == "ack" and pushed:
+                held.append(op)
+            else:
+                pushed = pushed or op[0] == "push"
+                sent.append(op)
+        return sent, held
+
+    def _partition(self, op: tuple[Any, ...]) -> int:
+        """Return the index of the partition *op* goes to."""
+        kind = op[0]
+        if kind == "push":
+            return self.store.part(op[3])
+        if kind == "ack":
+            return self.store.part(op[2])
+        if kind == "claim":
+            return int(op[4])
+        if kind == "backlog":
+            return 0
+        return self.store.part(op[1])
+
+    def _groups(self, ops: list[tuple[Any, ...]]) -> list[tuple[str, int, list[tuple[Any, ...]]]]:
+        """Cut *ops* (as :func:`batched` orders them) into script calls.
+
+        ``(kind, partition, ops)``: a run of pushes or acknowledgements
+        becomes one call per partition (up to :data:`CHUNK` operations
+        each), in the order of their first operation; any other operation
+        one call.
+        """
+        out: list[tuple[str, int, list[tuple[Any, ...]]]] = []
+        i = 0
+        while i < len(ops):
+            kind = ops[i][0]
+            j = i + 1
+            if kind not in ("push", "ack"):
+                out.append((kind, self._partition(ops[i]), ops[i:j]))
+                i = j
+                continue
+            while j < len(ops) and ops[j][0] == kind:
+                j += 1
+            by_part: dict[int, list[tuple[Any, ...]]] = {}
+            for op in ops[i:j]:
+                by_part.setdefault(self._partition(op), []).append(op)
+            for part, group in by_part.items():
+                for at in range(0, len(group), CHUNK):
+                    out.append((kind, part, group[at : at + CHUNK]))
+            i = j
+        return out
+
+    def _script_args(self, kind: str, group: list[tuple[Any, ...]], wall_ms: int) -> list[Any]:
+        """Return the arguments of the script *kind* for *group* after the token."""
+        store = self.store
+        proc = store.proc
+        if kind == "push":
+            args: list[Any] = [proc]
+            resent = store.resent
+            for _, rid, fp, key, rank, keep, data, _item in group:
+                flag = ("r" if rid in resent else "") + ("1" if keep else "0")
+                args += [rid, fingerprint_key(fp) if fp else b"", key, rank, flag, data]
+            return args
+        if kind == "ack":
+            return [proc] + [op[1] for op in group]
+        op = group[0]
+        if kind == "give_back":
+            _, key, state, ready, release, ids = op
+            return [proc, key, state, ready, "1" if release else "0", *ids]
+        if kind == "claim":
+            _, want, window, part, _partition = op
+            return [proc, wall_ms, want, window, HUNGRY_MS, "1" if part else "0"]
+        if kind == "offer":
+            _, key, limit, part = op
+            return [proc, key, limit, part, wall_ms]
+        if kind == "share":
+            _, key, role, block, what, ids = op
+            return [proc, key, role, block, what, *ids]
+        if kind == "refill":
+            return [proc, op[1], op[2]]
+        if kind == "backlog":
+            return [proc, op[1]]
+        return [op[1]]  # give_up
+
+    def _totals_parts(self) -> list[int]:
+        """Return the partitions whose totals this step reads, and turn to the next ones.
+
+        Enough of them in turn that each is read at least once every four
+        steps that read totals (about a second).
+        """
+        n = len(self.store.prefixes)
+        count = -(-n // TOTALS_TURNS)
+        parts = [(self._totals_next + i) % n for i in range(count)]
+        self._totals_next = (self._totals_next + count) % n
+        return parts
+
+    async def step(self, *, beat: bool, totals: bool, hurry: bool = False) -> None:
         """One exchange.
 
-        What the log holds (up to :data:`BATCH` operations), then the heartbeat (*beat*) and the
-        totals (*totals*).
+        What the log holds (up to :data:`BATCH` operations), then the heartbeat in every partition
+        (*beat*) and the totals (*totals*) of some partitions in turn (see :meth:`_gathering` for
+        *hurry*).
         """
         store = self.store
         if self.shas is None:
@@ -279,82 +441,72 @@ class RedisLink:
         shas = self.shas
         now = store.clock()
         store.tick(now)
-        ops = batched(store.outbox[:BATCH])
+        taken = store.outbox[:BATCH]
         # Forgotten by Redis: register again now, not at the next beat.
         beat = beat or store.unregistered
+        if self._gathering(taken, now, hurry):
+            # The other operations go now, before pushes and acknowledgements
+            # logged earlier: none of them needs those in Redis first.
+            sent = [op for op in taken if op[0] not in ("push", "ack")]
+            held_back = [op for op in taken if op[0] in ("push", "ack")]
+        else:
+            self._sent_at = now
+            sent, held_back = self._ordered(taken)
+        ops = batched(sent)
         if not ops and not beat and not totals:
             return
-        p, proc, token = store.prefix, store.proc, store.token
+        prefixes, proc, token = store.prefixes, store.proc, store.token
         wall_ms = int(store.wall() * 1000)
         pipe = self.client.pipeline(transaction=False)
-        plan: list[tuple[str, list[tuple[Any, ...]]]] = []
-        i = 0
-        while i < len(ops):
-            kind = ops[i][0]
-            j = i + 1
-            if kind in ("push", "ack"):
-                while j < len(ops) and j - i < CHUNK and ops[j][0] == kind:
-                    j += 1
-            group = ops[i:j]
-            if kind == "push":
-                args: list[Any] = [proc]
-                resent = store.resent
-                for _, rid, fp, key, rank, keep, data, _item in group:
-                    flag = ("r" if rid in resent else "") + ("1" if keep else "0")
-                    args += [rid, fingerprint_key(fp) if fp else b"", key, rank, flag, data]
-            elif kind == "ack":
-                args = [proc] + [op[1] for op in group]
-            elif kind == "give_back":
-                _, key, state, ready, release, ids = group[0]
-                args = [proc, key, state, ready, "1" if release else "0", *ids]
-            elif kind == "claim":
-                _, want, window, part = group[0]
-                args = [proc, wall_ms, want, window, HUNGRY_MS, "1" if part else "0"]
-            elif kind == "offer":
-                _, key, limit, part = group[0]
-                args = [proc, key, limit, part, wall_ms]
-            elif kind == "share":
-                _, key, role, block, what, ids = group[0]
-                args = [proc, key, role, block, what, *ids]
-            elif kind == "refill":
-                args = [proc, group[0][1], group[0][2]]
-            elif kind == "backlog":
-                args = [proc, group[0][1]]
-            else:  # give_up
-                args = [group[0][1]]
+        plan = self._groups(ops)
+        for kind, part, group in plan:
             # EVALSHA by name: redis-py's cluster pipelines block their
             # evalsha method in some releases (8.1), not the command.
-            pipe.execute_command("EVALSHA", shas[kind], 1, p, token, *args)
-            plan.append((kind, group))
-            i = j
+            args = self._script_args(kind, group, wall_ms)
+            pipe.execute_command("EVALSHA", shas[kind], 1, prefixes[part], token, *args)
         if beat:
             expiry = wall_ms + int(store.lease_timeout * 1000)
-            pipe.execute_command("EVALSHA", shas["heartbeat"], 1, p, token, proc, wall_ms, expiry)
-        if totals:
+            for p in prefixes:
+                pipe.execute_command(
+                    "EVALSHA", shas["heartbeat"], 1, p, token, proc, wall_ms, expiry
+                )
+        read = self._totals_parts() if totals else []
+        for part in read:
+            p = prefixes[part]
             pipe.hmget(p + "stats", "queued", "leased")
             pipe.zrangebyscore(p + "hungry", wall_ms - HUNGRY_MS, "+inf")
             # The fair share: hosts held or claimable now, live processes.
             pipe.hlen(p + "owner")
             pipe.zcount(p + "avail", "-inf", wall_ms)
-            pipe.zcount(p + "procs", wall_ms, "+inf")
             pipe.zrangebyscore(p + "wantshare", wall_ms - HUNGRY_MS, "+inf")
-            pipe.hgetall(p + "backlog")
             # Read alone, the totals of a Redis that lost the crawl would
             # say that it finished: its identity goes with them.
             pipe.get(p + "crawl")
+            if len(prefixes) > 1:
+                # Where a process with no host finds a part of a busy one.
+                pipe.zcard(p + "offers")
+        if totals:
+            pipe.zcount(prefixes[0] + "procs", wall_ms, "+inf")
+            pipe.hgetall(prefixes[0] + "backlog")
+        waits = store.waits
+        waits.sent(
+            store.clock(),
+            asks=any(op[0] in ("claim", "refill") or (op[0] == "push" and op[5]) for op in ops),
+        )
         try:
             # Each answer on its own: Redis full refuses pushes, and only them.
             results = await pipe.execute(raise_on_error=False)
             self._check(results)
         except BaseException:
-            store.outbox[: len(ops)] = store.failed(ops, sent=True)
+            store.outbox[: len(taken)] = store.failed(ops, sent=True) + held_back
             raise
-        del store.outbox[: len(ops)]
+        waits.answered(store.clock())
+        store.outbox[: len(taken)] = held_back
         work = False
         refused: list[tuple[Any, ...]] = []
         retry: list[tuple[Any, ...]] = []
         accepted = False
-        for (kind, group), result in zip(plan, results, strict=False):
+        for (kind, _part, group), result in zip(plan, results, strict=False):
             if isinstance(result, Exception):  # Redis full: nothing applied
                 if kind == "push":
                     refused += group
@@ -375,23 +527,56 @@ class RedisLink:
             store.capacity.accepted()
         rest = results[len(plan) :]
         if beat:
-            beaten = rest.pop(0)
-            if not isinstance(beaten, Exception):
-                if not int(beaten[0]):
+            beaten, rest = rest[: len(prefixes)], rest[len(prefixes) :]
+            answers = [answer for answer in beaten if not isinstance(answer, Exception)]
+            if answers:
+                if not all(int(answer[0]) for answer in answers):
                     store.lost()
                 # Registered (again) from here on.
                 store.unregistered = False
         if totals:
-            (queued, leased), hungry, owned, claimable, live, no_host, backlogs, crawl = rest
-            if crawl is None or crawl.decode() != token:
-                raise FrontierLost
-            waiting = sum(1 for name in hungry if name.decode() != proc)
-            want_share = sum(1 for name in no_host if name.decode() != proc)
-            backlog = sum(int(n) for name, n in backlogs.items() if name.decode() != proc)
-            store.share = int(owned) + int(claimable), max(1, int(live))
-            work = store.totals(queued, leased, waiting, now, want_share, backlog) or work
+            work = self._take_totals(read, rest, now) or work
         if work and store.on_work is not None:
             store.on_work()
+
+    def _take_totals(self, read: list[int], results: list[Any], now: float) -> bool:
+        """Keep the totals of the partitions *read*, give the crawl's sums to the store.
+
+        True if the crawl just finished.
+        """
+        store, proc = self.store, self.store.proc
+        each = 6 if len(store.prefixes) == 1 else 7
+        for n, part in enumerate(read):
+            (queued, leased), hungry, owned, claimable, no_host, crawl, *offered = results[
+                each * n : each * n + each
+            ]
+            if crawl is None or crawl.decode() != store.token:
+                raise FrontierLost
+            self._totals[part] = _Totals(
+                int(queued or 0),
+                int(leased or 0),
+                {name.decode() for name in hungry} - {proc},
+                int(owned),
+                int(claimable),
+                {name.decode() for name in no_host} - {proc},
+            )
+            store.claimable[part] = int(claimable)
+            store.offered[part] = int(offered[0]) if offered else 0
+        live, backlogs = results[each * len(read) :]
+        backlog = sum(int(n) for name, n in backlogs.items() if name.decode() != proc)
+        known = [totals for totals in self._totals if totals is not None]
+        if len(known) < len(self._totals):
+            # Not every partition read yet: not finished.
+            backlog += 1
+        store.share = sum(t.owned + t.claimable for t in known), max(1, int(live))
+        return store.totals(
+            sum(t.queued for t in known),
+            sum(t.leased for t in known),
+            len(set().union(*(t.hungry for t in known))),
+            now,
+            len(set().union(*(t.want_share for t in known))),
+            backlog,
+        )
 
     @staticmethod
     def _check(results: list[Any]) -> None:
@@ -418,10 +603,11 @@ class RedisLink:
         if self.shas is None:
             self.shas = await self.load_scripts()
         store = self.store
-        _given_back, lost = await self.client.evalsha(
-            self.shas["resync"], 1, store.prefix, store.token, store.proc, *store.resync_args()
-        )
-        store.drop_hosts([host.decode() for host in lost])
+        for part, p in enumerate(store.prefixes):
+            _given_back, lost = await self.client.evalsha(
+                self.shas["resync"], 1, p, store.token, store.proc, *store.resync_args(part)
+            )
+            store.drop_hosts([host.decode() for host in lost])
 
     async def stop(self) -> None:
         """Stop the task; say nothing more to Redis (it lost the crawl)."""
@@ -452,8 +638,9 @@ class RedisLink:
             while store.outbox:
                 if time.monotonic() > deadline:
                     raise asyncio.TimeoutError
-                await self.step(beat=False, totals=False)
-            await self.client.evalsha(self.shas["leave"], 1, store.prefix, store.token, store.proc)
+                await self.step(beat=False, totals=False, hurry=True)
+            for p in store.prefixes:
+                await self.client.evalsha(self.shas["leave"], 1, p, store.token, store.proc)
         except Exception as error:  # Redis away, or refusing
             acks = sum(1 for op in store.outbox if op[0] == "ack")
             pushes = sum(1 for op in store.outbox if op[0] == "push")

@@ -62,7 +62,7 @@ from typing import Any, Generic, TypeVar
 from scrapy_hostqueue.frontier._layered import LayeredStore
 from scrapy_hostqueue.frontier.memory import HostState, MemoryStore
 from scrapy_hostqueue.frontier.redis._capacity import Backlog, Capacity, HeldRequest
-from scrapy_hostqueue.frontier.redis._db import RANK_LIMIT, prefix, split_value
+from scrapy_hostqueue.frontier.redis._db import RANK_LIMIT, part_prefix, partition_of, split_value
 from scrapy_hostqueue.frontier.redis._share import (
     LOWERING,
     OFFER_WAIT,
@@ -74,6 +74,7 @@ from scrapy_hostqueue.frontier.redis._share import (
     Share,
     may_share,
 )
+from scrapy_hostqueue.frontier.redis._waits import RedisWaits
 
 __all__ = ["HOLD_GRACE", "RELEASE_BLOCKED", "RedisStore"]
 
@@ -96,6 +97,9 @@ UNUSED_GRACE = 1.0
 #: A held host that must wait longer than this (seconds) is given back, to be
 #: claimable again when its wait ends.
 RELEASE_BLOCKED = 1.0
+#: The block reason (the monitor's controls) of a blocked host that is kept
+#: held however long it waits.
+HELD_THROUGH = "monitor"
 #: Seconds before a claim that found no host is tried again.
 CLAIM_RETRY = 0.2
 #: Seconds between two saves of the state of hosts that changed.
@@ -182,10 +186,12 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         backlog: int = BACKLOG,
         spill_dir: str = "",
         where: str = "",
+        prefixes: list[str] | None = None,
     ) -> None:
         super().__init__(memory)
         self.crawl_id = crawl_id
-        self.prefix = prefix(crawl_id)
+        #: The key prefixes of the crawl's partitions (see ``_db``).
+        self.prefixes = prefixes or [part_prefix(crawl_id)]
         self.proc = proc
         #: The crawl's identity in Redis (see ``_db``): every script
         #: checks it.
@@ -221,7 +227,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._window = max(2, window)
         self._wall = wall_clock
         self._held: dict[str, _Held] = {}
-        self._known: set[str] = set()  # ids leased to this process it knows of
+        self._known: dict[str, str] = {}  # ids leased to this process it knows of: their host
         self._leases: dict[int, tuple[T, str, str, int]] = {}  # handed out, by id(item)
         self.outbox: list[tuple[Any, ...]] = []
         self._next_id = 0
@@ -231,6 +237,13 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self._dirty: set[str] = set()
         self._claiming = False
         self._claim_after = 0.0
+        #: The partition the next claim starts from (each claim the next one),
+        #: and the hosts claimable in each partition as last read (None:
+        #: not read yet).
+        self._claim_next = partition_of(proc, len(self.prefixes))
+        self.claimable: list[int | None] = [None] * len(self.prefixes)
+        #: The parts of busy hosts offered in each partition, as last read.
+        self.offered: list[int] = [0] * len(self.prefixes)
         #: When this process last had room for more hosts (nothing to hand
         #: out when asked, or nothing queued at all).
         self._room_at = memory.clock()
@@ -253,6 +266,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         self.on_back: Callable[[], None] | None = None
         #: Whether Redis answers (False during an outage).
         self.connected = True
+        #: How long the scheduler waited on Redis lately (for the monitor).
+        self.waits = RedisWaits()
         #: Counters for the stats: duplicates Redis dropped, hosts claimed...
         self.counts: dict[str, int] = {
             "duplicates": 0,
@@ -356,11 +371,20 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         popped = self._mem.pop(now)
         if popped is None:
             self._room_at = self._mem.clock() if now is None else now
-            if self.outbox or self._wants_hosts():
+            self.waits.starved(self._room_at)
+            wants = self._wants_hosts()
+            if self.remote_queued > 0 and (
+                wants or any(held.refilling for held in self._held.values())
+            ):
+                # Work from Redis is due: what comes next waits on it.
+                self.waits.ask(self._room_at)
+            if self.outbox or wants:
                 # Starving: send what waits and claim now, not at the next tick.
                 self.kick()
             return None
         key, entry = popped
+        if self.waits.starved_since is not None:
+            self.waits.fed(self._mem.clock() if now is None else now)
         held = self._held.get(key)
         item = self._lease(key, entry, held)
         if entry.rid and held is not None:
@@ -392,11 +416,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if lease is None:
             return
         _item, rid, key, _rank = lease
-        self._known.discard(rid)
+        self._known.pop(rid, None)
         held = self._held.get(key)
         if held is not None:
             held.unacked -= 1
-        self.outbox.append(("ack", rid))
+        self.outbox.append(("ack", rid, key))
 
     def give_back(self, key: str, rank: int, item: T) -> None:
         lease = self._leases.pop(id(item), None)
@@ -472,6 +496,28 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         if held is not None and held.share is not None:
             # The other holder must read it at its next step: write it now.
             self.kick()
+
+    def redis_figures(self) -> dict[str, Any]:
+        """Say how much Redis holds this process back now, for the monitor.
+
+        ``waited``: the share of the last 10 s the scheduler had nothing to
+        hand out while it waited on Redis (see ``_waits``);
+        ``round_trip_p95``: of the last exchanges, in seconds (None before
+        one); ``away``: seconds since Redis stopped answering, or has left an
+        exchange unanswered for a second or more (0 while it answers);
+        ``full``: Redis refuses new requests; ``kept_back``: new requests kept
+        here meanwhile.
+        """
+        now = self._mem.clock()
+        waits = self.waits
+        p95 = waits.round_trip_p95()
+        return {
+            "waited": round(waits.share(now), 3),
+            "round_trip_p95": None if p95 is None else round(p95, 6),
+            "away": round(waits.silent_for(now), 3),
+            "full": self.capacity.full_since is not None,
+            "kept_back": len(self.capacity.backlog),
+        }
 
     def sharing(self) -> bool:
         """Whether this process holds a host shared with another process."""
@@ -587,7 +633,11 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 continue
             busy = bool(in_flight or held.unacked or held.pending)
             ready_at = state.ready_at() if state is not None else 0.0
-            long_wait = ready_at > now + RELEASE_BLOCKED
+            # Blocked from the monitor's page: kept, so that an unblock given
+            # there finds the host held.
+            long_wait = ready_at > now + RELEASE_BLOCKED and (
+                state is None or state.block_reason != HELD_THROUGH
+            )
             if not busy and (held.draining or long_wait):
                 self._hand_back(key, held)
                 continue
@@ -628,7 +678,32 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             self._claiming = True
             # A part of a busy host only while this process works none yet.
             part = self.share_hosts and not any(held.co_held for held in self._held.values())
-            self.outbox.append(("claim", want, self._window, part))
+            self.outbox.append(("claim", want, self._window, part, self._claim_partition(part)))
+
+    def starving(self) -> bool:
+        """Whether this process has nothing here to hand out."""
+        return not len(self._mem)
+
+    def part(self, key: str) -> int:
+        """Return the index of the partition of the host *key*."""
+        return partition_of(key, len(self.prefixes))
+
+    def _claim_partition(self, part: bool = False) -> int:
+        """Return the partition to claim from now, and turn to the next one.
+
+        The first from the turn's that had hosts to claim when last read (or
+        was not read yet); else, for a process that may take a part of a busy
+        host (*part*), the first with one offered; else the turn's own.
+        """
+        n = len(self.prefixes)
+        start = self._claim_next
+        order = [(start + i) % n for i in range(n)]
+        chosen = next(
+            (k for k in order if self.claimable[k] is None or (self.claimable[k] or 0) > 0),
+            next((k for k in order if part and self.offered[k] > 0), start),
+        )
+        self._claim_next = (chosen + 1) % n
+        return chosen
 
     def _send_backlog(self) -> None:
         """Send as many requests kept back as Redis has room for now.
@@ -782,7 +857,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         for entry in self._mem.remove_queued(key):
             if entry.rid:
                 ids.append(entry.rid)
-                self._known.discard(entry.rid)
+                self._known.pop(entry.rid, None)
             else:
                 self._mem.push(key, entry.rank, entry)
         return ids
@@ -1000,7 +1075,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         for i in range(0, len(items), 2):
             rid = items[i].decode()
             _host, rank, data = split_value(items[i + 1])
-            self._known.add(rid)
+            self._known[rid] = key
             self._mem.push(key, rank, _Entry(rid, rank, None, data))
         return len(items) // 2
 
@@ -1017,7 +1092,7 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 held.pending -= 1
             status = int(result)
             if status == 2 and held is not None:
-                self._known.add(rid)
+                self._known[rid] = key
                 self._mem.push(key, rank, _Entry(rid, rank, item))
                 return True
             if status == 1 and held is not None:
@@ -1032,6 +1107,9 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
             if result == -1:
                 self.lost()
                 return False
+            if len(result) - 1 < op[1]:
+                # Fewer than asked: that partition has no more for now.
+                self.claimable[op[4]] = 0
             got = 0
             self._hungry = bool(int(result[0]))
             now = self._mem.clock()
@@ -1058,7 +1136,8 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
                 self._add_window(key, items)
                 got += 1
             self.counts["claimed_hosts"] += got
-            if got < op[1]:
+            if got < op[1] and not any(n is None or n > 0 for n in self.claimable):
+                # Every partition had too few: wait before asking again.
                 self._claim_after = self._mem.clock() + CLAIM_RETRY
             return got > 0
         if kind == "refill":
@@ -1160,13 +1239,14 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
     def wall(self) -> float:
         return self._wall()
 
-    def resync_args(self) -> list[Any]:
-        """Return what this process knows it holds, for the resync script.
+    def resync_args(self, part: int = 0) -> list[Any]:
+        """Return what this process knows it holds in the partition *part*, for the resync script.
 
         The host count, the hosts, then the request ids.
         """
-        hosts = list(self._held)
-        return [len(hosts), *hosts, *self._known]
+        hosts = [key for key in self._held if self.part(key) == part]
+        ids = [rid for rid, key in self._known.items() if self.part(key) == part]
+        return [len(hosts), *hosts, *ids]
 
     def hand_back_all(self) -> None:
         """Give every held host back (a graceful close)."""

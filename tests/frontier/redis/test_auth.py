@@ -147,7 +147,7 @@ def test_push_and_frontier_with_a_password(
         assert "Redis refused the password" in line
         assert "wrong-One" not in line
     # Nothing was pushed with the wrong password.
-    assert password_server.command("HGET hq:{fed}:stats queued") == "2"
+    assert password_server.command("HGET hq:{fed/0}:stats queued") == "2"
 
 
 def test_push_and_frontier_read_the_url_from_the_environment(
@@ -170,7 +170,7 @@ def test_push_and_frontier_read_the_url_from_the_environment(
             cli([*argv, "--crawl-id", "env"])
         assert exit_info.value.code == 2
         assert "the environment variable CRAWL_REDIS_URL is not set" in capsys.readouterr().err
-    assert password_server.command("HGET hq:{env}:stats queued") == "1"
+    assert password_server.command("HGET hq:{env/0}:stats queued") == "1"
 
 
 # -- TLS -----------------------------------------------------------------------
@@ -280,7 +280,11 @@ async def test_a_redis_cluster_with_a_password(capsys: pytest.CaptureFixture[str
         assert "1 requests queued" in out
         async_redis = async_client(redis, url, cluster=True)
         try:
-            assert await async_redis.hget("hq:{guarded}:stats", "queued") == b"1"
+            suffixes = (await async_redis.get("hq:{guarded}:partitions")).decode().split()
+            queued = [
+                await async_redis.hget(f"hq:{{guarded/{k}}}:stats", "queued") for k in suffixes
+            ]
+            assert sorted(queued, key=lambda n: n is None) == [b"1"] + [None] * 11
         finally:
             await async_redis.aclose()
         wrong = url.replace(PASSWORD, "wrong-One")

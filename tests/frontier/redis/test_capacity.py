@@ -33,7 +33,7 @@ from scrapy_hostqueue.frontier.redis._capacity import (
     write_held,
 )
 from scrapy_hostqueue.frontier.redis._check import persistence_warning, read
-from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._db import part_prefix
 from scrapy_hostqueue.frontier.redis._glue import async_client, redis_errors
 from tests.helpers.clock import FakeClock
 from tests.helpers.redis import RedisServer, StoreProcess, crawl_stats, new_store
@@ -44,7 +44,7 @@ redis = import_redis()
 pytestmark = redis_server_marks()
 
 CRAWL = "full"
-P = prefix(CRAWL)
+P = part_prefix(CRAWL)
 #: A request's path padded to about 1 KB, so that a few hundred fill Redis.
 PAD = "x" * 1000
 

@@ -21,7 +21,14 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.frontier.redis._db import SCRIPTS, RedisFrontierError, prefix, register
+from scrapy_hostqueue.frontier.redis._db import (
+    SCRIPTS,
+    RedisFrontierError,
+    part_prefix,
+    partition_prefixes,
+    prefix,
+    register,
+)
 from scrapy_hostqueue.frontier.redis._glue import async_client, connect, redis_errors
 from scrapy_hostqueue.testing import HostSpec
 from tests.helpers.crawl_report import watched_hosts
@@ -40,7 +47,10 @@ redis = import_redis()
 pytestmark = redis_server_marks()
 
 CRAWL = "clustered"
-P = prefix(CRAWL)
+#: The one partition of the crawl of the store tests (``_process``).
+P = part_prefix(CRAWL)
+#: The crawl's own keys (its version, its partitions).
+HOME = prefix(CRAWL)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +68,15 @@ def sync(cluster: RedisClusterServers) -> Iterator[Any]:
     client.close()
 
 
-def _crawl_node(cluster: RedisClusterServers, sync: Any) -> int:
-    """Return the index of the node serving the crawl's slot."""
-    port = sync.get_node_from_key(P).port
+def _crawl_node(cluster: RedisClusterServers, sync: Any, key: str = P) -> int:
+    """Return the index of the node serving the slot of *key* (the crawl's one partition)."""
+    port = sync.get_node_from_key(key).port
     return [node.port for node in cluster.nodes].index(int(port))
+
+
+def _home_keys(keys: list[str]) -> list[str]:
+    """Take the crawl's own keys out of *keys*."""
+    return [key for key in keys if not key.startswith(HOME)]
 
 
 def _process(url: str, sync: Any, **options: Any) -> StoreProcess:
@@ -133,8 +148,11 @@ async def test_a_crawl_runs_through_the_cluster_on_the_node_of_its_slot(
     assert await b.link.close() is None
     stats = _stats(sync)
     assert (stats["queued"], stats["leased"]) == (2, 0)
-    # Every key of the crawl is on the node of its slot.
+    # Every key of the crawl's partition is on the node of its slot; its
+    # version and its partitions on the node of its own.
     keys = cluster.node_keys("hq:*")
+    assert HOME + "partitions" in keys[_crawl_node(cluster, sync, HOME)]
+    keys = [_home_keys(on) for on in keys]
     assert all(key.startswith(P) for key in keys[home]), keys[home]
     # (The two queued were given back: queued by id, their values in r.)
     crawl_keys = {P + "r", P + "fp", P + "f:0", P + "stats", P + "b:h1"}
@@ -186,7 +204,7 @@ async def test_the_crawl_goes_on_when_its_slot_moves_to_another_node(
     assert first is not None
     target = (home + 1) % len(cluster.nodes)
     cluster.move_slot(redis.cluster.key_slot(P.encode()), home, target)
-    keys = cluster.node_keys("hq:*")
+    keys = [_home_keys(on) for on in cluster.node_keys("hq:*")]
     assert keys[home] == [] and P + "r" in keys[target], keys
     # The task's next batch is redirected to the new node, with the scripts
     # already loaded there.
@@ -200,21 +218,62 @@ async def test_the_crawl_goes_on_when_its_slot_moves_to_another_node(
     await a.aclose()
 
 
+@deferred_f_from_coro_f
+async def test_over_partitions_an_acknowledgement_waits_for_the_pushes_before_it(
+    cluster: RedisClusterServers, sync: Any
+) -> None:
+    # Two partitions on two masters: a pipeline's commands reach them in no
+    # order between them, so a page is acknowledged only once the requests
+    # found on it are in Redis.
+    a = _process(
+        cluster.url, sync, partitions=2, master_of=lambda key: sync.get_node_from_key(key).name
+    )
+    a.link.cluster = True
+    prefixes = a.store.prefixes
+    assert len({_crawl_node(cluster, sync, p) for p in prefixes}) == 2
+    first, other = (
+        "h1",
+        next(h for h in ("h2", "h3", "h4", "h5") if a.store.part(h) != a.store.part("h1")),
+    )
+    a.store.push(first, 0, f"{first}/0")
+    await a.step()
+    await a.step()
+    (page,) = a.pop_all()
+    a.store.push(other, 0, f"{other}/0")
+    a.store.push(first, 0, f"{first}/1")
+    a.store.ack(page)
+    # (hurry: without the wait of a log of pushes and acknowledgements.)
+    await a.link.step(beat=False, totals=False, hurry=True)
+    assert (_stats(sync)["pushed"], _stats(sync).get("acked", 0)) == (3, 0)
+    await a.link.step(beat=False, totals=False, hurry=True)
+    assert _stats(sync)["acked"] == 1
+    assert await a.link.close() is None
+    await a.aclose()
+
+
 def test_push_and_frontier_commands_on_a_cluster(
     cluster: RedisClusterServers, sync: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = _crawl_node(cluster, sync)
-    url = cluster.nodes[(home + 2) % len(cluster.nodes)].url
-    page = "http://127.0.0.2:8000/page/"
-    assert cli(["push", url, "--crawl-id", CRAWL, page + "1", page + "2", page + "1"]) == 0
-    assert capsys.readouterr().out.strip() == "queued 2, 1 already seen"
+    url = cluster.nodes[2].url
+    pages = [f"http://127.0.0.{n}:8000/page/{k}" for n in range(2, 14) for k in range(2)]
+    assert cli(["push", url, "--crawl-id", CRAWL, *pages, pages[0]]) == 0
+    assert capsys.readouterr().out.strip() == "queued 24, 1 already seen"
+    # Made with four partitions per master, dealt evenly over the masters.
+    prefixes = partition_prefixes(sync, CRAWL)
+    assert len(prefixes) == 12
+    served = [_crawl_node(cluster, sync, p) for p in prefixes]
+    assert sorted(served.count(n) for n in range(3)) == [4, 4, 4], served
     proc = register(sync, CRAWL, int((time.time() + 30) * 1000))
     assert cli(["frontier", url, "--crawl-id", CRAWL]) == 0
     out = capsys.readouterr().out
-    assert "2 requests queued and 0 leased" in out
+    assert "crawl id 'clustered', 12 partitions" in out
+    # The crawl's totals are the sums of its partitions', spread over the masters.
+    queued = [int(sync.hget(p + "stats", "queued") or 0) for p in prefixes]
+    assert sum(queued) == 24 and sum(1 for n in queued if n) >= 4, queued
+    assert "24 requests queued and 0 leased" in out
     assert re.search(r"127\.0\.0\.2 +2 queued +0 leased", out), out
     assert f"  {proc}  alive, 0 leased, 0 hosts held" in out
-    assert [bool(keys) for keys in cluster.node_keys("hq:*")] == [n == home for n in range(3)]
+    assert all(cluster.node_keys("hq:*")), "every master holds a part of the crawl"
 
 
 def test_a_cluster_that_does_not_serve_is_refused_in_one_line(
@@ -256,13 +315,23 @@ def test_an_option_the_asyncio_cluster_client_does_not_take_is_refused(
     )
 
 
+def _crawl_memory(cluster: RedisClusterServers, crawl_id: str) -> list[int]:
+    """Return the bytes of *crawl_id*'s keys on each master (``MEMORY USAGE`` of each)."""
+    out = []
+    for node in cluster.nodes:
+        keys = node.command(f"KEYS hq:{{{crawl_id}*")
+        assert isinstance(keys, list)
+        out.append(sum(int(str(node.command(f"MEMORY USAGE {key}"))) for key in keys))
+    return out
+
+
 @pytest.mark.crawl
-def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
+def test_two_scrapy_crawls_spread_one_crawl_over_the_masters_within_the_limit(
     cluster: RedisClusterServers, sync: Any, tmp_path: Path
 ) -> None:
-    # One host at a time per process, 0.6 s at least per host: the first
-    # process alone would take 2.4 s, so the second has hosts left when it is up.
-    specs = [HostSpec(latency=0.03, pages=40, links=3)] * 4
+    # 24 hosts, a few held at once per process: the first process alone would
+    # take a few seconds, so the second has hosts left when it is up.
+    specs = [HostSpec(latency=0.03, pages=6, links=3)] * 24
     with watched_hosts(specs, process=True) as hosts:
         settings: dict[str, Any] = {
             "HOSTQUEUE_FRONTIER": cluster.url,
@@ -272,7 +341,7 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
             "HOSTQUEUE_TIMELINE_FILE": "",
             "ROBOTSTXT_OBEY": False,
             "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
-            "HOSTQUEUE_MAX_ACTIVE_HOSTS": 1,
+            "HOSTQUEUE_MAX_ACTIVE_HOSTS": 4,
             "HOSTQUEUE_REDIS_FINISH_GRACE": 0.5,
             "DEMO_ITEMS_FILE": tmp_path / "items.jsonl",
         }
@@ -284,7 +353,7 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
         stats = hosts.all_stats(arrivals=False)
     logs = "\n".join(path.read_text() for path in sorted(tmp_path.glob("worker*.log")))
     assert "Traceback" not in logs, logs[-4000:]
-    assert logs.count("(a Redis Cluster), crawl id 'pages'") == 2, logs[-4000:]
+    assert logs.count("(a Redis Cluster), crawl id 'pages' in 12 partitions") == 2, logs[-4000:]
     responses = []
     for n in range(2):
         data = json.loads((tmp_path / f"stats{n}.json").read_text())
@@ -295,8 +364,11 @@ def test_two_scrapy_crawls_on_a_cluster_fetch_every_page_within_the_limit(
         assert host.max_in_flight <= 2, (host.hostname, host.max_in_flight)
         assert set(host.pages) == {f"/page/{n}" for n in range(spec.pages or 0)}, host.hostname
         assert max(host.pages.values()) == 1, host.hostname
-    assert sync.hget(prefix("pages") + "stats", "acked") == str(4 * 40).encode()
-    assert [bool(keys) for keys in cluster.node_keys("hq:*")].count(True) == 1
+    assert crawl_stats(sync, "pages")["acked"] == 24 * 6
+    # Each master holds 20-50 % of the crawl's memory (what it keeps once
+    # done: fingerprints, the hosts' states, the counters).
+    memory = _crawl_memory(cluster, "pages")
+    assert all(0.2 <= each / sum(memory) <= 0.5 for each in memory), memory
 
 
 @pytest.mark.crawl

@@ -23,7 +23,7 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from bench.runner import child_environment
-from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._db import part_prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.helpers.crawl_report import watched_hosts
 from tests.helpers.crawling import (
@@ -206,7 +206,7 @@ def test_a_process_killed_mid_crawl_loses_nothing(server: RedisServer, tmp_path:
         # Frozen first, so that what it holds cannot change while it is read.
         victim.send_signal(signal.SIGSTOP)
         proc = _proc_of(tmp_path / "worker0.log")
-        held = client.scard(prefix("kill") + f"lease:{proc}")
+        held = client.scard(part_prefix("kill") + f"lease:{proc}")
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         served_at_kill = sum(s.served for s in hosts.all_stats(arrivals=False))

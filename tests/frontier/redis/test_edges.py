@@ -21,7 +21,7 @@ import pytest
 
 from bench.redis_full import run as run_full
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._db import part_prefix
 from scrapy_hostqueue.testing import HostSpec, HostStats, LocalHosts
 from tests.helpers.crawling import crawl_refused_at_start, ended_at_exit, start_demo_crawls
 from tests.helpers.redis import CuttableProxy, RedisServer
@@ -32,7 +32,7 @@ redis = import_redis()
 pytestmark = redis_server_marks(pytest.mark.crawl, needs="signals, redis-server")
 
 CRAWL = "edges"
-P = prefix(CRAWL)
+P = part_prefix(CRAWL)
 LEASE = 4.0
 
 

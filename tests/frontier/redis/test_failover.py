@@ -26,7 +26,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_hostqueue import HostQueueScheduler
 from scrapy_hostqueue import _scrapy_internals as internals
-from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._db import part_prefix
 from scrapy_hostqueue.frontier.redis._glue import async_client, connect, redis_errors
 from scrapy_hostqueue.frontier.redis._store import RedisStore
 from scrapy_hostqueue.testing import HostSpec, HostStats
@@ -48,7 +48,7 @@ redis = import_redis()
 pytestmark = redis_server_marks()
 
 CRAWL = "pages"
-P = prefix(CRAWL)
+P = part_prefix(CRAWL)
 #: The site: 4 hosts of 40 pages, each page linking to 3 others.
 SPECS = [HostSpec(latency=0.03, pages=40, links=3)] * 4
 PAGES = sum(spec.pages or 0 for spec in SPECS)
@@ -91,6 +91,9 @@ def _crawl_through(
             "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
             "HOSTQUEUE_MAX_ACTIVE_HOSTS": 1,
             "HOSTQUEUE_REDIS_FINISH_GRACE": 0.5,
+            # One partition: every host of the crawl on the master failed
+            # over (a crawl over the masters: test_cluster.py).
+            "HOSTQUEUE_REDIS_PARTITIONS": 1,
         }
         workers = start_demo_crawls(hosts, tmp_path, settings, 2)
         with ended_at_exit(workers):

@@ -27,7 +27,7 @@ from scrapy_hostqueue.frontier.redis._db import (
     FP_LOAD,
     RedisFrontierError,
     open_crawl,
-    prefix,
+    part_prefix,
     register,
 )
 from scrapy_hostqueue.testing import HostSpec, LocalHosts
@@ -49,12 +49,12 @@ def server() -> Iterator[RedisServer]:
 
 def _drop_queues(client: Any, crawl_id: str) -> None:
     """Delete the crawl's queues, as once their requests were fetched; keep the fingerprints."""
-    p = prefix(crawl_id).replace("{", "[{]").replace("}", "[}]")
+    p = part_prefix(crawl_id).replace("{", "[{]").replace("}", "[}]")
     for pattern in ("l:*", "q:*"):
         keys = list(client.scan_iter(match=p + pattern, count=1000))
         if keys:
             client.delete(*keys)
-    client.delete(prefix(crawl_id) + "qcount", prefix(crawl_id) + "avail")
+    client.delete(part_prefix(crawl_id) + "qcount", part_prefix(crawl_id) + "avail")
 
 
 def test_a_queued_request_costs_its_encoding_and_a_fingerprint_16_bytes(
@@ -71,12 +71,12 @@ def test_a_queued_request_costs_its_encoding_and_a_fingerprint_16_bytes(
     assert push(server.url, "mem", urls) == (30_000, 0)
     queued = (used_memory(server) - before) / len(urls)
     assert queued <= encoded + 32 + 16, (queued, encoded)
-    assert client.hlen(prefix("mem") + "r") == 0  # queued lean, not by id
+    assert client.hlen(part_prefix("mem") + "r") == 0  # queued lean, not by id
     _drop_queues(client, "mem")
     fingerprints = (used_memory(server) - before) / len(urls)
     assert fingerprints <= 16, fingerprints
     # The buckets stay small enough for Redis's compact encoding.
-    buckets = list(client.scan_iter(match="hq:[{]mem[}]:f:*", count=1000))
+    buckets = list(client.scan_iter(match="hq:[{]mem/0[}]:f:*", count=1000))
     assert len(buckets) >= 40_000 // FP_LOAD
     sizes = [client.hlen(key) for key in buckets]
     assert max(sizes) < 128, max(sizes)
@@ -95,7 +95,7 @@ def test_fingerprints_stay_exact_while_their_buckets_split(server: RedisServer) 
     assert push(server.url, "exact", urls) == (3_000, 3_000)
     assert push(server.url, "exact", urls[::7]) == (0, len(urls[::7]))
     client = redis.Redis.from_url(server.url)
-    level, split, count = client.hmget(prefix("exact") + "fp", "level", "split", "n")
+    level, split, count = client.hmget(part_prefix("exact") + "fp", "level", "split", "n")
     assert int(count) == 6_000 and int(level) >= 6, (level, split)
     client.close()
 
@@ -104,7 +104,7 @@ def test_the_bloom_mode_is_refused_where_redis_has_no_bloom_filter(
     server: RedisServer,
 ) -> None:
     client = redis.Redis.from_url(server.url)
-    if not bloom_refusal(client, "here", prefix("pages") + "bloom"):
+    if not bloom_refusal(client, "here", part_prefix("pages") + "bloom"):
         pytest.skip("this redis-server has BF.* commands")  # the refusal needs one without
     error = crawl_refused_at_start(
         f"HOSTQUEUE_FRONTIER={server.url}", "HOSTQUEUE_REDIS_BLOOM_ERROR_RATE=1e-6"
@@ -157,14 +157,14 @@ def bloom_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisServer]:
 
 def test_the_bloom_mode_drops_duplicates_in_a_bloom_filter(bloom_server: RedisServer) -> None:
     client = redis.Redis.from_url(bloom_server.url)
-    assert bloom_refusal(client, "here", prefix("bloom") + "bloom") is None
+    assert bloom_refusal(client, "here", part_prefix("bloom") + "bloom") is None
     # 1e-9: a false positive (a page never fetched) in this test is unlikely.
     open_crawl(client, "bloom", 1e-9)
     urls = list(realistic_urls(20_000, hosts=40))
     assert push(bloom_server.url, "bloom", urls[:10_000]) == (10_000, 0)
     assert push(bloom_server.url, "bloom", urls) == (10_000, 10_000)
-    assert client.execute_command("BF.CARD", prefix("bloom") + "bloom") == 20_000
-    assert not list(client.scan_iter(match="hq:[{]bloom[}]:f:*"))  # no exact buckets
+    assert client.execute_command("BF.CARD", part_prefix("bloom") + "bloom") == 20_000
+    assert not list(client.scan_iter(match="hq:[{]bloom/0[}]:f:*"))  # no exact buckets
     with pytest.raises(RedisFrontierError, match="in a Bloom filter: set"):
         register(client, "bloom", 0, 0.0)
     client.close()

@@ -13,7 +13,7 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_hostqueue.__main__ import main as cli
-from scrapy_hostqueue.frontier.redis._db import prefix
+from scrapy_hostqueue.frontier.redis._db import part_prefix
 from scrapy_hostqueue.frontier.redis._share import OFFER_WAIT, may_share
 from tests.helpers.clock import FakeClock
 from tests.helpers.redis import RedisServer, StoreProcess, new_store
@@ -24,7 +24,7 @@ redis = import_redis()
 pytestmark = pytest.mark.requires_redis
 
 CRAWL = "share"
-P = prefix(CRAWL)
+P = part_prefix(CRAWL)
 LIMIT = 4
 
 

@@ -19,6 +19,7 @@ from scrapy_hostqueue.frontier.redis import _store as redis_store
 from scrapy_hostqueue.frontier.redis._db import (
     LAYOUT_VERSION,
     RedisFrontierError,
+    part_prefix,
     prefix,
     register,
 )
@@ -32,7 +33,7 @@ redis = import_redis()
 pytestmark = pytest.mark.requires_redis
 
 CRAWL = "unit"
-P = prefix(CRAWL)
+P = part_prefix(CRAWL)
 
 
 def _store(redis_client: Any, **options: Any) -> RedisStore[str]:
@@ -319,11 +320,15 @@ async def test_the_crawl_finishes_when_nothing_is_queued_or_leased(
 
 
 def test_a_crawl_id_of_another_layout_is_refused(redis_client: Any) -> None:
-    redis_client.set(P + "version", "0")
-    with pytest.raises(RedisFrontierError, match="layout 0, this scrapy-hostqueue uses layout"):
+    # Where every layout keeps its version: layout 3 (one hash tag per
+    # crawl, no partitions) wrote it there too.
+    redis_client.set(prefix(CRAWL) + "version", "3")
+    with pytest.raises(RedisFrontierError, match="layout 3, this scrapy-hostqueue uses layout 4"):
         register(redis_client, CRAWL, 0)
-    redis_client.set(P + "version", LAYOUT_VERSION)
+    assert redis_client.keys("hq:*") == [prefix(CRAWL).encode() + b"version"]
+    redis_client.delete(prefix(CRAWL) + "version")
     assert register(redis_client, CRAWL, 0)
+    assert redis_client.get(prefix(CRAWL) + "version") == LAYOUT_VERSION.encode()
 
 
 @deferred_f_from_coro_f
