@@ -32,6 +32,7 @@ from scrapy.utils.test import get_crawler
 
 from bench.runner import child_environment
 from example_project.run_demo import PROJECT_DIR
+from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import LocalHosts
 from tests.helpers.crawl_report import WATCHED
 
@@ -521,3 +522,27 @@ def ended_at_exit(processes: list[subprocess.Popen[bytes]]) -> Iterator[None]:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+async def until(
+    condition: Callable[[], Any], timeout: float = 10.0, what: str = "the condition"
+) -> Any:
+    """Poll *condition* (a plain function) on the running loop until it returns something true.
+
+    Returns what it returned; fails the test after *timeout* seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{what}: not seen in {timeout}s")
+
+
+def monitor_of(crawler: Crawler) -> HostQueueMonitor | None:
+    """Return the crawl's monitor extension, or None before its extensions are made."""
+    extensions = getattr(crawler, "extensions", None)
+    if extensions is None:
+        return None
+    return next((m for m in extensions.middlewares if isinstance(m, HostQueueMonitor)), None)

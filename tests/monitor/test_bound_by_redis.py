@@ -10,40 +10,19 @@ import asyncio
 import re
 import signal
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
-from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
-from tests.helpers.crawling import ADDON, HostsFactory, PageSpider
+from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, monitor_of, until
 from tests.helpers.crawling import settings as crawl_settings
 from tests.helpers.redis import RedisServer
 from tests.helpers.requires_redis import import_redis
 
 import_redis()
-
-
-async def wait_until(condition: Callable[[], Any], timeout: float) -> Any:
-    """Poll *condition* on the crawl's loop until it returns something true."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not seen in {timeout}s")
-
-
-def _monitor(crawler: Any) -> HostQueueMonitor | None:
-    extensions = getattr(crawler, "extensions", None)
-    if extensions is None:
-        return None
-    return next(m for m in extensions.middlewares if isinstance(m, HostQueueMonitor))
 
 
 @pytest.mark.crawl
@@ -73,17 +52,17 @@ async def test_a_stopped_redis_is_what_bounds_the_crawl(local_hosts: HostsFactor
 
         async def stop_redis_when_busy() -> None:
             nonlocal monitor
-            monitor = await wait_until(lambda: _monitor(crawler), 15)
-            await wait_until(lambda: monitor.local_snapshot()["crawl"]["responses"] >= 10, 15)
+            monitor = await until(lambda: monitor_of(crawler), 15, "the monitor")
+            await until(lambda: monitor.local_snapshot()["crawl"]["responses"] >= 10, 15)
             seen["before"] = monitor.local_snapshot()
             process = server._process
             assert process is not None
             process.send_signal(signal.SIGSTOP)
             try:
-                seen["stopped"] = await wait_until(bound_by_redis, 5)
+                seen["stopped"] = await until(bound_by_redis, 5)
             finally:
                 process.send_signal(signal.SIGCONT)
-            seen["back"] = await wait_until(
+            seen["back"] = await until(
                 lambda: not bound_by_redis() and monitor.local_snapshot(), 10
             )
 

@@ -35,7 +35,7 @@ from scrapy_hostqueue.monitor._server import MonitorServer
 from scrapy_hostqueue.monitor._snapshot import GIVEN_UP
 from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
-from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, settings
+from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, monitor_of, settings, until
 
 HOST = "a.test"
 
@@ -282,25 +282,6 @@ def test_controls_are_off_by_default() -> None:
 # -- in real crawls ---------------------------------------------------------------
 
 
-def monitor_of(crawler: Any) -> HostQueueMonitor | None:
-    if crawler.extensions is None:
-        return None
-    return next(
-        (m for m in crawler.extensions.middlewares if isinstance(m, HostQueueMonitor)), None
-    )
-
-
-async def until(condition: Any, timeout: float, what: str) -> Any:
-    """Poll *condition* (a plain function) until it returns something true."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{what}: not seen in {timeout}s")
-
-
 #: The crawls' settings: the add-on, the controls on, fresh snapshots.
 CONTROLLED = {
     "ADDONS": ADDON,
@@ -433,11 +414,18 @@ async def test_pause_and_resume(local_hosts: HostsFactory) -> None:
         try:
             page = await page_once_busy(crawler, hosts)
             seen["pause"] = await page.control(action="pause")
-            # The requests in flight finish; then nothing reaches the hosts.
+            # The requests handed out before the pause finish (those on their
+            # way to a host too, which no host counts yet); then nothing
+            # reaches the hosts.
+            assert crawler.engine is not None
+            downloader = crawler.engine.downloader
             await until(
-                lambda: all(hosts.stats(i, arrivals=False).in_flight == 0 for i in range(2)),
+                lambda: (
+                    not downloader.active
+                    and all(hosts.stats(i, arrivals=False).in_flight == 0 for i in range(2))
+                ),
                 10,
-                "the requests in flight to finish",
+                "the requests handed out to finish",
             )
             quiet = arrivals()
             await asyncio.sleep(1.5)

@@ -37,7 +37,7 @@ from scrapy_hostqueue.monitor._snapshot import (
 )
 from scrapy_hostqueue.monitor.extension import HostQueueMonitor
 from scrapy_hostqueue.testing import HostSpec
-from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, settings
+from tests.helpers.crawling import ADDON, HostsFactory, PageSpider, monitor_of, settings
 
 try:
     from prometheus_client import parser as prometheus_parser
@@ -344,10 +344,6 @@ def test_monitor_settings() -> None:
 # -- the server in a real crawl -------------------------------------------------
 
 
-def monitor_of(crawler: Any) -> HostQueueMonitor:
-    return next(m for m in crawler.extensions.middlewares if isinstance(m, HostQueueMonitor))
-
-
 async def get(url: str, **kwargs: Any) -> tuple[int, str]:
     async with (
         aiohttp.ClientSession() as session,
@@ -529,6 +525,7 @@ async def _started(crawler: Any) -> HostQueueMonitor | None:
     if crawler.extensions is None:
         return None
     monitor = monitor_of(crawler)
+    assert monitor is not None
     return monitor if monitor.url else None
 
 

@@ -47,6 +47,7 @@ from scrapy_hostqueue.testing import (
 from scrapy_hostqueue.testing.__main__ import main as cli_main
 from scrapy_hostqueue.testing._state import HostState
 from tests.helpers import ROOT
+from tests.helpers.crawling import until
 
 TEST_TIMEOUT = 30.0
 LONG = 60.0  # a latency no test waits out: set_spec releases the requests
@@ -99,14 +100,6 @@ async def fetch(url: str, *, method: str = "GET", timeout: float = 10.0) -> Answ
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def settle(hosts: LocalHosts) -> None:
