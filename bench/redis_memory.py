@@ -14,12 +14,22 @@ and after each step, the server's own figure):
    bytes per fingerprint of a request no longer queued.
 2. **Fingerprints.** ``--fingerprints`` requests of realistic URLs (60 to 100
    characters) over 1,000 hosts pushed the same way, their queues deleted:
-   bytes per fingerprint of a fetched page, at that count.
+   bytes per fingerprint of a fetched page, at that count. The same requests,
+   at the same time, through scrapy-redis's ``RFPDupeFilter`` on a second
+   fresh server: its bytes per fingerprint at that count.
 3. **scrapy-redis**, the same URLs of step 1 through its own scheduler
    (``scrapy_redis.scheduler.Scheduler`` with its default ``PriorityQueue``
    and ``RFPDupeFilter``, installed from PyPI: ``pip install scrapy-redis``),
    then its queue deleted: its bytes per queued request and per fingerprint.
    Without the package, said so and left out.
+
+What takes the time is making the requests (a Scrapy ``Request``, its
+fingerprint and its encoded form, some 40 µs each) and one round trip per
+command: :data:`WORKERS` processes make the requests while this one pushes
+them, and scrapy-redis's code runs as it is with its client's commands sent
+in batches (a pipeline), which Redis stores as it would one by one.
+``--memory-full`` takes about 24 minutes of CPU (the workers, this process
+and the two servers), spread over 2 cores.
 
 The projection: 100M fetched pages (their fingerprints) and 10M queued
 requests, from the figures of steps 1 and 2, against 4 GB.
@@ -27,13 +37,19 @@ requests, from the figures of steps 1 and 2, against 4 GB.
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
+import multiprocessing
 import random
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scrapy_hostqueue.frontier.redis._cli import push
+from scrapy_hostqueue.frontier._codec import RequestCodec
+from scrapy_hostqueue.frontier.redis._capacity import HeldRequest
+from scrapy_hostqueue.frontier.redis._cli import held_request, push
 from scrapy_hostqueue.frontier.redis._db import part_prefix
 from scrapy_hostqueue.testing._redis_server import RedisServer
 
@@ -43,6 +59,13 @@ FINGERPRINT_TARGET = 20
 PROJECTION_TARGET = 4e9
 PROJECTED_FETCHED = 100_000_000
 PROJECTED_QUEUED = 10_000_000
+#: Processes that make the requests, URLs each is given at a time, and
+#: batches made ahead of the push.
+WORKERS = 2
+BATCH = 2_000
+AHEAD = 8
+#: Commands per pipeline sent to scrapy-redis's server.
+PIPELINE = 2_000
 
 
 @dataclass
@@ -60,6 +83,7 @@ class MemoryFigures:
     scrapy_redis: str = ""  # its version, or why it was left out
     scrapy_redis_queued_bytes: float | None = None
     scrapy_redis_fp_bytes: float | None = None
+    scrapy_redis_fingerprint_bytes: float | None = None  # per fingerprint, step 2
     seconds: dict[str, float] = field(default_factory=dict)
 
     def projection(self) -> float | None:
@@ -128,17 +152,73 @@ def _drop_queues(client: Any, crawl_id: str) -> None:
     client.delete(p + "qcount", p + "avail")
 
 
+#: A worker's codec, and scrapy-redis's dupefilter with its pipeline when it is fed too.
+_worker: dict[str, Any] = {}
+
+
+def _start_worker(their_url: str | None) -> None:
+    _worker["codec"] = RequestCodec(None, debug=False)
+    if their_url is not None:
+        import redis
+        from scrapy_redis.dupefilter import RFPDupeFilter
+
+        pipeline = redis.Redis.from_url(their_url).pipeline(transaction=False)
+        _worker["theirs"] = (pipeline, RFPDupeFilter(pipeline, key="bench:dupefilter"))
+
+
+def _prepare(urls: list[str]) -> list[HeldRequest]:
+    """Make the requests of *urls* in the push script's form (in a worker).
+
+    Each also through scrapy-redis's dupefilter when the worker feeds it.
+    """
+    from scrapy import Request
+
+    requests = [Request(url) for url in urls]
+    held = [held_request(request, _worker["codec"]) for request in requests]
+    if "theirs" in _worker:
+        pipeline, dupefilter = _worker["theirs"]
+        for request in requests:
+            assert not dupefilter.request_seen(request)  # a pipeline answers later
+        added = pipeline.execute()
+        assert added == [1] * len(requests), "scrapy-redis saw a fingerprint twice"
+    return held
+
+
+def prepared(urls: Iterator[str], their_url: str | None = None) -> Iterator[HeldRequest]:
+    """Yield the requests of *urls* in the push script's form, in order.
+
+    :data:`WORKERS` processes make them, a few batches ahead of the consumer; with
+    *their_url*, each request also goes through scrapy-redis's ``RFPDupeFilter`` on that
+    server.
+    """
+    with multiprocessing.Pool(WORKERS, _start_worker, (their_url,)) as pool:
+        pending: deque[Any] = deque()
+        while batch := list(itertools.islice(urls, BATCH)):
+            pending.append(pool.apply_async(_prepare, (batch,)))
+            if len(pending) >= AHEAD:
+                yield from pending.popleft().get()
+        while pending:
+            yield from pending.popleft().get()
+
+
 def _push_measured(
-    server: RedisServer, client: Any, crawl_id: str, urls: Iterator[str], count: int
+    server: RedisServer,
+    client: Any,
+    crawl_id: str,
+    urls: Iterator[str],
+    count: int,
+    *,
+    their_url: str | None = None,
 ) -> tuple[float, float, float]:
     """Push *urls* and measure them.
 
     Returns (bytes per request queued, bytes per fingerprint once the queues
-    are gone, seconds).
+    are gone, seconds). With *their_url*, scrapy-redis's dupefilter there is
+    fed the same requests.
     """
     before = used_memory(server)
     started = time.monotonic()
-    queued, duplicates = push(server.url, crawl_id, urls)
+    queued, duplicates = push(server.url, crawl_id, requests=prepared(urls, their_url))
     seconds = time.monotonic() - started
     assert (queued, duplicates) == (count, 0), (queued, duplicates)
     after = used_memory(server)
@@ -175,9 +255,16 @@ def _scrapy_redis(server: RedisServer, urls: list[str]) -> tuple[str, float, flo
     crawler.spider = crawler._create_spider()
     scheduler = Scheduler.from_crawler(crawler)
     scheduler.open(crawler.spider)
+    # Its dupefilter's and queue's commands sent in batches, each answered
+    # as it would be alone.
+    pipeline = scheduler.server.pipeline(transaction=False)
+    scheduler.df.server = scheduler.queue.server = pipeline
     before = used_memory(server)
-    for url in urls:
-        assert scheduler.enqueue_request(Request(url))
+    for n, url in enumerate(urls, 1):
+        scheduler.enqueue_request(Request(url))
+        if n % PIPELINE == 0 or n == len(urls):
+            # SADD and ZADD of each request: 1 when new.
+            assert set(pipeline.execute()) == {1}, "scrapy-redis saw a request twice"
     after = used_memory(server)
     server_client = scheduler.server
     server_client.delete(scheduler.queue.key)
@@ -206,9 +293,16 @@ def measure(queued: int, queued_hosts: int, fingerprints: int) -> MemoryFigures:
             urls = realistic_urls(fingerprints)
             lengths = [len(u) for u in realistic_urls(min(fingerprints, 10_000))]
             figures.url_chars = sum(lengths) / len(lengths)
-            _, figures.fingerprint_bytes, seconds = _push_measured(
-                server, client, "mem-seen", urls, fingerprints
-            )
+            with RedisServer() as theirs:
+                feed = theirs.url if importlib.util.find_spec("scrapy_redis") else None
+                their_before = used_memory(theirs)
+                _, figures.fingerprint_bytes, seconds = _push_measured(
+                    server, client, "mem-seen", urls, fingerprints, their_url=feed
+                )
+                if feed is not None:
+                    figures.scrapy_redis_fingerprint_bytes = (
+                        used_memory(theirs) - their_before
+                    ) / fingerprints
             figures.seconds["fingerprints"] = seconds
         started = time.monotonic()
         result = _scrapy_redis(server, list(short_urls(queued, queued_hosts)))
@@ -250,8 +344,13 @@ def report_lines(figures: MemoryFigures) -> list[str]:
     if figures.fingerprint_bytes is not None:
         lines.append(
             f"  {figures.fingerprints:,} fingerprints of URLs of {figures.url_chars or 0:.0f} "
-            f"characters on average: {_b(figures.fingerprint_bytes)} each "
+            f"characters on average: this package {_b(figures.fingerprint_bytes)} each "
             f"(target <= {FINGERPRINT_TARGET} B)"
+            + (
+                f", scrapy-redis {_b(figures.scrapy_redis_fingerprint_bytes)} each"
+                if figures.scrapy_redis_fingerprint_bytes is not None
+                else ""
+            )
         )
     projected = figures.projection()
     if projected is not None:

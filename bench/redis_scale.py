@@ -44,7 +44,15 @@ and local hosts, and runs each crawl in fresh processes
     same run (see :mod:`bench.redis_memory`): ``--queued`` requests over
     ``--queued-hosts`` hosts (200,000 over 2,000) and ``--fingerprints``
     (1,000,000); ``--memory-full`` for the issue's sizes, 1,000,000 over
-    10,000 hosts and 10,000,000 (about 15 minutes).
+    10,000 hosts and 10,000,000 (about 24 minutes of CPU, over 2 cores).
+
+(k) **Cluster.** One crawl over a Redis Cluster of 3 masters against one
+    plain server, 1 and 2 processes, ``--hosts`` finite sites of
+    ``--cluster-pages`` pages crawled to their end with
+    ``HOSTQUEUE_REDIS_PARTITIONS`` = ``--partitions`` (see
+    :mod:`bench.redis_cluster`): pages per second, each master's share of the
+    crawl's memory (target: 20 to 50 % each), every page fetched, and the most
+    a host had in flight against its limit.
 
 A version of scrapy-hostqueue that refuses ``HOSTQUEUE_FRONTIER = "redis://..."``
 runs the memory parts only, prints the refusal where the Redis figures would
@@ -55,6 +63,7 @@ be, and exits with status 1. Writes ``bench/results/redis_scale-<timestamp>.json
     python -m bench.redis_scale --parts a --rounds 3
     python -m bench.redis_scale --parts d        # the busy host only, about 1 minute
     python -m bench.redis_scale --parts m        # the memory part only, about 2 minutes
+    python -m bench.redis_scale --parts k        # the cluster part only, about 2 minutes
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ from bench.runner import ROOT, Run, child_environment, cpu_probe, crawl_scenario
 from bench.scenarios import ADDON, CONFIGS, DEFAULT_BUDGET, SCENARIOS
 from bench.standalone import RESULTS, median, run_meta, write_results
 from scrapy_hostqueue.testing import HostStats, LocalHosts
+from scrapy_hostqueue.testing._redis_cluster import RedisCluster
 from scrapy_hostqueue.testing._redis_server import RedisServer, shared_frontier_refusal
 
 SCALE_TARGET = 1.6
@@ -177,7 +187,7 @@ def _scripts_per_page(
     return commands.get("evalsha", 0) / pages
 
 
-def redis_settings(server: RedisServer, crawl_id: str) -> dict[str, Any]:
+def redis_settings(server: RedisServer | RedisCluster, crawl_id: str) -> dict[str, Any]:
     return {"HOSTQUEUE_FRONTIER": server.url, "HOSTQUEUE_CRAWL_ID": crawl_id}
 
 
@@ -258,7 +268,7 @@ def run_children(configs: Sequence[dict[str, Any]], timeout: float) -> list[dict
 
 def scale_crawl(
     hosts: LocalHosts,
-    server: RedisServer | None,
+    server: RedisServer | RedisCluster | None,
     store: str,
     processes: int,
     *,
@@ -553,8 +563,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--parts",
-        default="abdm",
-        help="a (scale), b (overhead), d (one busy host), m (memory), any of them (default abdm)",
+        default="abdkm",
+        help="a (scale), b (overhead), d (one busy host), m (memory), k (cluster), any of them "
+        "(default abdkm)",
     )
     parser.add_argument("--queued", type=int, help="(m) requests queued (default 200,000)")
     parser.add_argument("--queued-hosts", type=int, help="(m) their hosts (default 2,000)")
@@ -565,7 +576,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="(m) 1,000,000 queued over 10,000 hosts and 10,000,000 fingerprints",
     )
     parser.add_argument("--rounds", type=int, help="rounds of every crawl (default 2)")
-    parser.add_argument("--hosts", type=int, help="(a) hosts at 10 ms (default 200)")
+    parser.add_argument("--hosts", type=int, help="(a) and (k) hosts at 10 ms (default 200)")
+    parser.add_argument(
+        "--cluster-pages", type=int, help="(k) pages of each host's site (default 40)"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=0,
+        help="(k) HOSTQUEUE_REDIS_PARTITIONS (default 0: the setting's own choice on each)",
+    )
     parser.add_argument("--seconds", type=float, help="(a) seconds per crawl (default 10)")
     parser.add_argument(
         "--budget", type=int, help=f"(b) pages per crawl (default {DEFAULT_BUDGET})"
@@ -578,8 +598,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 round, 50 hosts, 5 s, budget 400")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     args = parser.parse_args(argv)
-    if not args.parts or set(args.parts) - set("abdm"):
-        parser.error("--parts takes any of a, b, d and m")
+    if not args.parts or set(args.parts) - set("abdmk"):
+        parser.error("--parts takes any of a, b, d, m and k")
     full = args.memory_full
     args.queued = args.queued or (1_000_000 if full else 20_000 if args.quick else 200_000)
     args.queued_hosts = args.queued_hosts or (10_000 if full else 200 if args.quick else 2_000)
@@ -593,19 +613,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.hosts = args.hosts or (50 if quick else 200)
     args.seconds = args.seconds or (5.0 if quick else 10.0)
     args.budget = args.budget or (400 if quick else DEFAULT_BUDGET)
-    if min(args.rounds, args.hosts, args.budget, args.queued, args.queued_hosts) < 1:
-        parser.error("--rounds, --hosts, --budget, --queued and --queued-hosts must be positive")
+    args.cluster_pages = args.cluster_pages or (10 if quick else 40)
+    numbers = (args.rounds, args.hosts, args.budget, args.queued, args.queued_hosts)
+    if min(*numbers, args.cluster_pages) < 1 or args.partitions < 0:
+        parser.error(
+            "--rounds, --hosts, --budget, --queued, --queued-hosts and --cluster-pages must be "
+            "positive, --partitions at least 0"
+        )
     if args.seconds <= 0 or args.fingerprints < 0:
         parser.error("--seconds must be positive, --fingerprints at least 0")
     return args
 
 
 def main(argv: list[str]) -> int:
+    # Here: the cluster part builds on this module's crawls.
+    from bench import redis_cluster
+
     args = parse_args(argv)
     meta = run_meta("bench.redis_scale", argv)
     scale: list[ScaleRun] = []
     overhead: list[OverheadRun] = []
     busy: list[ScaleRun] = []
+    clustered: list[redis_cluster.ClusterRun] = []
     with RedisServer() as server:
         refusal = shared_frontier_refusal(server.url)
         stores = ("memory",) if refusal else ("redis", "memory")
@@ -678,6 +707,20 @@ def main(argv: list[str]) -> int:
                             if item.commands_per_page is not None:
                                 line += f"  Redis {item.commands_per_page:.1f} commands/page"
                             print(line, flush=True)
+        if "k" in args.parts and not refusal:
+            print(
+                f"(k) {redis_cluster.MASTERS} masters against 1 server, {args.hosts} hosts at "
+                f"{SCALE_LATENCY * 1000:g} ms x {args.cluster_pages} pages, crawled to the end, "
+                f"HOSTQUEUE_REDIS_PARTITIONS {args.partitions}",
+                flush=True,
+            )
+            clustered = redis_cluster.measure(
+                server,
+                hosts=args.hosts,
+                pages=args.cluster_pages,
+                partitions=args.partitions,
+                rounds=args.rounds,
+            )
     memory = None
     if "m" in args.parts and not refusal:
         print(
@@ -688,6 +731,8 @@ def main(argv: list[str]) -> int:
         memory = redis_memory.measure(args.queued, args.queued_hosts, args.fingerprints)
     summary = summarise(scale, overhead, refusal, busy)
     lines = report_lines(summary, args.parts)
+    cluster_summary = redis_cluster.summarise(clustered)
+    lines += redis_cluster.report_lines(cluster_summary, clustered)
     if memory is not None:
         lines += redis_memory.report_lines(memory)
     probes = [
@@ -746,11 +791,18 @@ def main(argv: list[str]) -> int:
             ],
             "summary": summary,
             "memory": memory.as_dict() if memory is not None else None,
+            "cluster_hosts": args.hosts,
+            "cluster_pages": args.cluster_pages,
+            "partitions": args.partitions,
+            "cluster_runs": [run.as_dict() for run in clustered],
+            "cluster_summary": cluster_summary,
             "report": lines,
         },
     )
     print(f"Results: {path}")
-    failed = any(run.error for run in [*scale, *busy]) or any(not item.run.ok for item in overhead)
+    failed = any(run.error for run in [*scale, *busy, *(item.crawl for item in clustered)]) or any(
+        not item.run.ok for item in overhead
+    )
     return 1 if refusal or failed else 0
 
 

@@ -15,6 +15,9 @@ from subprocess import PIPE
 
 import pytest
 
+from bench.redis_cluster import ClusterRun
+from bench.redis_cluster import report_lines as cluster_report_lines
+from bench.redis_cluster import summarise as cluster_summarise
 from bench.redis_scale import (
     OverheadRun,
     ScaleRun,
@@ -189,3 +192,83 @@ def test_the_busy_host_ratios_from_the_runs() -> None:
     assert "(d) one busy host (limit 16), pages/s: shared x1 200, shared x2 340" in text
     assert "lent a part 1.70x, whole hosts only 1.02x; max in flight 16" in text
     assert "(c)" not in text
+
+
+def _clustered(where: str, processes: int, rate: float, node_bytes: list[int]) -> ClusterRun:
+    crawl = ScaleRun(where, processes, 0, pages_per_second=rate, pages=800, max_in_flight=4)
+    return ClusterRun(
+        where, processes, 0, crawl, site_pages=800, distinct=800, served=800, node_bytes=node_bytes
+    )
+
+
+def test_the_cluster_part_from_the_runs() -> None:
+    runs = [
+        _clustered("server", 1, 400.0, [90_000]),
+        _clustered("cluster", 1, 380.0, [30_000, 27_000, 33_000]),
+        _clustered("server", 2, 680.0, [90_000]),
+        _clustered("cluster", 2, 700.0, [60_000, 30_000, 0]),
+    ]
+    summary = cluster_summarise(runs)
+    assert summary["clusterx1"]["ratio"] == pytest.approx(0.95)
+    assert summary["clusterx2"]["ratio"] == pytest.approx(700 / 680)
+    # One master without a key of the crawl, one with two thirds: the target fails.
+    assert not summary["shares_ok"]
+    assert summary["every_page"]
+    text = "\n".join(cluster_report_lines(summary, runs))
+    assert "pages/s: server x1 400, cluster x1 380 (0.95x the server), server x2 680" in text
+    assert "x1: each master's share of the crawl's memory" in text
+    assert ": 33 % / 30 % / 37 %\n" in text
+    assert ": 67 % / 33 % / 0 %\n" in text
+    assert "Target: each master 20-50 % of the crawl's memory: FAIL" in text
+    assert "Every page fetched: 800 of 800, 800 of 800, 800 of 800, 800 of 800" in text
+    assert "Most in flight at a host, counted by the host: 4 (limit 4): PASS" in text
+    # A page missing, one fetched twice, a host above its limit: each said.
+    runs[1].distinct, runs[1].served, runs[1].crawl.max_in_flight = 799, 800, 5
+    runs[3].node_bytes = [30_000, 30_000, 30_000]
+    summary = cluster_summarise(runs)
+    assert (summary["shares_ok"], summary["every_page"]) == (True, False)
+    lines = cluster_report_lines(summary, runs)
+    for said in (
+        "800 of 800, 799 of 800, 800 of 800, 800 of 800 (1 fetched twice): FAIL",
+        "counted by the host: 5 (limit 4): FAIL",
+        "20-50 % of the crawl's memory: PASS",
+    ):
+        assert any(said in line for line in lines), (said, lines)
+
+
+@pytest.mark.crawl
+@pytest.mark.requires_redis
+def test_the_cluster_part_runs_tiny(tmp_path: Path) -> None:
+    # 8 sites of 10 pages, each crawl to its end with 1 and 2 processes, on one
+    # server and on a cluster of 3 masters.
+    command = [
+        sys.executable,
+        "-m",
+        "bench.redis_scale",
+        *("--parts", "k", "--quick", "--hosts", "8", "--out", str(tmp_path)),
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False
+    )
+    (result_file,) = tmp_path.glob("redis_scale-*.json")
+    result = json.loads(result_file.read_text())
+    if result["summary"]["refused"]:
+        assert done.returncode == 1
+        assert result["cluster_runs"] == []
+        return
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = [(run["where"], run["processes"]) for run in result["cluster_runs"]]
+    assert runs == [("server", 1), ("cluster", 1), ("server", 2), ("cluster", 2)]
+    for run in result["cluster_runs"]:
+        assert run["crawl"]["error"] is None, run
+        # Every page of the sites, once, and no host above its limit of 4.
+        assert run["distinct"] == run["served"] == run["site_pages"] == 80, run
+        assert 0 < run["crawl"]["max_in_flight"] <= 4, run
+        # The crawl's keys, on one server or over the three masters.
+        assert len(run["node_bytes"]) == (3 if run["where"] == "cluster" else 1), run
+        assert sum(run["node_bytes"]) > 0
+        assert sum(run["shares"]) == pytest.approx(1.0)
+    assert "(k) one crawl on a Redis Cluster of 3 masters, pages/s: server x1" in done.stdout
+    assert re.search(
+        r"Every page fetched: (80 of 80, ){3}80 of 80 \(0 fetched twice\): PASS", done.stdout
+    )

@@ -77,11 +77,15 @@ def _requests(urls: Iterable[str], priority: int) -> Iterator[HeldRequest]:
     """
     codec = RequestCodec(None, debug=False)
     for address in urls:
-        request = Request(address.strip(), priority=priority)
-        host = urlparse_cached(request).hostname or ""
-        data = codec.encode(request)
-        assert data is not None  # a URL and a priority always encode
-        yield HeldRequest("", fingerprint(request), host, priority * 2 + 1, data)
+        yield held_request(Request(address.strip(), priority=priority), codec)
+
+
+def held_request(request: Request, codec: RequestCodec) -> HeldRequest:
+    """Put *request* (a URL and a priority) in the push script's form, encoded with *codec*."""
+    host = urlparse_cached(request).hostname or ""
+    data = codec.encode(request)
+    assert data is not None  # a URL and a priority always encode
+    return HeldRequest("", fingerprint(request), host, request.priority * 2 + 1, data)
 
 
 def push(
@@ -262,4 +266,4 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["push", "report"]
+__all__ = ["held_request", "push", "report"]
