@@ -81,7 +81,7 @@ class StandInHosts(Hosts):
     Without an engine: the real one needs a running crawl.
     """
 
-    def __init__(self, configured: int = 8, remember: int = 10_000) -> None:
+    def __init__(self, configured: int = 8, remember: int = 10_000, *, gated: bool = False) -> None:
         # No super(): no crawler needed.
         self._policy_hook: Any = None
         self._configured = configured
@@ -93,12 +93,13 @@ class StandInHosts(Hosts):
         self.recorder = Unrecorded()  # type: ignore[assignment]
         self.prefetch = 0
         self._global_limit = 0  # no share: these tests look at one host's limit
-        # Closed (no prefetch): these tests hold no request at a send gate.
+        # Closed (no prefetch) unless *gated*: most of these tests hold no
+        # request at a send gate.
         self.gate = SendGate(
             self.store,
             self.records,
             recorder=None,  # type: ignore[arg-type]
-            enabled=False,
+            enabled=gated,
             backoff_codes=(),
             may_send_back=lambda request: False,
             room_changed=lambda host: None,
@@ -405,17 +406,9 @@ def test_the_send_gate_counts_the_interval_from_when_the_headers_go_out() -> Non
     reach the host that much less than the interval after it. Under load the
     host saw 0.366 s then 0.152 s between pages 0.25 s apart.
     """
-    hosts = StandInHosts()
+    hosts = StandInHosts(gated=True)
     hosts.set_interval(HOST, 1.0)
-    gate = SendGate(
-        hosts.store,
-        hosts.records,
-        recorder=None,  # type: ignore[arg-type]
-        enabled=True,
-        backoff_codes=(),
-        may_send_back=lambda request: False,
-        room_changed=lambda host: None,
-    )
+    gate = hosts.gate
     request = hosts.hand_out(Request(URL))
     gate.take(HOST, request)
     state = hosts.store.host_state(HOST)
