@@ -52,6 +52,9 @@ class GateClient(Protocol):
     async def acquire(self, request: Request) -> None:
         """Wait until *request*'s host may have one more request on the wire."""
 
+    def headers_sent(self, request: Request) -> None:
+        """Hear that the handler writes *request*'s headers to the host now."""
+
     def status_read(self, request: Request, status: int) -> None:
         """Hear that the handler has read *request*'s status line."""
 
@@ -181,6 +184,20 @@ class SendGate:
         waiters.append((future, request))
         self.open(host)
         await future
+
+    def headers_sent(self, request: Request) -> None:
+        """Count the host's interval from now, when *request* really goes out.
+
+        The gate let it through a moment earlier; opening a connection (a round
+        trip, more with TLS) or a busy event loop may come in between, and
+        counted from the gate the next request would reach the host that much
+        less than the interval after this one.
+        """
+        record = self.records.get(request)
+        if record is None or not record.on_wire:
+            return
+        state = self.store.host_state(record.host)
+        state.last_sent = max(state.last_sent, time.monotonic())
 
     def status_read(self, request: Request, status: int) -> None:
         """Close the host's gate at once on a status that asks it to back off (429, 503).

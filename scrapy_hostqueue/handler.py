@@ -68,7 +68,7 @@ from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_hostqueue import _scrapy_internals as internals
 from scrapy_hostqueue._config import HostQueueConfig
-from scrapy_hostqueue._sendgate import UsesSendGate, gate_of
+from scrapy_hostqueue._sendgate import GateClient, UsesSendGate, gate_of
 from scrapy_hostqueue.exceptions import HostQueueSettingsError
 from scrapy_hostqueue.stats import get_recorder
 
@@ -219,10 +219,11 @@ def _endpoint(req: ClientRequest) -> str:
 class _Download:
     """What the connector learns about the download of the current task."""
 
-    __slots__ = ("connect_seconds", "connected", "create_seconds", "host", "opened")
+    __slots__ = ("connect_seconds", "connected", "create_seconds", "host", "opened", "request")
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, request: Request) -> None:
         self.host = host
+        self.request = request
         self.connected = False
         self.opened = False
         self.connect_seconds = 0.0
@@ -515,6 +516,19 @@ class _ClientRequest(aiohttp.ClientRequest):
             self.headers.pop(hdrs.CONTENT_LENGTH, None)
 
 
+def _headers_sent_trace(gate: GateClient) -> aiohttp.TraceConfig:
+    """Tell *gate* when a download's headers go out, on a new or kept-alive connection."""
+
+    async def headers_sent(*_: Any) -> None:
+        download = _current_download.get()
+        if download is not None:
+            gate.headers_sent(download.request)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(headers_sent)
+    return trace
+
+
 class _SharedPool:
     """One session, pool and host table per crawler.
 
@@ -640,8 +654,10 @@ class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
             keepalive_timeout=pool.config.keepalive_timeout,
         )
         gate = gate_of(self.crawler)
+        trace_configs = []
         if gate is not None:
             connector.host_busy = gate.host_busy  # type: ignore[method-assign]
+            trace_configs.append(_headers_sent_trace(gate))
         connector.connect_timeout = pool.config.connect_timeout
         pool.connector = connector
         # The same session options as Scrapy's handler.
@@ -651,6 +667,7 @@ class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
             auto_decompress=False,
             response_class=internals.CLIENT_RESPONSE_CLASS,
             request_class=_ClientRequest,
+            trace_configs=trace_configs,
             # aiohttp refuses a response header line over 8,190 bytes, where
             # Scrapy's HTTP/1.1 handler takes long cookies and CSP headers.
             max_line_size=_MAX_HEADER_LINE,
@@ -723,7 +740,7 @@ class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
 
     async def _fetch(self, request: Request) -> Response:
         host = internals.host_key(self.crawler, request)
-        download = _Download(host)
+        download = _Download(host, request)
         token = _current_download.set(download)
         # A retried request carries the latency of its previous attempt.
         previous_latency = request.meta.get("download_latency")
@@ -742,7 +759,7 @@ class AiohttpDownloadHandler(UsesSendGate, internals.ScrapyAiohttpHandler):
                 url = urlparse_cached(request)
                 port = url.port or (443 if url.scheme == "https" else 80)
                 self._pool.connector.close_idle(url.hostname or "", port)
-            download = _Download(host)
+            download = _Download(host, request)
             _current_download.set(download)
             return await super().download_request(request)
         finally:
