@@ -1045,22 +1045,47 @@ async def test_download_delay_spaces_pages_that_waited_together_for_robots_txt(
     what it sends).
     """
     hosts = local_hosts([HostSpec(latency=0.4, links=0)])
-    await crawl(
-        hosts.start_urls(0, 4),
-        SCHEDULER=SCHEDULER,
-        DOWNLOAD_HANDLERS=_handlers(handler),
-        CONCURRENT_REQUESTS_PER_DOMAIN=4,
-        DOWNLOAD_DELAY=0.25,
-        DOWNLOAD_DELAY_JITTER=0,
-        ROBOTSTXT_OBEY=True,
-        **({"ADDONS": {"scrapy_hostqueue.Addon": 0}} if addon else {}),
+    crawler = get_crawler(
+        PageSpider,
+        settings(
+            SCHEDULER=SCHEDULER,
+            DOWNLOAD_HANDLERS=_handlers(handler),
+            CONCURRENT_REQUESTS_PER_DOMAIN=4,
+            DOWNLOAD_DELAY=0.25,
+            DOWNLOAD_DELAY_JITTER=0,
+            ROBOTSTXT_OBEY=True,
+            **({"ADDONS": {"scrapy_hostqueue.Addon": 0}} if addon else {}),
+        ),
     )
+    reached: list[float] = []
+
+    def on_reached(request: Request) -> None:
+        if not request.url.endswith("/robots.txt"):
+            reached.append(time.monotonic())
+
+    crawler.signals.connect(on_reached, signal=signals.request_reached_downloader)
+    await crawler.crawl_async(start_urls=hosts.start_urls(0, 4))
     hosts.wait_idle()  # the last answers counted at the hosts
     stats = hosts.stats(0)
     assert stats.robots_served == 1
     assert stats.served == 4
     gaps = _arrival_gaps(stats.arrivals)
-    assert min(gaps) >= 0.225, [round(gap, 3) for gap in gaps]
+    shown = [round(gap, 3) for gap in gaps]
+    if handler == OUR_HANDLER:
+        # It counts the delay from when a request's headers go out.
+        assert min(gaps) >= 0.225, shown
+    else:
+        # Scrapy's handler gives no word of when it writes a request: the
+        # delay counts from the request reaching the downloader, and a
+        # write the busy event loop put off (140 ms seen on a loaded
+        # machine) arrives late and shortens the next gap at the host by as
+        # much. Each gap at the host, less the difference of the two
+        # requests' own lags from the downloader to the host, is that
+        # spacing; the pages that once arrived together fail it.
+        lags = [arrived - left for arrived, left in zip(stats.arrivals, reached, strict=True)]
+        pairs = zip(gaps, itertools.pairwise(lags), strict=True)
+        spaced = [gap - (later - earlier) for gap, (earlier, later) in pairs]
+        assert min(spaced) >= 0.225, (shown, [round(lag, 3) for lag in lags])
 
 
 @pytest.mark.crawl
