@@ -148,12 +148,22 @@ def report(url: str, crawl_id: str, *, top: int = 10) -> str:
         client.close()
 
 
-def _server_line(client: Any, crawl_id: str) -> str:
-    """Redis's memory and persistence, in one line."""
-    node = {}
-    if hasattr(client, "get_node_from_key"):  # a Redis Cluster: the crawl's node
-        node = {"target_nodes": client.get_node_from_key(prefix(crawl_id))}
-    return "  Redis: " + _check.describe(_check.read(client, **node))
+def _server_lines(client: Any, crawl_id: str, prefixes: list[str]) -> list[str]:
+    """Redis's memory and persistence, a line for each master holding a part of the crawl."""
+    if not hasattr(client, "get_node_from_key"):
+        return ["  Redis: " + _check.describe(_check.read(client))]
+    # A Redis Cluster: the masters serving the crawl's home and its partitions.
+    nodes: dict[str, Any] = {}
+    held: Counter[str] = Counter()
+    for p in [prefix(crawl_id), *prefixes]:
+        node = client.get_node_from_key(p)
+        nodes.setdefault(node.name, node)
+        held[node.name] += p in prefixes
+    return [
+        f"  Redis {name} ({held[name]} partitions): "
+        + _check.describe(_check.read(client, target_nodes=node))
+        for name, node in sorted(nodes.items())
+    ]
 
 
 def _read_all(client: Any, prefixes: list[str], command: str, name: str) -> list[Any]:
@@ -177,7 +187,7 @@ def _report(client: Any, url: str, crawl_id: str, top: int) -> str:
     lines = [
         f"shared frontier {shown_url(url)}, crawl id {crawl_id!r}"
         + (f", {len(prefixes)} partitions" if len(prefixes) > 1 else ""),
-        _server_line(client, crawl_id),
+        *_server_lines(client, crawl_id, prefixes),
         f"  {stats.get('queued', 0):,} requests queued and {stats.get('leased', 0):,} leased; "
         f"{stats.get('pushed', 0):,} pushed, {stats.get('duplicates', 0):,} duplicates dropped, "
         f"{stats.get('acked', 0):,} done, {stats.get('reclaimed', 0):,} taken back from "

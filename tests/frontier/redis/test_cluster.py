@@ -273,6 +273,10 @@ def test_push_and_frontier_commands_on_a_cluster(
     assert "24 requests queued and 0 leased" in out
     assert re.search(r"127\.0\.0\.2 +2 queued +0 leased", out), out
     assert f"  {proc}  alive, 0 leased, 0 hosts held" in out
+    # One line per master: its memory, and the partitions it holds.
+    masters = re.findall(r"^  Redis (\S+) \((\d+) partitions\): [\d.]+ [kMG]?B used", out, re.M)
+    assert sorted(int(n) for _, n in masters) == [4, 4, 4], out
+    assert {name for name, _ in masters} == {f"127.0.0.1:{node.port}" for node in cluster.nodes}
     assert all(cluster.node_keys("hq:*")), "every master holds a part of the crawl"
 
 
