@@ -196,6 +196,9 @@ class RequestStore(Protocol[T]):
     def unblock(self, key: str) -> None:
         """End the block of *key* now (the monitor's controls; nothing else shortens one)."""
 
+    def redis_figures(self) -> dict[str, Any] | None:
+        """How much Redis holds this process back (the Redis store; None for the others)."""
+
     def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None: ...
 
     def space_until(self, key: str, when: float) -> None: ...

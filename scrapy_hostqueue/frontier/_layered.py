@@ -124,6 +124,10 @@ class LayeredStore(Generic[E]):
         self._mem.unblock(key)
         self._changed(key)
 
+    def redis_figures(self) -> dict[str, object] | None:
+        """Return None: the Redis store says how much Redis holds it back."""
+        return None
+
     def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
         self._mem.set_interval(key, interval, jitter)
         self._changed(key)

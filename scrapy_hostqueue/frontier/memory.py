@@ -776,6 +776,10 @@ class MemoryStore(Generic[T]):
         state.block_reason = None
         self._refresh(key)
 
+    def redis_figures(self) -> dict[str, object] | None:
+        """Return None: no Redis holds this store back."""
+        return None
+
     def set_interval(self, key: str, interval: float, jitter: float | None = None) -> None:
         """Set the minimum time between two request starts for *key*."""
         if interval < 0:

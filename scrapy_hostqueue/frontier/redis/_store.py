@@ -371,13 +371,16 @@ class RedisStore(LayeredStore[_Entry[T]], Generic[T]):
         popped = self._mem.pop(now)
         if popped is None:
             self._room_at = self._mem.clock() if now is None else now
-            self.waits.starved(self._room_at)
+            waits = self.waits
+            waits.starved(self._room_at)
             wants = self._wants_hosts()
-            if self.remote_queued > 0 and (
-                wants or any(held.refilling for held in self._held.values())
+            if (
+                waits.asked_since is None  # once per exchange, not at every pop
+                and self.remote_queued > 0
+                and (wants or any(held.refilling for held in self._held.values()))
             ):
                 # Work from Redis is due: what comes next waits on it.
-                self.waits.ask(self._room_at)
+                waits.ask(self._room_at)
             if self.outbox or wants:
                 # Starving: send what waits and claim now, not at the next tick.
                 self.kick()
