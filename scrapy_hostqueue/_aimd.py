@@ -182,6 +182,8 @@ class Adjustment:
     parked: bool = False
     #: The error budget is spent: drop the host's queued requests.
     give_up: bool = False
+    #: Why it is given up, among the host's events.
+    give_up_reason: str = "error-budget"
     #: The first back-off of this host (the caller warns once).
     first_backoff: bool = False
 

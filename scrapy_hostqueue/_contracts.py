@@ -168,8 +168,6 @@ class HostCommands(Protocol):
     def holds(self, host: str) -> bool:
         """Whether this process works *host* now (queued or in flight here)."""
 
-    def block_until(self, host: str, when: float, reason: str) -> None: ...
-
     def unblock(self, host: str) -> None: ...
 
     def set_ceiling(self, host: str, ceiling: int, now: float) -> tuple[int, int]:

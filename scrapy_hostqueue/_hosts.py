@@ -315,9 +315,9 @@ class Hosts(StoreView[Request]):
     def adjust(self, adjustment: Adjustment, now: float) -> int:
         """Apply what the AIMD rule decided for a host at *now*.
 
-        Its new limit (kept among the host's events with its reason), a
-        block, giving it up. Returns the number of its queued
-        requests given up (see :meth:`give_up`).
+        Its new limit, a block, giving it up, each kept among the host's
+        events with its reason. Returns the number of its queued requests
+        given up (see :meth:`give_up`).
         """
         host = adjustment.host
         if adjustment.limit_changed:
@@ -328,7 +328,12 @@ class Hosts(StoreView[Request]):
         block, reason = adjustment.block, adjustment.block_reason
         if block is not None and block > 0 and reason is not None:
             self.block_until(host, now + block, reason)
-        return self.give_up(host) if adjustment.give_up else 0
+            self.recorder.blocked(host, block, reason)
+        if not adjustment.give_up:
+            return 0
+        dropped = self.give_up(host)
+        self.recorder.host_given_up(host, dropped, adjustment.give_up_reason)
+        return dropped
 
     def set_limit(self, host: str, limit: int) -> None:
         self.store.set_limit(host, limit)

@@ -661,10 +661,8 @@ class AIMDMiddleware:
                 adj.new_limit,
                 f", paused {adj.block:.1f}s" if adj.block else "",
             )
-        if adj.block is not None and adj.block > 0 and adj.block_reason is not None:
-            self.recorder.blocked(host, adj.block, adj.block_reason)
-            if debug:
-                logger.info("AIMD %s: blocked for %.2fs (%s)", host, adj.block, adj.block_reason)
+        if debug and adj.block is not None and adj.block > 0 and adj.block_reason is not None:
+            logger.info("AIMD %s: blocked for %.2fs (%s)", host, adj.block, adj.block_reason)
         if adj.parked:
             self.recorder.host_parked(host)
             logger.info(
@@ -676,7 +674,6 @@ class AIMDMiddleware:
             )
         if adj.give_up:
             self._last_errors[host] = detail
-            self.recorder.host_given_up(host, dropped)
             # ERROR, as Scrapy's RetryMiddleware logs each request it gives up:
             # the host's pages are lost.
             logger.error(

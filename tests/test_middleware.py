@@ -74,6 +74,12 @@ class Unrecorded:
     def limit_event(self, host: str, old: int, new: int, reason: str) -> None:
         pass
 
+    def blocked(self, host: str, seconds: float, reason: str) -> None:
+        pass
+
+    def host_given_up(self, host: str, dropped: int, reason: str) -> None:
+        pass
+
 
 class StandInHosts(Hosts):
     """The scheduler's hosts, as the middleware uses them, on the real in-memory store.
@@ -177,8 +183,10 @@ def middleware(
     if hosts is None:
         hosts = StandInHosts()
     hosts.store.clock = clock
-    # The scheduler's own crawler: attach_policy connects it to a signal.
+    # The scheduler's own crawler: attach_policy connects it to a signal; its
+    # recorder keeps what the hosts apply, as the real scheduler's does.
     hosts.crawler = crawler
+    hosts.recorder = get_recorder(crawler)
     scheduler = StandInScheduler(hosts)
     monkeypatch.setattr(internals, "current_scheduler", lambda crawler: scheduler)
     mw.spider_opened(PageSpider())

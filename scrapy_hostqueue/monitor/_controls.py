@@ -159,8 +159,10 @@ class Controller:
             if state.blocked_until >= when:
                 left = state.blocked_until - now
                 return f"already blocked longer: {left:.1f}s left ({state.block_reason})"
-            hosts.block_until(host, when, MONITOR)
-            self.recorder.blocked(host, seconds, MONITOR)
+            limit = state.limit
+            hosts.adjust(
+                Adjustment(host, limit, limit, MONITOR, block=seconds, block_reason=MONITOR), now
+            )
             return f"blocked for {seconds:.1f}s"
         if control.action == UNBLOCK:
             if state.blocked_until <= now:
@@ -178,6 +180,7 @@ class Controller:
         if state.given_up:
             return "it was given up already"
         limit = state.limit
-        dropped = hosts.adjust(Adjustment(host, limit, limit, MONITOR, give_up=True), now)
-        self.recorder.host_given_up(host, dropped, MONITOR)
+        dropped = hosts.adjust(
+            Adjustment(host, limit, limit, MONITOR, give_up=True, give_up_reason=MONITOR), now
+        )
         return f"given up: {dropped} queued request(s) go to their errbacks with HostGivenUp"
