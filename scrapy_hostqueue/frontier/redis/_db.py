@@ -1075,16 +1075,21 @@ def partition_prefixes(client: Any, crawl_id: str) -> list[str]:
     Read from the crawl's home with the synchronous *client*; raises
     :class:`RedisFrontierError` if the crawl is not there.
     """
-    stored = _text(client.get(prefix(crawl_id) + "partitions"))
-    if not stored:
+    suffixes = _suffixes(client, crawl_id)
+    if not suffixes:
         raise RedisFrontierError(f"crawl id {crawl_id!r} is not on this Redis")
-    return [part_prefix(crawl_id, suffix) for suffix in stored.split()]
+    return [part_prefix(crawl_id, suffix) for suffix in suffixes]
 
 
 def stored_partitions(client: Any, crawl_id: str) -> int | None:
     """Return how many partitions *crawl_id* has, None if it is not made yet."""
+    return len(_suffixes(client, crawl_id)) or None
+
+
+def _suffixes(client: Any, crawl_id: str) -> list[str]:
+    """Return the suffixes of *crawl_id*'s partitions as its home keeps them (none yet: [])."""
     stored = _text(client.get(prefix(crawl_id) + "partitions"))
-    return len(stored.split()) if stored else None
+    return stored.split() if stored else []
 
 
 def register(
